@@ -1,0 +1,77 @@
+# Libra-bench. `make` lists the targets; every target that needs the environment creates it.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+BENCH   := $(BIN)/libra-bench
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig13 fig14 fig15 fig16 \
+        plan-cost figures reproduction gpu-check clean
+
+help:  ## list the targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev,parquet]'
+	touch $(STAMP)
+
+setup: $(STAMP)  ## create .venv and install the project (CPU torch 2.13.0) with dev tools
+
+test: $(STAMP)  ## run the default test suite (CPU only, GPU tests skip)
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-all: $(STAMP)  ## the default suite plus the slow tests
+	$(BIN)/pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff
+	$(BIN)/ruff check .
+
+bench: $(STAMP)  ## pytest-benchmark suites (VRSP, TAP placement)
+	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-columns=median,iqr,rounds -p no:cacheprovider
+
+fig4: $(STAMP)  ## Figure 4: production-order R-1 vs P (256K and 1M, libra-prod)
+	$(BENCH) lln --workload libra-prod --seq-len 262144 --gbs 128 --out results/fig4/256k
+	$(BENCH) lln --workload libra-prod --seq-len 1048576 --gbs 32 --out results/fig4/1m
+
+fig8: $(STAMP)  ## Figure 8: R-1 vs P for each grouping strategy and VRSP
+	$(BENCH) vrsp --workload libra-prod --seq-len 262144 --gbs 128 --out results/fig8/256k
+	$(BENCH) vrsp --workload libra-prod --seq-len 1048576 --gbs 32 --out results/fig8/1m
+
+plan-cost: $(STAMP)  ## planning time per optimizer step / microbatch (sec. 5)
+	$(BENCH) plan-cost --out results/plan-cost
+
+fig12: $(STAMP)  ## Figure 12: straggler comparison of all methods (the main job)
+	$(BENCH) straggler --workload libra-prod --out results/fig12
+
+fig3: $(STAMP)  ## Figure 3: FLOPs- vs time-balanced spread as the pool grows
+	$(BENCH) variability --out results/fig3
+
+fig15: $(STAMP)  ## Figure 15: pool-size sweep, compute vs communication
+	$(BENCH) pool-sweep --workload libra-prod --out results/fig15
+
+fig16: $(STAMP)  ## Figure 16: TAP B x H grid search
+	$(BENCH) grid-search --workload libra-prod --out results/fig16
+
+fig11: $(STAMP)  ## Figure 11: simulated end-to-end throughput
+	$(BENCH) e2e --workload libra-prod --out results/fig11
+
+fig13: $(STAMP)  ## Figure 13: simulated DP scaling
+	$(BENCH) dp-scaling --workload libra-prod --out results/fig13
+
+fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
+	$(BENCH) pp-balance --workload libra-prod --out results/fig14
+
+reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
+	$(BENCH) report --results results --out results/REPRODUCTION.md
+
+figures: fig4 fig8 plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 reproduction  ## every simulated figure
+
+gpu-check:  ## on a CUDA machine: calibrate, validate the simulator, check fidelity
+	bash scripts/gpu_check.sh
+
+clean:  ## remove the environment and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .benchmarks *.egg-info

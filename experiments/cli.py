@@ -1,0 +1,60 @@
+"""`libra-bench`: one click command per paper experiment.
+
+Commands live in their own modules and are imported lazily, so `libra-bench --help` stays fast and
+a broken optional dependency of one experiment (e.g. a GPU-only backend) does not break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import click
+
+# command name -> "module:attribute" of a click.Command
+COMMANDS: dict[str, str] = {
+    "lln": "experiments.lln:lln",
+    "vrsp": "experiments.vrsp_sweep:vrsp",
+    "plan-cost": "experiments.plan_cost:plan_cost",
+    "straggler": "experiments.straggler:straggler",
+    "pool-sweep": "experiments.pool_sweep:pool_sweep",
+    "grid-search": "experiments.grid_search:grid_search",
+    "variability": "experiments.variability:variability",
+    "tune": "experiments.tune:tune",
+    "report": "experiments.report:report",
+    "microbench": "experiments.microbench:microbench",
+    "train": "experiments.train:train",
+    "dp-scaling": "experiments.dp_scaling:dp_scaling",
+    "pp-balance": "experiments.pp_balance:pp_balance",
+    "e2e": "experiments.e2e:e2e",
+    "calibrate": "experiments.calibrate:calibrate",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx):
+        return sorted(name for name in COMMANDS if self._available(name))
+
+    @staticmethod
+    def _available(name: str) -> bool:
+        module = COMMANDS[name].split(":")[0]
+        return importlib.util.find_spec(module) is not None
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS or not self._available(name):
+            return None
+        module, attr = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="libra-bench")
+def main() -> None:
+    """Libra-bench: reproduce and compare bounded attention pools (Libra) against Ulysses,
+    WLB-LLM and DistCA, in simulation (default) or measured with torch.distributed."""
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Validated configuration dataclasses shared by planners, the simulator and the runtime.
+
+Configs have no side effects; ``__post_init__`` checks every value and raises ``ValueError`` naming
+the bad value. Cross-field checks that involve the attention shape live in :func:`check_layout`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from libra.workload import AttentionShape
+
+
+def _positive_int(owner: str, name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Parallel layout of one PP stage (Libra sec. 2.1 notation; mbs = 1).
+
+    Attributes:
+        dp: data-parallel replicas (one CP group each).
+        cp: context-parallel degree (workers per CP group).
+        gbs: global batch in packed sequences; ``GA = gbs / dp``.
+        seq_len: tokens per packed sequence ``S``.
+        pp: pipeline stages (pools never span stages).
+
+    Raises:
+        ValueError: non-positive values, or ``dp`` not dividing ``gbs``.
+    """
+
+    dp: int
+    cp: int
+    gbs: int
+    seq_len: int
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "cp", "gbs", "seq_len", "pp"):
+            _positive_int("ParallelConfig", name, getattr(self, name))
+        if self.gbs % self.dp:
+            raise ValueError(f"GBS={self.gbs} must be a multiple of DP={self.dp} (mbs = 1)")
+
+    @property
+    def ga(self) -> int:
+        """Gradient-accumulation steps per optimizer step: ``GBS / DP``."""
+        return self.gbs // self.dp
+
+    @property
+    def workers(self) -> int:
+        """Workers of one PP stage: ``DP * CP``."""
+        return self.dp * self.cp
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens each CP rank holds in the pre-attention layout: ``S / CP``."""
+        if self.seq_len % self.cp:
+            raise ValueError(f"CP={self.cp} must divide the sequence length S={self.seq_len}")
+        return self.seq_len // self.cp
+
+
+@dataclass(frozen=True)
+class TapConfig:
+    """Libra's pool and tiling knobs (Libra sec. 4.1, 4.3, 4.4).
+
+    Attributes:
+        pool_size: ``P`` DP replicas per pool; must divide DP.
+        block_size: ``B`` tokens per SH-Tile; must divide ``S / CP``.
+        head_split: ``H`` head shards per block; must divide the query heads.
+        tau: soft load-target slack, ``C = (1 + tau) * mean`` (paper: 0.03).
+        pipeline_chunks: Pipeliner chunks ``M`` along the head axis; 1 disables overlap.
+        comm_aware: score destinations by incremental communication (Alg. 2); False gives the
+            FLOPs-only placement used to emulate DistCA.
+    """
+
+    pool_size: int = 8
+    block_size: int = 4096
+    head_split: int = 2
+    tau: float = 0.03
+    pipeline_chunks: int = 4
+    comm_aware: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("pool_size", "block_size", "head_split", "pipeline_chunks"):
+            _positive_int("TapConfig", name, getattr(self, name))
+        if not isinstance(self.tau, (int, float)) or self.tau != self.tau or self.tau < 0:
+            raise ValueError(f"TapConfig.tau must be a number >= 0, got {self.tau!r}")
+
+
+def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> None:
+    """Check the divisibility rules that tie a TAP layout to the parallel layout and head shape.
+
+    Raises:
+        ValueError: ``P`` not dividing DP, ``B`` not dividing ``S/CP``, ``H`` not dividing ``hq``,
+            or ``M`` not dividing ``hq / H``; the message names the offending values.
+    """
+    if par.dp % tap.pool_size:
+        raise ValueError(f"pool size P={tap.pool_size} must divide DP={par.dp}")
+    per_rank = par.tokens_per_rank
+    if per_rank % tap.block_size:
+        raise ValueError(
+            f"block size B={tap.block_size} must divide S/CP={per_rank} (S={par.seq_len}, CP={par.cp})"
+        )
+    if shape.num_q_heads % tap.head_split:
+        raise ValueError(f"head split H={tap.head_split} must divide num_q_heads={shape.num_q_heads}")
+    width = shape.num_q_heads // tap.head_split
+    if width % tap.pipeline_chunks:
+        raise ValueError(
+            f"Pipeliner chunks M={tap.pipeline_chunks} must divide hq/H={width} "
+            f"(hq={shape.num_q_heads}, H={tap.head_split})"
+        )
+
+
+def config_dict(*configs) -> dict:
+    """Merge dataclass configs into one JSON-ready dict keyed by class name (for run records)."""
+    return {type(c).__name__: asdict(c) for c in configs}
