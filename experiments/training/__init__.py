@@ -1,0 +1,1 @@
+"""End-to-end training with DP x CP: a small Qwen3-style model, data, attention backends, the loop."""
