@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra.data.packing import POLICIES, pack_fixed_tokens
 from libra.workload import packed_workload
 
 
@@ -138,11 +139,11 @@ def microbatch_groups(pools: np.ndarray, dp: int) -> np.ndarray:
 
 
 def pack_stream(pieces: list[SamplePiece], seq_len: int) -> list[tuple[SamplePiece, ...]]:
-    """Arrival-order fixed-token packing with the *split* policy.
+    """Arrival-order fixed-token packing of pieces (``libra.data.packing``, *split* policy).
 
-    Fills each packed sequence with pieces in order; a piece that does not fit the remaining room
-    is split and its remainder starts the next sequence. The pieces must total a multiple of
-    ``seq_len``.
+    Runs :func:`libra.data.packing.pack_fixed_tokens` on the piece lengths; a piece that does not
+    fit the remaining room is cut at the sequence boundary and its remainder starts the next
+    sequence. The pieces must total a multiple of ``seq_len`` so nothing is dropped.
 
     Raises:
         ValueError: the total is not a multiple of ``seq_len``.
@@ -150,19 +151,17 @@ def pack_stream(pieces: list[SamplePiece], seq_len: int) -> list[tuple[SamplePie
     total = sum(p.length for p in pieces)
     if total % seq_len:
         raise ValueError(f"pieces total {total} tokens, not a multiple of S={seq_len}")
+    packed = pack_fixed_tokens([p.length for p in pieces], seq_len, policy="split")
+    consumed = [0] * len(pieces)  # tokens of each input piece already placed (splits are in order)
     out: list[tuple[SamplePiece, ...]] = []
-    cur: list[SamplePiece] = []
-    room = seq_len
-    for piece in pieces:
-        start = piece.start
-        while start < piece.stop:
-            take = min(room, piece.stop - start)
-            cur.append(SamplePiece(piece.index, start, start + take))
-            start += take
-            room -= take
-            if room == 0:
-                out.append(tuple(cur))
-                cur, room = [], seq_len
+    for seq in packed:
+        row = []
+        for n, i in zip(seq.sample_lengths.tolist(), seq.sample_ids.tolist()):
+            src = pieces[i]
+            start = src.start + consumed[i]
+            consumed[i] += n
+            row.append(SamplePiece(src.index, start, start + n))
+        out.append(tuple(row))
     return out
 
 
@@ -179,14 +178,17 @@ class LibraSampler:
         seed: permutation seed.
         shuffle: permute samples per epoch (``False``: dataset order every epoch).
         use_vrsp: ``False`` keeps arrival (production) order: pool ``k`` = sequences ``kP..kP+P-1``.
+        policy: treatment of samples longer than ``S`` (``libra.data.packing`` policies):
+            ``"split"`` (pieces), ``"truncate"`` (first ``S`` tokens only) or ``"error"``.
 
     Raises:
         ValueError: empty or non-positive lengths, non-positive sizes, ``dp`` not dividing ``gbs``,
-            ``P`` not dividing ``dp``, ``dp_rank`` out of range, or a dataset shorter than one step.
+            ``P`` not dividing ``dp``, ``dp_rank`` out of range, an unknown policy, a sample longer
+            than ``S`` under ``policy="error"``, or a dataset shorter than one step.
     """
 
     def __init__(self, lengths, seq_len: int, gbs: int, dp: int, pool_size: int = 1, dp_rank: int = 0,
-                 seed: int = 0, shuffle: bool = True, use_vrsp: bool = True):
+                 seed: int = 0, shuffle: bool = True, use_vrsp: bool = True, policy: str = "split"):
         for name, value in (("seq_len", seq_len), ("gbs", gbs), ("dp", dp), ("pool_size", pool_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"LibraSampler.{name} must be a positive integer, got {value!r}")
@@ -207,12 +209,20 @@ class LibraSampler:
         if np.any(arr < 1):
             i = int(np.argmax(arr < 1))
             raise ValueError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown packing policy {policy!r}; choose one of {POLICIES}")
+        if policy == "error" and arr.max() > seq_len:
+            i = int(np.argmax(arr > seq_len))
+            raise ValueError(f"sample {i} has {int(arr[i])} tokens, longer than S={seq_len} (policy 'error')")
+        self.policy = policy
         self.lengths = arr
+        # tokens each sample contributes to the stream ('truncate' keeps only the first S)
+        self._used = np.minimum(arr, seq_len) if policy == "truncate" else arr
         self.seq_len, self.gbs, self.dp, self.pool_size = int(seq_len), int(gbs), int(dp), int(pool_size)
         self.dp_rank, self.seed, self.shuffle, self.use_vrsp = int(dp_rank), int(seed), shuffle, use_vrsp
         self.tokens_per_step = self.gbs * self.seq_len
-        if int(arr.sum()) < self.tokens_per_step:
-            raise ValueError(f"dataset has {int(arr.sum())} tokens, fewer than one step "
+        if int(self._used.sum()) < self.tokens_per_step:
+            raise ValueError(f"dataset has {int(self._used.sum())} tokens, fewer than one step "
                              f"(GBS * S = {self.tokens_per_step})")
         self.epoch = 0
         self._next_micro = 0  # microbatches of this epoch already yielded (resume point)
@@ -225,7 +235,7 @@ class LibraSampler:
 
     @property
     def steps_per_epoch(self) -> int:
-        return int(self.lengths.sum()) // self.tokens_per_step
+        return int(self._used.sum()) // self.tokens_per_step
 
     def __len__(self) -> int:
         """Microbatches this rank yields per epoch (``steps_per_epoch * GA``)."""
@@ -246,7 +256,7 @@ class LibraSampler:
                 order = np.random.default_rng([self.seed, epoch]).permutation(len(self.lengths))
             else:
                 order = np.arange(len(self.lengths))
-            cum = np.concatenate(([0], np.cumsum(self.lengths[order])))
+            cum = np.concatenate(([0], np.cumsum(self._used[order])))
             self._cache = (epoch, order, cum)
         return self._cache[1], self._cache[2]
 
@@ -294,7 +304,7 @@ class LibraSampler:
         """Resume point: epoch and microbatches already yielded, plus the config it is valid for."""
         return {"epoch": self.epoch, "next_micro": self._next_micro, "seed": self.seed,
                 "seq_len": self.seq_len, "gbs": self.gbs, "dp": self.dp, "pool_size": self.pool_size,
-                "num_samples": len(self.lengths)}
+                "policy": self.policy, "num_samples": len(self.lengths)}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a :meth:`state_dict`.
@@ -302,7 +312,7 @@ class LibraSampler:
         Raises:
             ValueError: the state was saved for a different seed/layout/dataset, or is out of range.
         """
-        for key in ("seed", "seq_len", "gbs", "dp", "pool_size", "num_samples"):
+        for key in ("seed", "seq_len", "gbs", "dp", "pool_size", "policy", "num_samples"):
             mine = len(self.lengths) if key == "num_samples" else getattr(self, key)
             if key in state and state[key] != mine:
                 raise ValueError(f"sampler state has {key}={state[key]!r}, this sampler has {mine!r}")

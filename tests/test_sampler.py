@@ -173,3 +173,18 @@ def test_step_and_epoch_out_of_range():
         s.step(999)
     with pytest.raises(ValueError, match="epoch must be a non-negative integer, got -1"):
         s.set_epoch(-1)
+
+
+def test_long_sample_policies():
+    lengths = np.array([10, 3, 2, 9, 4, 4])
+    split = LibraSampler(lengths, 4, gbs=2, dp=1, shuffle=False)
+    assert [tuple(p) for p in split.step(0).sequences[0]] == [(0, 0, 4)]
+    assert split.steps_per_epoch == 4  # 32 tokens / 8 per step
+    trunc = LibraSampler(lengths, 4, gbs=2, dp=1, shuffle=False, policy="truncate")
+    a = trunc.step(0)
+    assert [tuple(p) for s in a.sequences for p in s] == [(0, 0, 4), (1, 0, 3), (2, 0, 1)]
+    assert all(p.stop <= 4 for k in range(trunc.steps_per_epoch) for s in trunc.step(k).sequences for p in s)
+    with pytest.raises(ValueError, match="sample 0 has 10 tokens, longer than S=4"):
+        LibraSampler(lengths, 4, gbs=2, dp=1, policy="error")
+    with pytest.raises(ValueError, match="unknown packing policy 'drop'"):
+        LibraSampler(lengths, 4, gbs=2, dp=1, policy="drop")
