@@ -1,0 +1,57 @@
+"""TAP planning of one pool: tiles, Algorithm 2 placement and the exchange plan (Libra sec. 4.3)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.plan import PoolPlan, SequenceLayout
+from libra.tap.exchange import build_transfers
+from libra.tap.placement import place_tiles
+from libra.tap.tiles import make_tiles
+from libra.workload import AttentionShape
+
+
+def _is_standard(seq: SequenceLayout) -> bool:
+    n = len(seq.holder_start)
+    per = seq.num_tokens // n if n else 0
+    return (n > 0 and per * n == seq.num_tokens
+            and np.array_equal(np.sort(seq.holder_start), np.arange(n) * per)
+            and np.array_equal(np.sort(seq.holder_end), np.arange(1, n + 1) * per))
+
+
+def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
+              tap: TapConfig, shape: AttentionShape) -> PoolPlan:
+    """Plan one pool with TAP: make SH-tiles, place them (Alg. 2), derive the transfers.
+
+    Args:
+        pool_index: index of the pool within its microbatch group.
+        sequences: the pool's ``P`` packed sequences with their pre-attention layout.
+        workers: the pool's ``W = P * CP`` global worker ids in pool-rank order.
+        tap: block size, head split, tau, Pipeliner chunks and the comm-aware switch.
+        shape: attention head geometry.
+
+    Raises:
+        ValueError: the layout errors of :func:`libra.config.check_layout` (``B`` not dividing
+            ``S/CP``, ``H`` not dividing ``hq``, ``M`` not dividing ``hq/H``) and those of
+            :func:`make_tiles` / :func:`place_tiles`.
+    """
+    if not isinstance(tap, TapConfig):
+        raise ValueError(f"tap must be a TapConfig, got {type(tap).__name__}")
+    sequences = tuple(sequences)
+    if not sequences:
+        raise ValueError(f"pool {pool_index} has no sequences")
+    for seq in sequences:
+        if _is_standard(seq):
+            cp = len(seq.holder_start)
+            par = ParallelConfig(dp=tap.pool_size, cp=cp, gbs=tap.pool_size, seq_len=seq.num_tokens)
+            check_layout(par, tap, shape)
+    # non-standard layouts: make_tiles checks that blocks stay within holder ranges; H and M here
+    check_layout(ParallelConfig(dp=tap.pool_size, cp=1, gbs=tap.pool_size, seq_len=tap.block_size),
+                 tap, shape)
+    tiles = make_tiles(sequences, tap.block_size, tap.head_split, shape)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware)
+    return PoolPlan(pool_index=pool_index, workers=tuple(workers), sequences=sequences, tiles=placed,
+                    transfers=build_transfers(sequences, placed, shape), fallback_tiles=fallback)
