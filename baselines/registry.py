@@ -1,0 +1,141 @@
+"""One registry for every attention planner: Libra, its ablations and the baselines.
+
+Every method is a *planner* (DESIGN.md sec. 2): it turns one GBS window of packed sequences into
+one :class:`libra.plan.Plan` per GA index, so the simulator, the runtime and the tests consume all
+methods through the same contract. Planners are looked up by name (registry pattern, as in vidur):
+
+>>> planner = get_planner("libra", block_size=4096, head_split=2)
+>>> plans = planner.plan_window(window, par, shape)   # len(plans) == par.ga
+
+Planner modules are imported lazily on first lookup, so importing the registry stays cheap and the
+planning path never imports torch.
+
+Shared conventions (the microbatch-group mapping every planner uses)
+--------------------------------------------------------------------
+* Production order puts ``window[i]`` at GA index ``i // DP`` on DP rank ``i % DP``.
+* A pool of ``P`` replicas whose first DP rank is ``p0`` owns workers ``[p0*CP, (p0+P)*CP)``
+  (worker id = ``dp_rank * CP + cp_rank``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from libra.config import ParallelConfig
+from libra.plan import Plan
+from libra.workload import AttentionShape
+
+# name -> "module:Class"; every class implements the Planner interface below.
+PLANNERS: dict[str, str] = {
+    "ulysses": "baselines.ulysses:UlyssesPlanner",
+    "wlb-llm": "baselines.wlbllm:WlbLlmPlanner",
+    "distca": "baselines.distca:DistCAPlanner",
+    "libra-tap": "baselines.libra_planners:LibraTapPlanner",
+    "libra-tap-vrsp": "baselines.libra_planners:LibraTapVrspPlanner",
+    "libra": "baselines.libra_planners:LibraPlanner",
+}
+
+
+class Planner:
+    """Interface of every planner.
+
+    Attributes:
+        name: registry name, recorded as ``Plan.method``.
+        pipeline_chunks: Pipeliner chunks ``M`` the runtime/simulator must use (1 = no overlap).
+        config: the validated options dataclass (``Config`` of the subclass).
+    """
+
+    name: str = ""
+    Config: type = type(None)
+
+    def __init__(self, config=None):
+        self.config = config if config is not None else self.Config()
+
+    @property
+    def pipeline_chunks(self) -> int:
+        return 1
+
+    def plan_window(self, window: Sequence, par: ParallelConfig, shape: AttentionShape) -> list[Plan]:
+        """Plan one GBS window.
+
+        Args:
+            window: ``par.gbs`` packed sequences (``libra.data.packing.PackedSequence``: ``seq_id``,
+                ``sample_lengths``, ``sample_ids``) in production (arrival) order.
+            par: the parallel layout.
+            shape: attention head geometry.
+
+        Returns:
+            ``par.ga`` Plans, ``plans[g].ga_index == g``.
+
+        Raises:
+            ValueError: a window that does not match ``par`` or a layout the method cannot run.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})"
+
+
+def get_planner(name: str, **options) -> Planner:
+    """Instantiate the planner registered as ``name`` with its options dataclass.
+
+    Raises:
+        ValueError: unknown name (the message lists the registered names), an option the planner
+            does not take, or an option value its config rejects.
+    """
+    if name not in PLANNERS:
+        raise ValueError(f"unknown planner {name!r}; registered planners: {', '.join(PLANNERS)}")
+    module, attr = PLANNERS[name].split(":")
+    cls = getattr(importlib.import_module(module), attr)
+    fields = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ValueError(f"planner {name!r} takes no option(s) {unknown}; its options are {sorted(fields)}")
+    return cls(cls.Config(**options))
+
+
+# --------------------------------------------------------------------------------------------
+# helpers shared by the planners
+# --------------------------------------------------------------------------------------------
+
+
+def window_lengths(window: Sequence, par: ParallelConfig, fixed_tokens: bool = True) -> list[np.ndarray]:
+    """Sample-length arrays of a window, after checking it fits ``par``.
+
+    Args:
+        window: packed sequences (anything with a ``sample_lengths`` attribute).
+        par: parallel layout; the window must hold exactly ``par.gbs`` sequences.
+        fixed_tokens: also require ``par.seq_len`` tokens per sequence (fixed-token packing).
+
+    Returns:
+        ``gbs`` int64 arrays ``(n_samples_i,)``.
+
+    Raises:
+        ValueError: wrong window size, a non-positive sample length, or (``fixed_tokens``) a
+            sequence whose token count differs from ``S``.
+    """
+    if len(window) != par.gbs:
+        raise ValueError(f"window holds {len(window)} packed sequences, expected GBS={par.gbs}")
+    out = []
+    for i, seq in enumerate(window):
+        lengths = np.asarray(seq.sample_lengths, dtype=np.int64).reshape(-1)
+        if lengths.size == 0 or np.any(lengths < 1):
+            raise ValueError(f"window[{i}] has an empty or non-positive sample length: {lengths.tolist()[:8]}")
+        if fixed_tokens and int(lengths.sum()) != par.seq_len:
+            raise ValueError(f"window[{i}] holds {int(lengths.sum())} tokens, expected S={par.seq_len}")
+        out.append(lengths)
+    return out
+
+
+def production_groups(par: ParallelConfig) -> np.ndarray:
+    """``(GA, DP)`` window indices in production order: ``groups[g, d] = g * DP + d``."""
+    return np.arange(par.gbs, dtype=np.int64).reshape(par.ga, par.dp)
+
+
+def pool_workers(p0: int, pool_size: int, cp: int) -> tuple[int, ...]:
+    """Global workers of the pool whose first DP rank is ``p0``: ``[p0*CP, (p0+P)*CP)``."""
+    return tuple(range(p0 * cp, (p0 + pool_size) * cp))
