@@ -1,0 +1,107 @@
+"""Step simulator: replay one GBS window for one method and report per-step stragglers.
+
+A *step* is one GA index (microbatch group) of the window: the planner turns the window into one
+Plan per GA index (every pool of that index inside it), the cost model prices each Plan per worker
+under that step's device speeds, and the step's straggler is the slowest worker (Libra sec. 6.1
+"Metrics": bulk-synchronous execution, so the slowest worker sets the step time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from libra.config import ParallelConfig
+from libra.sim.cost import CostModel, PlanCost
+from libra.sim.variability import DeviceJitter
+from libra.workload import AttentionShape
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One step (GA index) of one method.
+
+    Attributes:
+        method: planner name.
+        step: GA index.
+        straggler_ms: slowest worker's compute + exposed communication (fwd + bwd, one layer).
+        straggler_worker: its global id; ``straggler_pool`` its pool index in the plan.
+        compute_ms, comm_exposed_ms, comm_serial_ms: the straggler's compute, exposed
+            communication (with the plan's overlap) and unoverlapped communication time.
+        mean_worker_ms: mean total over the plan's workers.
+        balance_bound_ms: perfect-balance limit of the step (see :class:`PlanCost`).
+        bytes_<class>: bytes moved over that link class in the whole step (fwd + bwd).
+        pipeline_chunks: M the step was priced with.
+    """
+
+    method: str
+    step: int
+    straggler_ms: float
+    straggler_worker: int
+    straggler_pool: int
+    compute_ms: float
+    comm_exposed_ms: float
+    comm_serial_ms: float
+    mean_worker_ms: float
+    balance_bound_ms: float
+    bytes_nvlink: int
+    bytes_roce: int
+    bytes_inter_supernode: int
+    pipeline_chunks: int
+
+    def to_row(self) -> dict:
+        return asdict(self)
+
+
+def step_result(cost: PlanCost) -> StepResult:
+    """Summarise a priced plan into its :class:`StepResult`."""
+    w = cost.straggler_worker
+    active = cost.pool >= 0
+    totals = cost.total_bytes()
+    return StepResult(
+        method=cost.method, step=cost.ga_index, straggler_ms=cost.straggler_ms, straggler_worker=w,
+        straggler_pool=int(cost.pool[w]), compute_ms=float(cost.compute_ms[w]),
+        comm_exposed_ms=float(cost.exposed_comm_ms[w]), comm_serial_ms=float(cost.comm_ms[w]),
+        mean_worker_ms=float(cost.total_ms[active].mean()) if active.any() else 0.0,
+        balance_bound_ms=cost.balance_bound_ms, bytes_nvlink=totals["nvlink"], bytes_roce=totals["roce"],
+        bytes_inter_supernode=totals["inter_supernode"], pipeline_chunks=cost.pipeline_chunks)
+
+
+def simulate_window(planner, window, par: ParallelConfig, shape: AttentionShape, cost_model: CostModel,
+                    seed: int, jitter: bool = True) -> list[StepResult]:
+    """Replay one GBS window (every GA index, every pool) for one method.
+
+    Args:
+        planner: object with ``plan_window(window, par, shape) -> list[Plan]`` and
+            ``pipeline_chunks`` (the baselines registry's Planner).
+        window: the window's ``GBS`` packed sequences (``list[PackedSequence]``).
+        par: parallel layout; must match the cost model's topology.
+        shape: attention head geometry.
+        cost_model: prices each Plan.
+        seed: device-jitter seed; use the same seed for every method of a comparison.
+        jitter: apply the profile's device variability (False: every GPU at speed 1).
+
+    Returns:
+        One :class:`StepResult` per GA index, in GA order.
+
+    Raises:
+        ValueError: ``par`` differs from the cost model's topology, or the window size is not GBS.
+    """
+    if par != cost_model.topology.par:
+        raise ValueError(f"parallel layout {par} differs from the cost model's topology {cost_model.topology.par}")
+    if len(window) != par.gbs:
+        raise ValueError(f"window holds {len(window)} packed sequences, GBS is {par.gbs}")
+    plans = planner.plan_window(window, par, shape)
+    dev = DeviceJitter(cost_model.profile.variability, par.workers, seed) if jitter else None
+    out = []
+    for plan in plans:
+        speed = dev.speeds(int(plan.ga_index)) if dev is not None else None
+        out.append(step_result(cost_model.price(plan, speed=speed)))
+    return out
+
+
+def summarize(results: list[StepResult]) -> dict:
+    """Mean and max straggler over a list of steps (the Figure 12 statistics)."""
+    s = np.array([r.straggler_ms for r in results], dtype=np.float64)
+    return {"mean_ms": float(s.mean()), "max_ms": float(s.max()), "steps": len(s)}

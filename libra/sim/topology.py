@@ -1,0 +1,82 @@
+"""Rank placement: global worker ids -> GPUs, nodes and supernodes, and link classes between them.
+
+Worker numbering follows docs/architecture.md: ``worker = dp_rank * CP + cp_rank`` within one PP
+stage. GPUs are filled in worker order, so a CP group occupies consecutive GPUs (packed into nodes;
+a CP group larger than a node spans ``CP / gpus_per_node`` whole nodes) and consecutive DP ranks
+sit next to each other. A pool of P consecutive DP replicas therefore spans ``P * CP`` consecutive
+GPUs: at CP = 8 and 8 nodes per supernode, a P = 8 pool fills exactly one supernode, and larger
+pools (DistCA's P = DP) reach over the slower inter-supernode links (Libra sec. 3.2, 6.5).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from libra.config import ParallelConfig
+from libra.sim.profiles import LINK_CLASSES, HardwareProfile
+
+LOCAL = -1
+"""Link code of a worker talking to itself (no transfer)."""
+
+
+class Topology:
+    """Placement of one PP stage's ``DP * CP`` workers on the profile's cluster.
+
+    Args:
+        profile: cluster shape (``gpus_per_node``, ``nodes_per_supernode``) and link classes.
+        par: parallel layout; ``par.workers`` GPUs are used.
+
+    Attributes:
+        num_workers: ``DP * CP``.
+        node, supernode: ``(N,)`` int arrays indexed by worker id.
+    """
+
+    def __init__(self, profile: HardwareProfile, par: ParallelConfig):
+        if not isinstance(par, ParallelConfig):
+            raise ValueError(f"Topology needs a ParallelConfig, got {type(par).__name__}")
+        self.profile = profile
+        self.par = par
+        self.num_workers = par.workers
+        gpu = np.arange(self.num_workers, dtype=np.int64)
+        self.node = gpu // profile.gpus_per_node
+        self.supernode = self.node // profile.nodes_per_supernode
+        self.class_names = LINK_CLASSES
+
+    def _check(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_workers):
+            bad = ids[(ids < 0) | (ids >= self.num_workers)][0]
+            raise ValueError(f"worker id {int(bad)} outside [0, {self.num_workers}) for DP*CP = "
+                             f"{self.par.dp}*{self.par.cp}")
+        return ids
+
+    def link_code(self, src, dst) -> np.ndarray:
+        """Vectorised link class index into :data:`LINK_CLASSES` (``LOCAL`` = -1 when src == dst).
+
+        Args:
+            src, dst: broadcastable int arrays of global worker ids.
+
+        Raises:
+            ValueError: an id outside ``[0, DP*CP)``.
+        """
+        src, dst = self._check(src), self._check(dst)
+        same_node = self.node[src] == self.node[dst]
+        same_super = self.supernode[src] == self.supernode[dst]
+        code = np.where(same_node, 0, np.where(same_super, 1, 2))
+        return np.where(src == dst, LOCAL, code)
+
+    def link_class(self, src, dst):
+        """Link class names (``"local"``, ``"nvlink"``, ``"roce"``, ``"inter_supernode"``).
+
+        Scalar inputs give a str; array inputs an object array of the same shape.
+        """
+        names = np.array(("local",) + tuple(LINK_CLASSES), dtype=object)
+        out = names[self.link_code(src, dst) + 1]
+        return str(out) if np.ndim(out) == 0 else out
+
+    def describe(self) -> dict:
+        """Counts recorded with results: nodes and supernodes used, GPUs per pool domain."""
+        return {"workers": self.num_workers, "nodes": int(self.node.max()) + 1,
+                "supernodes": int(self.supernode.max()) + 1,
+                "gpus_per_node": self.profile.gpus_per_node,
+                "nodes_per_supernode": self.profile.nodes_per_supernode}
