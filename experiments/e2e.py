@@ -1,0 +1,221 @@
+"""`libra-bench e2e` (Figure 11): end-to-end tokens per GPU per second, simulated or measured.
+
+Libra sec. 6.2: Ulysses, WLB-LLM and Libra on the three Qwen3 models at 64, 128 and 256 GPUs.
+256K: CP 4, PP 4, GBS 128, DP 4 -> 16, P = min(8, DP); 1M: CP 16, PP 2, GBS 32, DP 2 -> 8,
+P = min(4, DP). Each step is priced by :class:`libra.sim.e2e.StepModel` from the Plans each method's
+planner produces for the same GBS window (``--windows`` consecutive windows of ``--workload``).
+``--measure`` instead runs real training (``libra-bench train``'s loop) per method on a small CPU
+configuration and reports its measured tokens/GPU/s.
+
+This module also holds the helpers the other simulated end-to-end experiments share
+(``dp-scaling``, ``pp-balance``): the paper settings, common click options and one function that
+plans and prices one window.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pandas as pd
+
+from baselines.registry import get_planner
+from experiments.runner import ExperimentRun
+from libra.config import ParallelConfig
+from libra.data.packing import gbs_windows
+from libra.sim.e2e import E2EConfig, StepModel, StepTime
+from libra.sim.models import MODELS, get_model
+from libra.sim.profiles import DEFAULT_PROFILE, load_profile
+
+METHODS = ("ulysses", "wlb-llm", "libra")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One paper dataset setting: packed length, GBS, CP, PP, Libra's block size and pool cap."""
+
+    name: str
+    seq_len: int
+    gbs: int
+    cp: int
+    pp: int
+    block_size: int
+    max_pool: int
+
+
+# Libra sec. 6.2 (Figure 11) and 6.3 (block sizes: B = 4096 on 256K, 8192 on 1M; H = 2; M = 4).
+E2E_SETTINGS = {
+    "256k": Setting("256k", 262144, 128, cp=4, pp=4, block_size=4096, max_pool=8),
+    "1m": Setting("1m", 1048576, 32, cp=16, pp=2, block_size=8192, max_pool=4),
+}
+E2E_DP = {"256k": (4, 8, 16), "1m": (2, 4, 8)}
+
+
+def planner_for(method: str, setting: Setting, dp: int, head_split: int = 2, pipeline_chunks: int = 4):
+    """The registry planner of ``method`` with Libra's per-setting options (``P = min(cap, DP)``)."""
+    if method == "libra":
+        return get_planner("libra", pool_size=min(setting.max_pool, dp), block_size=setting.block_size,
+                           head_split=head_split, pipeline_chunks=pipeline_chunks)
+    return get_planner(method)
+
+
+def price_window(method: str, window, setting: Setting, dp: int, pp: int, model_name: str, profile,
+                 layers: int | None = None) -> StepTime:
+    """Plan one GBS window with ``method`` and price the optimizer step (one PP stage's Plans)."""
+    model = get_model(model_name)
+    par = ParallelConfig(dp=dp, cp=setting.cp, gbs=setting.gbs, seq_len=setting.seq_len, pp=pp)
+    plans = planner_for(method, setting, dp).plan_window(window, par, model.attention_shape)
+    return StepModel(E2EConfig(model, par, layers=layers), profile).step(plans)
+
+
+@functools.lru_cache(maxsize=8)
+def cached_windows(workload: str, seq_len: int, gbs: int, n_windows: int, seed: int):
+    """``gbs_windows`` memoised per process (the sweep prices the same windows many times)."""
+    return gbs_windows(workload, seq_len, gbs, n_windows, seed=seed)
+
+
+def sim_options(default_windows: int, quick_windows: int):
+    """Click options every simulated end-to-end experiment takes."""
+
+    def wrap(fn):
+        opts = [
+            click.option("--workload", default="libra-prod", show_default=True,
+                         help="length preset name or a length file (.txt/.txt.gz/.json/.csv/.parquet/.npy)"),
+            click.option("--profile", "profile_name", default=DEFAULT_PROFILE, show_default=True,
+                         help="hardware profile name or JSON path"),
+            click.option("--windows", type=click.IntRange(min=1), default=None,
+                         help=f"GBS windows (optimizer steps) per point [default {default_windows}; "
+                              f"--quick {quick_windows}]"),
+            click.option("--seed", type=int, default=0, show_default=True),
+            click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                         help="output folder (default results/<name>)"),
+            click.option("--quick", is_flag=True, help="fewer windows (smoke run)"),
+            click.option("--force", is_flag=True, help="recompute cached points"),
+        ]
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return wrap
+
+
+def resolve_windows(windows: int | None, quick: bool, default: int, quick_default: int) -> int:
+    return windows if windows is not None else (quick_default if quick else default)
+
+
+def check_profile(profile_name: str):
+    try:
+        return load_profile(profile_name)
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+
+
+def check_workload(workload: str, seq_len: int, gbs: int, n_windows: int, seed: int):
+    try:
+        return cached_windows(workload, seq_len, gbs, n_windows, seed)
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--workload") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Figure 11
+# --------------------------------------------------------------------------------------------
+
+
+def _plot(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import seaborn as sns
+
+    mean = df.groupby(["setting", "model", "gpus", "method"], as_index=False)["tokens_per_gpu_s"].mean()
+    g = sns.catplot(data=mean, kind="bar", x="gpus", y="tokens_per_gpu_s", hue="method", col="model",
+                    row="setting", hue_order=[m for m in METHODS if m in set(mean.method)],
+                    sharey=False, height=2.6, aspect=1.2)
+    g.set_axis_labels("GPUs", "tokens / GPU / s")
+    g.figure.suptitle("End-to-end throughput (Figure 11; " + str(df["source"].iloc[0]) + ")", y=1.02)
+    g.figure.savefig(path, dpi=130, bbox_inches="tight", format="png")
+
+
+@click.command("e2e")
+@sim_options(default_windows=3, quick_windows=1)
+@click.option("--models", default=",".join(MODELS), show_default=True, help="comma-separated model names")
+@click.option("--settings", "setting_names", default="256k,1m", show_default=True)
+@click.option("--measure", is_flag=True,
+              help="run real training per method (small CPU configuration) instead of the model")
+@click.option("--nproc", type=click.IntRange(min=2), default=4, show_default=True,
+              help="--measure: processes (DP x CP = nproc)")
+@click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="--measure: steps")
+def e2e(workload, profile_name, windows, seed, out, quick, force, models, setting_names, measure, nproc, steps):
+    """Figure 11: tokens/GPU/s of Ulysses, WLB-LLM and Libra on Qwen3 8B, 30B-A3B, 235B-A22B."""
+    if measure:
+        _measure(workload, seed, out, force, nproc, steps)
+        return
+    model_names = [m.strip() for m in models.split(",") if m.strip()]
+    for m in model_names:
+        if m not in MODELS:
+            raise click.BadParameter(f"unknown model {m!r}; known: {', '.join(MODELS)}", param_hint="--models")
+    settings = [s.strip() for s in setting_names.split(",") if s.strip()]
+    for s in settings:
+        if s not in E2E_SETTINGS:
+            raise click.BadParameter(f"unknown setting {s!r}; known: {', '.join(E2E_SETTINGS)}",
+                                     param_hint="--settings")
+    profile = check_profile(profile_name)
+    n_windows = resolve_windows(windows, quick, 3, 1)
+    config = {"workload": workload, "profile": profile.to_dict(), "windows": n_windows, "seed": seed,
+              "models": model_names, "settings": {s: E2E_SETTINGS[s].__dict__ for s in settings},
+              "dp": {s: E2E_DP[s] for s in settings}, "methods": METHODS, "linear_mfu": 0.5}
+    run = ExperimentRun("e2e", config, out_dir=out, force=force)
+    for s in settings:
+        st = E2E_SETTINGS[s]
+        check_workload(workload, st.seq_len, st.gbs, n_windows, seed)
+    keys = [(s, m, dp, method) for s in settings for m in model_names for dp in E2E_DP[s] for method in METHODS]
+
+    def point(key):
+        s, m, dp, method = key
+        st = E2E_SETTINGS[s]
+        rows = []
+        for w, window in enumerate(cached_windows(workload, st.seq_len, st.gbs, n_windows, seed)):
+            t = price_window(method, window, st, dp, st.pp, m, profile)
+            rows.append({"workload": workload, "setting": s, "model": m, "method": method, "dp": dp,
+                         "cp": st.cp, "pp": st.pp, "gpus": t.gpus, "window": w, "source": "simulated",
+                         **t.summary()})
+        return rows
+
+    df = pd.DataFrame(run.map(keys, point, desc="e2e"))
+    paths = run.finish(df, _plot, extra={"profile": profile.name})
+    mean = df.groupby(["setting", "model", "gpus", "method"])["tokens_per_gpu_s"].mean().unstack("method")
+    mean["libra/ulysses"] = mean["libra"] / mean["ulysses"]
+    mean["libra/wlb-llm"] = mean["libra"] / mean["wlb-llm"]
+    click.echo(mean.round(3).to_string())
+    click.echo(f"Libra over Ulysses {mean['libra/ulysses'].min():.2f}x-{mean['libra/ulysses'].max():.2f}x "
+               f"(paper 1.58x-3.24x); over WLB-LLM at the largest scale: mean "
+               f"{mean.xs(256, level='gpus')['libra/wlb-llm'].mean():.2f}x, max "
+               f"{mean.xs(256, level='gpus')['libra/wlb-llm'].max():.2f}x (paper 1.44x / 1.68x)")
+    click.echo(f"wrote {paths['csv']}")
+
+
+def _measure(workload, seed, out, force, nproc, steps):
+    """Measured Figure 11 on this machine: the real training loop per attention method."""
+    from experiments.train import TrainConfig, run_training
+
+    rows = []
+    for method in ("reference", "ulysses", "libra"):
+        if method == "reference":
+            continue  # single-process reference is not a parallel method; kept out of Figure 11
+        cfg = TrainConfig(nproc=nproc, cp=2, steps=steps, attention=method, workload=workload, seed=seed)
+        result = run_training(cfg)
+        for r in result["steps"]:
+            rows.append({"workload": workload, "setting": f"S={cfg.seq_len}", "model": "qwen3-small",
+                         "method": method, "dp": cfg.dp, "cp": cfg.cp, "pp": 1, "gpus": nproc,
+                         "window": r["step"], "source": "measured (CPU, gloo)",
+                         "tokens_per_gpu_s": r["tokens_per_gpu_s"], "loss": r["loss"], "step_ms": r["step_ms"]})
+    run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps},
+                        out_dir=out, force=force)
+    df = pd.DataFrame(rows)
+    paths = run.finish(df, _plot)
+    click.echo(df.groupby("method")["tokens_per_gpu_s"].median().round(1).to_string())
+    click.echo(f"wrote {paths['csv']}")
+
