@@ -1,0 +1,212 @@
+"""Fixed-token packing of samples into packed sequences, and GBS windows (Libra sec. 2.3).
+
+Libra defaults to *fixed-token* packing: samples are concatenated in arrival order into packed
+sequences of exactly ``S`` tokens each, with a block-diagonal causal mask (each sample, or piece of
+a sample, is its own causal segment). The paper keeps each optimizer step's sample multiset intact,
+so nothing is reordered, deferred or dropped inside the packed stream.
+
+Overflow policy (argument ``policy``)
+-------------------------------------
+A sample that does not fit the room left in the current packed sequence is always **cut at the
+boundary**: the first piece fills the sequence, the rest continues at the start of the next one
+(every piece is its own causal segment, so a split sample's pieces do not attend to each other).
+This is the only way to get exactly ``S`` tokens per sequence without padding. What differs is the
+treatment of a sample *longer than S*:
+
+* ``"split"`` (default): cut it into as many pieces as needed; a sample of ``3.5 S`` tokens yields
+  three full sequences holding one piece each plus a half. Tokens and the multiset of sample ids
+  are preserved exactly.
+* ``"truncate"``: keep only its first ``S`` tokens (the rest is dropped), then pack as above. The
+  sample multiset is kept, tokens are not.
+* ``"error"``: raise ``ValueError`` naming the sample index and length.
+
+The tokens after the last full sequence (a partial sequence) are not returned: every
+:class:`PackedSequence` has exactly ``S`` tokens. :func:`gbs_windows` asks its source for enough
+tokens that this never removes a window's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from libra.workload import packed_workload
+
+POLICIES = ("split", "truncate", "error")
+
+
+@dataclass(frozen=True, eq=False)
+class PackedSequence:
+    """One packed sequence: its samples (or sample pieces) in packing order.
+
+    Attributes:
+        seq_id: index of the sequence in its GBS window (or in the packed stream for
+            :func:`pack_fixed_tokens`).
+        sample_lengths: int64 ``(n_pieces,)`` token lengths of the causal segments, in order.
+        sample_ids: int64 ``(n_pieces,)`` arrival index of the original sample each piece came
+            from; pieces of one split sample share an id (consecutive sequences), so they can be
+            rejoined.
+    """
+
+    seq_id: int
+    sample_lengths: np.ndarray
+    sample_ids: np.ndarray
+
+    def __post_init__(self) -> None:
+        lengths = np.asarray(self.sample_lengths, dtype=np.int64)
+        ids = np.asarray(self.sample_ids, dtype=np.int64)
+        if lengths.ndim != 1 or lengths.shape != ids.shape:
+            raise ValueError(
+                f"PackedSequence {self.seq_id}: sample_lengths {lengths.shape} and sample_ids {ids.shape} "
+                "must be 1-D arrays of equal length"
+            )
+        if lengths.size == 0 or lengths.min() < 1:
+            raise ValueError(f"PackedSequence {self.seq_id}: segments must be non-empty with length >= 1")
+        lengths.setflags(write=False)
+        ids.setflags(write=False)
+        object.__setattr__(self, "sample_lengths", lengths)
+        object.__setattr__(self, "sample_ids", ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Total tokens (``S`` for every sequence built here)."""
+        return int(self.sample_lengths.sum())
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """int64 ``(n_pieces + 1,)`` cumulative segment starts ``[0, l_0, l_0 + l_1, ..., S]``."""
+        return np.concatenate(([0], np.cumsum(self.sample_lengths)))
+
+    @property
+    def workload(self) -> float:
+        """Workload proxy ``w = sum_j l_j^2`` (Libra sec. 3.1)."""
+        return packed_workload(self.sample_lengths)
+
+    def __repr__(self) -> str:
+        return (f"PackedSequence(seq_id={self.seq_id}, tokens={self.num_tokens}, "
+                f"pieces={self.sample_lengths.size}, max_piece={int(self.sample_lengths.max())})")
+
+
+def check_seq_len(seq_len) -> int:
+    """Return ``seq_len`` as int or raise ``ValueError`` when it is not an integer >= 1."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
+        raise ValueError(f"sequence length S must be an integer >= 1, got {seq_len!r}")
+    return int(seq_len)
+
+
+def _check_lengths(lengths) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"sample lengths must be a 1-D array, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        if arr.dtype.kind != "f" or np.any(arr != np.round(arr)):
+            bad = int(np.argmax(arr != np.round(arr))) if arr.dtype.kind == "f" else 0
+            raise ValueError(f"sample {bad}: length must be a positive integer, got {arr[bad]!r}")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 1:
+        bad = int(np.argmin(arr))
+        raise ValueError(f"sample {bad}: length must be a positive integer, got {int(arr[bad])}")
+    return arr
+
+
+def pack_fixed_tokens(lengths, seq_len: int, policy: str = "split", first_sample_id: int = 0,
+                      first_seq_id: int = 0) -> list[PackedSequence]:
+    """Pack samples in arrival order into packed sequences of exactly ``seq_len`` tokens.
+
+    Args:
+        lengths: int ``(n_samples,)`` sample lengths in arrival order (each >= 1).
+        seq_len: tokens per packed sequence ``S`` (>= 1).
+        policy: treatment of samples longer than ``S``: ``"split"`` (default), ``"truncate"`` or
+            ``"error"`` (see the module docstring). Boundary-crossing samples are always split.
+        first_sample_id: arrival id of ``lengths[0]`` (ids are ``first_sample_id + index``).
+        first_seq_id: ``seq_id`` of the first packed sequence.
+
+    Returns:
+        ``floor(total_tokens / S)`` packed sequences, each of exactly ``S`` tokens; the trailing
+        partial sequence is dropped. Cost O(n log n), vectorised.
+
+    Raises:
+        ValueError: ``seq_len < 1``, unknown ``policy``, a non-positive or non-integer length, or
+            (``policy="error"``) a sample longer than ``S``; messages name the bad value.
+    """
+    seq_len = check_seq_len(seq_len)
+    if policy not in POLICIES:
+        raise ValueError(f"unknown packing policy {policy!r}; choose one of {POLICIES}")
+    arr = _check_lengths(lengths)
+    if policy == "error" and arr.size and arr.max() > seq_len:
+        bad = int(np.argmax(arr > seq_len))
+        raise ValueError(
+            f"sample {first_sample_id + bad} has {int(arr[bad])} tokens, longer than S={seq_len} "
+            "(packing policy 'error'; use 'split' or 'truncate')"
+        )
+    if policy == "truncate":
+        arr = np.minimum(arr, seq_len)
+    ends = np.cumsum(arr)
+    n_seq = int(ends[-1] // seq_len) if arr.size else 0
+    if n_seq == 0:
+        return []
+    limit = n_seq * seq_len
+    # Cut points = sample ends and sequence boundaries; the pieces between consecutive cut points
+    # are the causal segments. Boundaries at multiples of S split straddling samples.
+    points = np.union1d(ends[ends < limit], np.arange(seq_len, limit + 1, seq_len, dtype=np.int64))
+    piece_start = np.concatenate(([0], points[:-1]))
+    piece_len = points - piece_start
+    piece_sample = np.searchsorted(ends, piece_start, side="right") + first_sample_id
+    bounds = np.searchsorted(piece_start, np.arange(0, limit + 1, seq_len, dtype=np.int64))
+    bounds[-1] = piece_start.size
+    return [
+        PackedSequence(first_seq_id + k, piece_len[bounds[k]:bounds[k + 1]], piece_sample[bounds[k]:bounds[k + 1]])
+        for k in range(n_seq)
+    ]
+
+
+def check_window_args(seq_len, gbs, n_windows) -> tuple[int, int, int]:
+    """Validate ``(S, GBS, n_windows)``; each must be an integer >= 1."""
+    seq_len = check_seq_len(seq_len)
+    for name, value in (("GBS", gbs), ("number of windows", n_windows)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return seq_len, int(gbs), int(n_windows)
+
+
+def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: int = 0,
+                policy: str = "split") -> list[list[PackedSequence]]:
+    """Consecutive GBS windows of fixed-token packed sequences from one arrival-order stream.
+
+    The source (a preset name, a length-file path, or a :class:`~libra.data.source.LengthSource`)
+    yields ``seed``-determined samples in arrival order; they are packed with
+    :func:`pack_fixed_tokens` and cut into ``n_windows`` windows of exactly ``gbs`` sequences.
+    Window ``w`` holds stream sequences ``[w*gbs, (w+1)*gbs)`` with ``seq_id`` renumbered
+    ``0..gbs-1``; ``sample_ids`` stay stream-global. A longer request extends a shorter one
+    (window ``w`` does not depend on ``n_windows``).
+
+    Returns:
+        ``n_windows`` lists of ``gbs`` :class:`PackedSequence`.
+
+    Raises:
+        ValueError: bad ``seq_len`` / ``gbs`` / ``n_windows`` / ``policy``, or a bad source.
+    """
+    from libra.data.source import resolve_workload  # deferred: source imports this module
+
+    seq_len, gbs, n_windows = check_window_args(seq_len, gbs, n_windows)
+    source = resolve_workload(spec_or_source)
+    need = n_windows * gbs * seq_len
+    lengths = source.take(need, seed=seed)
+    seqs = pack_fixed_tokens(lengths, seq_len, policy=policy)
+    if len(seqs) < n_windows * gbs:  # 'truncate' drops tokens: ask for more until enough
+        extra = need
+        while len(seqs) < n_windows * gbs:
+            extra *= 2
+            lengths = source.take(need + extra, seed=seed)
+            seqs = pack_fixed_tokens(lengths, seq_len, policy=policy)
+    windows = []
+    for w in range(n_windows):
+        chunk = seqs[w * gbs:(w + 1) * gbs]
+        windows.append([PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(chunk)])
+    return windows
+
+
+def window_workloads(window: list[PackedSequence]) -> np.ndarray:
+    """float64 ``(len(window),)`` workload proxies ``w = sum l^2`` of a window's sequences."""
+    return np.array([s.workload for s in window], dtype=np.float64)

@@ -1,0 +1,137 @@
+"""Where sample lengths come from: a synthetic preset or a user length file, as an arrival stream.
+
+``resolve_workload(spec)`` turns what a user types after ``--workload`` into a
+:class:`LengthSource`: a registered preset name (see :mod:`libra.data.presets`) or a path to a
+length file (see :mod:`libra.data.loaders`). Every source offers one method,
+``take(n_tokens, seed)``: the shortest arrival-order prefix of the seed's stream holding at least
+``n_tokens`` tokens. It is deterministic (same seed => same array) and prefix-stable (a larger
+request extends a smaller one), so window ``w`` of a sweep is the same however many windows run.
+
+* Preset: samples are drawn from the preset's seeded generator in fixed-size blocks.
+* File: arrival order is file order starting at a seed-chosen offset, wrapping around to the
+  start (cycling) when more tokens are needed than the file holds. Different seeds therefore see
+  different, deterministic slices of the same data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from libra.data.loaders import file_kind, load_lengths
+from libra.data.presets import PRESETS, LengthDistribution, get_preset
+
+_BLOCK = 65536  # samples per generator block: fixed, so prefixes do not depend on the request size
+
+
+def _check_take(n_tokens, seed) -> tuple[int, int]:
+    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+        raise ValueError(f"n_tokens must be an integer >= 1, got {n_tokens!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    return int(n_tokens), int(seed)
+
+
+class LengthSource:
+    """An arrival-order stream of sample lengths (abstract)."""
+
+    name: str
+
+    def take(self, n_tokens: int, seed: int = 0) -> np.ndarray:
+        """int64 ``(n,)``: the shortest prefix of the seed's stream with ``sum >= n_tokens``."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """JSON-ready description for run records."""
+        return {"name": self.name}
+
+
+@dataclass
+class PresetSource(LengthSource):
+    """Samples drawn from a :class:`LengthDistribution` with ``numpy.random.default_rng(seed)``."""
+
+    distribution: LengthDistribution
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.distribution.name
+
+    def take(self, n_tokens: int, seed: int = 0) -> np.ndarray:
+        n_tokens, seed = _check_take(n_tokens, seed)
+        rng = np.random.default_rng(seed)
+        blocks, total = [], 0
+        while total < n_tokens:
+            block = self.distribution.sample(_BLOCK, rng)
+            blocks.append(block)
+            total += int(block.sum())
+        stream = np.concatenate(blocks)
+        return stream[: int(np.searchsorted(np.cumsum(stream), n_tokens)) + 1]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "preset", "params": self.distribution.params()}
+
+
+@dataclass
+class FileSource(LengthSource):
+    """Lengths read once from a file; arrival order = file order from a seed-chosen offset, cycling."""
+
+    path: Path
+    column: str | None = None
+    _lengths: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.path.name
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """All lengths in file order (loaded on first use)."""
+        if self._lengths is None:
+            self._lengths = load_lengths(self.path, self.column)
+        return self._lengths
+
+    def offset(self, seed: int) -> int:
+        """Index of the stream's first sample for ``seed`` (seed 0 starts at the file's start)."""
+        return 0 if seed == 0 else int(np.random.default_rng(seed).integers(self.lengths.size))
+
+    def take(self, n_tokens: int, seed: int = 0) -> np.ndarray:
+        n_tokens, seed = _check_take(n_tokens, seed)
+        arr = self.lengths
+        rotated = np.roll(arr, -self.offset(seed))
+        reps = -(-n_tokens // int(arr.sum())) + 1
+        stream = np.tile(rotated, reps) if reps > 1 else rotated
+        return stream[: int(np.searchsorted(np.cumsum(stream), n_tokens)) + 1]
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "file", "path": str(self.path), "column": self.column,
+                "samples": int(self.lengths.size), "tokens": int(self.lengths.sum())}
+
+
+def resolve_workload(spec, column: str | None = None) -> LengthSource:
+    """A :class:`LengthSource` for a preset name, a length-file path, or an existing source.
+
+    Raises:
+        ValueError: ``spec`` is neither a registered preset nor an existing file of a supported
+            type; the message lists the presets and the supported suffixes.
+    """
+    if isinstance(spec, LengthSource):
+        return spec
+    if isinstance(spec, LengthDistribution):
+        return PresetSource(spec)
+    if not isinstance(spec, (str, Path)) or not str(spec).strip():
+        raise ValueError(f"workload must be a preset name or a length-file path, got {spec!r}")
+    text = str(spec)
+    if isinstance(spec, str) and text in PRESETS:
+        return PresetSource(get_preset(text))
+    path = Path(text).expanduser()
+    if file_kind(path) is not None or path.exists():
+        if not path.is_file():
+            raise ValueError(f"workload file {text!r} does not exist")
+        if file_kind(path) is None:
+            raise ValueError(f"workload file {text!r} has an unknown type; supported: "
+                             ".txt, .txt.gz, .json, .csv, .csv.gz, .parquet, .npy")
+        return FileSource(path, column)
+    raise ValueError(f"unknown workload {text!r}: not a preset ({', '.join(sorted(PRESETS))}) "
+                     "and not a length file (.txt, .txt.gz, .json, .csv, .parquet, .npy)")
