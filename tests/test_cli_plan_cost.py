@@ -1,0 +1,47 @@
+"""`libra-bench plan-cost --quick`: outputs, printed figures, resumable points, bad input."""
+
+import json
+
+import pandas as pd
+from click.testing import CliRunner
+
+from experiments.cli import main
+
+
+def test_plan_cost_quick_writes_and_prints(tmp_path):
+    out = tmp_path / "pc"
+    runner = CliRunner()
+    result = runner.invoke(main, ["plan-cost", "--quick", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(out / "plan-cost.csv")
+    assert {"setting", "stage", "median_ms", "iqr_ms", "repeats", "paper_ms"} <= set(df.columns)
+    main_rows = df[df["stage"].isin(["vrsp", "tap"])].set_index(["setting", "stage"])
+    assert main_rows.loc[("256K", "vrsp"), "paper_ms"] == 2.2
+    assert main_rows.loc[("1M", "tap"), "paper_ms"] == 10.7
+    assert (main_rows["median_ms"] > 0).all()
+    assert main_rows.loc[("256K", "tap"), "repeats"] == 2 * 16      # 2 repeats x 16 pools (4 GA x 4 pools)
+    assert {"tap.tiles", "tap.placement", "tap.exchange"} <= set(df["stage"])
+    assert (out / "plan-cost.png").stat().st_size > 0
+    record = json.loads((out / "run.json").read_text())
+    assert record["config"]["repeats"] == 2 and record["points_computed"] > 0
+    quality = pd.read_csv(out / "plan-cost-quality.csv").set_index(["setting", "method"])
+    for setting in ("256K", "1M"):
+        # Libra moves fewer bytes than the cluster-wide DistCA pool and balances far better than Ulysses
+        assert quality.loc[(setting, "libra"), "bytes_total"] < quality.loc[(setting, "distca"), "bytes_total"]
+        assert quality.loc[(setting, "libra"), "stage_max_over_mean"] < quality.loc[(setting, "ulysses"), "stage_max_over_mean"]
+        # every pool Libra leaves above 1 + tau holds a tile heavier than the target (indivisible)
+        row = quality.loc[(setting, "libra")]
+        assert row["pools_over_1_plus_tau"] == row["pools_over_with_tile_above_target"]
+    assert "VRSP + workload estimation per step" in result.output and "paper 2.2 ms" in result.output
+    assert "ulysses" in result.output and "distca" in result.output
+    again = runner.invoke(main, ["plan-cost", "--quick", "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "run.json").read_text())["points_computed"] == 0     # resumed from points
+
+
+def test_plan_cost_bad_input(tmp_path):
+    runner = CliRunner()
+    bad = runner.invoke(main, ["plan-cost", "--quick", "--workload", "no-such-preset", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "no-such-preset" in bad.output
+    zero = runner.invoke(main, ["plan-cost", "--repeats", "0", "--out", str(tmp_path)])
+    assert zero.exit_code != 0 and "repeats" in zero.output
