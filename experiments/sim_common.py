@@ -1,0 +1,199 @@
+"""Shared helpers of the simulated core-attention experiments (Figures 3, 12, 15).
+
+* :data:`SETTINGS`: the paper's two isolated core-attention settings (Libra sec. 6.3).
+* :func:`make_planner`: registry planner with the setting's TAP layout (P, H, B) and overrides.
+* :func:`load_windows`: GBS windows of fixed-token packed sequences from a preset or a file.
+* :func:`method_window`: the window a method plans; WLB-LLM sees every causal segment as its own
+  document (see the function) so that every method computes the same attention work.
+* :func:`build_cost_model`: profile + topology + cost model for a layout.
+* Click options shared by these commands (``--profile``, ``--workload``, ``--windows``, ``--seed``,
+  ``--out``, ``--quick``, ``--force``, head-shape overrides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import click
+import numpy as np
+
+from libra.config import ParallelConfig
+from libra.sim.cost import CostModel
+from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
+from libra.sim.topology import Topology
+from libra.workload import AttentionShape
+
+METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
+"""Planner registry names in the paper's Figure 12 order."""
+
+LABELS = {"ulysses": "Ulysses", "wlb-llm": "WLB-LLM", "distca": "DistCA", "libra-tap": "Libra (TAP)",
+          "libra-tap-vrsp": "Libra (TAP+VRSP)", "libra": "Libra (full)"}
+
+TAP_METHODS = ("libra-tap", "libra-tap-vrsp", "libra")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One isolated core-attention setting (Libra sec. 6.3).
+
+    Attributes:
+        name: ``256k`` or ``1m``.
+        dp, cp, gbs, seq_len: parallel layout (PP = 1).
+        pool_size, head_split, block_size: Libra's TAP layout (P, H, B).
+    """
+
+    name: str
+    dp: int
+    cp: int
+    gbs: int
+    seq_len: int
+    pool_size: int
+    head_split: int
+    block_size: int
+
+    def par(self) -> ParallelConfig:
+        return ParallelConfig(dp=self.dp, cp=self.cp, gbs=self.gbs, seq_len=self.seq_len)
+
+
+SETTINGS: dict[str, Setting] = {
+    "256k": Setting("256k", dp=32, cp=8, gbs=128, seq_len=256 * 1024, pool_size=8, head_split=2, block_size=4096),
+    "1m": Setting("1m", dp=16, cp=16, gbs=32, seq_len=1024 * 1024, pool_size=8, head_split=2, block_size=8192),
+}
+
+
+def parse_list(text: str, allowed, what: str) -> tuple[str, ...]:
+    """Comma-separated choices, validated (``ValueError`` names the bad entry and the choices)."""
+    items = tuple(x.strip() for x in str(text).split(",") if x.strip())
+    if not items:
+        raise ValueError(f"empty {what} list {text!r}")
+    for x in items:
+        if x not in allowed:
+            raise ValueError(f"unknown {what} {x!r}; choose from {', '.join(allowed)}")
+    return items
+
+
+def make_shape(q_heads: int, kv_heads: int, head_dim: int) -> AttentionShape:
+    return AttentionShape(num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype_bytes=2)
+
+
+def planner_options(method: str, setting: Setting, pool_size: int | None = None) -> dict:
+    """Registry options of ``method`` in ``setting`` (P override only affects Libra's variants)."""
+    if method in ("ulysses", "wlb-llm"):
+        return {}
+    opts = {"block_size": setting.block_size, "head_split": setting.head_split}
+    if method in TAP_METHODS:
+        opts["pool_size"] = setting.pool_size if pool_size is None else pool_size
+    return opts
+
+
+def make_planner(method: str, setting: Setting, pool_size: int | None = None):
+    """The registry planner of ``method`` configured for ``setting``."""
+    from baselines.registry import get_planner  # noqa: PLC0415  (keeps `--help` fast)
+
+    return get_planner(method, **planner_options(method, setting, pool_size))
+
+
+def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> list:
+    """``n_windows`` GBS windows of ``setting`` from a preset name or a length file.
+
+    Raises:
+        ValueError: unknown workload or bad counts (from :func:`libra.data.packing.gbs_windows`).
+    """
+    from libra.data.packing import gbs_windows  # noqa: PLC0415
+
+    return gbs_windows(workload, setting.seq_len, setting.gbs, n_windows, seed=seed)
+
+
+def method_window(method: str, window: list) -> list:
+    """The window ``method`` plans.
+
+    Fixed-token packing cuts samples at sequence boundaries and every piece is its own causal
+    segment (libra.data.packing), which is what Ulysses, DistCA and Libra compute. The WLB-LLM
+    planner re-joins pieces that share a sample id into one longer document, which would give it
+    different (larger) attention work than every other method -- with samples near 1M tokens at
+    S = 256K, several times larger. For a like-for-like straggler comparison WLB-LLM gets the same
+    causal segments: each piece gets its own sample id, so its repacking moves segments, not
+    re-joined documents. ``--wlb-rejoin`` restores the planner's own behaviour.
+    """
+    if method != "wlb-llm":
+        return window
+    from libra.data.packing import PackedSequence  # noqa: PLC0415
+
+    out, start = [], 0
+    for seq in window:
+        n = len(seq.sample_lengths)
+        out.append(PackedSequence(seq.seq_id, seq.sample_lengths, np.arange(start, start + n, dtype=np.int64)))
+        start += n
+    return out
+
+
+def build_cost_model(profile: HardwareProfile, par: ParallelConfig) -> CostModel:
+    return CostModel(profile, Topology(profile, par))
+
+
+def jitter_seed(seed: int, window: int) -> int:
+    """Device-jitter seed of one window (same for every method of a comparison)."""
+    return int(np.random.SeedSequence([int(seed), int(window)]).generate_state(1)[0])
+
+
+def resolve_profile(profile: str) -> HardwareProfile:
+    """``--profile`` value -> profile, as a click error on failure."""
+    try:
+        return load_profile(profile)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+
+
+def with_shape(setting: Setting, **overrides) -> Setting:
+    return replace(setting, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def setting_record(setting: Setting) -> dict:
+    return asdict(setting)
+
+
+def common_options(default_windows: int, default_workload: str | None = "libra-prod"):
+    """Decorator adding the options every simulated experiment shares."""
+
+    def deco(fn):
+        opts = [
+            click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+                         help="Hardware profile: a built-in name or a profile .json path."),
+            click.option("--windows", type=int, default=default_windows, show_default=True,
+                         help="GBS windows to simulate (results average over them)."),
+            click.option("--seed", type=int, default=0, show_default=True,
+                         help="Seed of the workload stream and the device jitter."),
+            click.option("--out", type=click.Path(file_okay=False), default=None,
+                         help="Output folder (default results/<experiment>)."),
+            click.option("--quick", is_flag=True, help="One window, for a smoke run."),
+            click.option("--force", is_flag=True, help="Recompute cached points."),
+            click.option("--q-heads", type=int, default=32, show_default=True, help="Query heads."),
+            click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads."),
+            click.option("--head-dim", type=int, default=128, show_default=True, help="Head width."),
+            click.option("--no-progress", is_flag=True, help="No progress bar."),
+        ]
+        if default_workload is not None:
+            opts.append(click.option("--workload", default=default_workload, show_default=True,
+                                     help="Length preset name or a length file (.txt, .txt.gz, .json, ...)."))
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return deco
+
+
+def check_counts(windows: int, seed: int) -> None:
+    """Click-level validation of ``--windows`` and ``--seed``."""
+    if windows < 1:
+        raise click.BadParameter(f"must be >= 1, got {windows}", param_hint="--windows")
+    if seed < 0:
+        raise click.BadParameter(f"must be >= 0, got {seed}", param_hint="--seed")
+
+
+def format_table(df, columns, floatfmt: str = "{:.3f}") -> str:
+    """Plain-text table of selected columns (printed summaries)."""
+    rows = [[str(c) for c in columns]]
+    for _, r in df[list(columns)].iterrows():
+        rows.append([floatfmt.format(v) if isinstance(v, (float, np.floating)) else str(v) for v in r])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
