@@ -1,0 +1,175 @@
+"""`libra-bench pool-sweep`: Figure 15, pool size vs compute and communication (Libra sec. 6.5).
+
+For each paper setting, Libra's TAP layout (H, B as in sec. 6.3) runs at every pool size P in
+{1, 2, 4, 8, 16, 32} that divides DP. Per step the straggler (slowest worker of the slowest pool)
+is split into computation (its attention kernels) and communication: Libra (TAP) and Libra
+(TAP+VRSP) run without overlap, so their communication is the whole transfer time; Libra (full)
+overlaps with the Pipeliner, so its communication is the exposed part. Everything is normalised to
+the mean straggler of Ulysses on the same windows (sec. 6.5). Larger P widens the exchange
+domain: at CP = 8 a pool of more than 8 replicas crosses a supernode boundary of the default profile.
+
+Outputs: ``pool_sweep.csv`` (one row per setting, P, method, window, step), ``pool_sweep_summary.csv``
+(means per setting, P, method, with the paper's quoted values where sec. 6.5 gives them),
+``pool_sweep.png`` and ``run.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+
+from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.sim_common import (
+    LABELS,
+    SETTINGS,
+    TAP_METHODS,
+    build_cost_model,
+    check_counts,
+    common_options,
+    format_table,
+    jitter_seed,
+    load_windows,
+    make_planner,
+    make_shape,
+    parse_list,
+    resolve_profile,
+    setting_record,
+)
+from libra.sim.simulator import simulate_window
+
+POOL_SIZES = (1, 2, 4, 8, 16, 32)
+
+# Libra sec. 6.5 (TAP+VRSP split into computation and communication, / Ulysses mean).
+PAPER_FIG15 = {
+    ("256k", 4): {"paper_comm": 0.07, "paper_compute": 0.27},
+    ("256k", 8): {"paper_compute": 0.19},
+    ("256k", 32): {"paper_comm": 0.77},
+    ("1m", 2): {"paper_compute": 0.54},
+    ("1m", 4): {"paper_comm": 0.03},
+    ("1m", 8): {"paper_compute": 0.31},
+    ("1m", 16): {"paper_comm": 0.26},
+}
+
+
+def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, windows: int, seed: int, shape,
+                   out=None, force=False, quiet=False, name: str = "pool_sweep"):
+    """Simulate Ulysses once and each Libra variant at every P dividing DP; returns (steps, summary, run)."""
+    config = {"workload": workload, "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
+              "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
+              "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
+    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
+    cache: dict = {}
+
+    def context(s):
+        if s not in cache:
+            st = SETTINGS[s]
+            cache[s] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
+        return cache[s]
+
+    def point(key):
+        s, p, method, w = key
+        st, wins, cm = context(s)
+        planner = make_planner(method, st, pool_size=None if method == "ulysses" else p)
+        steps = simulate_window(planner, wins[w], st.par(), shape, cm, seed=jitter_seed(seed, w))
+        label = Path(workload).name if Path(workload).exists() else workload
+        return [{"workload": label, "setting": s, "pool_size": p, "method": method, "window": w, **r.to_row()}
+                for r in steps]
+
+    keys = []
+    for s in settings:
+        dp = SETTINGS[s].dp
+        keys += [[s, 0, "ulysses", w] for w in range(windows)]
+        keys += [[s, p, m, w] for p in pool_sizes if dp % p == 0 for m in methods for w in range(windows)]
+    df = pd.DataFrame(run.map(keys, point, desc="pool-sweep"))
+    return df, summarize(df), run
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean straggler, compute and communication per (setting, P, method) / Ulysses mean."""
+    rows = []
+    for s, g in df.groupby("setting", sort=False):
+        u_mean = g[g["method"] == "ulysses"]["straggler_ms"].mean()
+        for (p, m), h in g[g["method"] != "ulysses"].groupby(["pool_size", "method"], sort=True):
+            # split methods (M = 1): exposed == whole communication; full Libra: the exposed part
+            row = {"setting": s, "pool_size": int(p), "method": m, "steps": len(h),
+                   "straggler_norm": h["straggler_ms"].mean() / u_mean,
+                   "compute_norm": h["compute_ms"].mean() / u_mean,
+                   "comm_norm": h["comm_exposed_ms"].mean() / u_mean,
+                   "comm_serial_norm": h["comm_serial_ms"].mean() / u_mean,
+                   "inter_supernode_gb": h["bytes_inter_supernode"].mean() / 1e9,
+                   "roce_gb": h["bytes_roce"].mean() / 1e9, "nvlink_gb": h["bytes_nvlink"].mean() / 1e9,
+                   "ulysses_mean_ms": u_mean}
+            paper = PAPER_FIG15.get((s, int(p)), {}) if m == "libra-tap-vrsp" else {}
+            row["paper_compute"] = paper.get("paper_compute", np.nan)
+            row["paper_comm"] = paper.get("paper_comm", np.nan)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
+    """Per setting: compute (solid) and communication (dashed) of the straggler vs P; paper as X."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import seaborn as sns  # noqa: PLC0415
+
+    settings = list(dict.fromkeys(summary["setting"]))
+    fig, axes = plt.subplots(1, len(settings), figsize=(6.2 * len(settings), 4.2), squeeze=False)
+    long = summary.melt(id_vars=["setting", "pool_size", "method"], value_vars=["compute_norm", "comm_norm"],
+                        var_name="part", value_name="norm")
+    long["part"] = long["part"].map({"compute_norm": "compute", "comm_norm": "communication"})
+    long["label"] = long["method"].map(LABELS)
+    for ax, s in zip(axes[0], settings):
+        sub = long[long["setting"] == s]
+        sns.lineplot(data=sub, x="pool_size", y="norm", hue="label", style="part", markers=True, ax=ax)
+        ps = summary[(summary["setting"] == s) & (summary["method"] == "libra-tap-vrsp")]
+        for col, mk in (("paper_compute", "X"), ("paper_comm", "P")):
+            pts = ps[np.isfinite(ps[col])]
+            if len(pts):
+                ax.scatter(pts["pool_size"], pts[col], marker=mk, color="black", s=60, zorder=5,
+                           label=f"paper {col.split('_')[1]} (TAP+VRSP)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("pool size P (DP replicas)")
+        ax.set_ylabel("time / Ulysses mean straggler")
+        ax.set_title(f"{s}: straggler compute vs communication")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130, format="png")
+    plt.close(fig)
+
+
+@click.command("pool-sweep")
+@common_options(default_windows=4)
+@click.option("--settings", "settings_", default="256k,1m", show_default=True, help="Comma list: 256k, 1m.")
+@click.option("--pool-sizes", default=",".join(map(str, POOL_SIZES)), show_default=True,
+              help="Comma list of P (those not dividing DP are skipped per setting).")
+@click.option("--methods", default=",".join(TAP_METHODS), show_default=True, help="Libra variants to sweep.")
+def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
+               settings_, pool_sizes, methods):
+    """Figure 15: compute vs communication of the slowest pool as the pool size P grows."""
+    check_counts(windows, seed)
+    prof = resolve_profile(profile)
+    try:
+        settings = parse_list(settings_, tuple(SETTINGS), "setting")
+        method_list = parse_list(methods, TAP_METHODS, "method")
+        sizes = []
+        for x in str(pool_sizes).split(","):
+            if not x.strip().isdigit() or int(x) < 1:
+                raise ValueError(f"pool size {x.strip()!r} is not a positive integer")
+            sizes.append(int(x))
+        shape = make_shape(q_heads, kv_heads, head_dim)
+        t0 = time.perf_counter()
+        df, summary, run = run_pool_sweep(workload, prof, settings, sizes, method_list, 1 if quick else windows,
+                                          seed, shape, out=out, force=force, quiet=no_progress)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    atomic_write_text(run.out_dir / "pool_sweep_summary.csv", summary.to_csv(index=False))
+    paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p), extra={"profile": prof.to_dict()})
+    click.echo(format_table(summary, ["setting", "pool_size", "method", "straggler_norm", "compute_norm",
+                                      "comm_norm", "paper_compute", "paper_comm", "inter_supernode_gb"], "{:.3f}"))
+    click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}")
