@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from libra.plan import KV, O, Q, SequenceLayout, TileTable, TransferTable
-from libra.tap.tiles import kv_atoms, kv_need_start
+from libra.tap.tiles import kv_atoms, kv_need_start, pool_index
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 
 
@@ -59,18 +59,6 @@ def merge_intervals(keys: Sequence[np.ndarray], start: np.ndarray, end: np.ndarr
     return ([k[first] for k in ks], st[first], np.maximum.reduceat(en, first))
 
 
-def _split_by_holder(seq: SequenceLayout, lo: np.ndarray, hi: np.ndarray):
-    """Cut each ``[lo, hi)`` at holder boundaries: ``(row, piece_lo, piece_hi, holder_worker)``."""
-    order = np.argsort(seq.holder_start, kind="stable")
-    h_start, h_end, h_worker = seq.holder_start[order], seq.holder_end[order], seq.holder_worker[order]
-    first = np.searchsorted(h_start, lo, side="right") - 1
-    last = np.searchsorted(h_start, hi - 1, side="right") - 1
-    cnt = last - first + 1
-    rep = np.repeat(np.arange(len(lo)), cnt)
-    j = np.repeat(first, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-    return rep, np.maximum(lo[rep], h_start[j]), np.minimum(hi[rep], h_end[j]), h_worker[j]
-
-
 def _q_like(kind: int, src, dst, tiles: TileTable, rows: np.ndarray, shape: AttentionShape) -> TransferTable:
     (s, d, seq, hs, he), lo, hi = merge_intervals(
         [src[rows], dst[rows], tiles.seq[rows], tiles.head_start[rows], tiles.head_end[rows]],
@@ -84,25 +72,29 @@ def kv_fetch_rows(sequences: Sequence[SequenceLayout], tiles: TileTable, shape: 
     """The de-duplicated KV-fetch rows of placed ``tiles`` (see module docstring)."""
     if len(tiles) == 0:
         return TransferTable.empty()
+    idx = pool_index(sequences)
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
     cnt = a1 - a0
     rep = np.repeat(np.arange(len(tiles)), cnt)
     atom = a0[rep] + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
-    lo_need = kv_need_start(sequences, tiles)
-    (dst, seq, atom), lo, hi = merge_intervals([tiles.dest[rep], tiles.seq[rep], atom],
-                                               lo_need[rep], tiles.q_end[rep])
-    parts = []
-    for s_idx in np.unique(seq):
-        rows = np.nonzero(seq == s_idx)[0]
-        r, plo, phi, src = _split_by_holder(sequences[int(s_idx)], lo[rows], hi[rows])
-        keep = src != dst[rows][r]  # tokens the destination holds need no transfer
-        r = rows[r[keep]]
-        parts.append((src[keep], dst[r], seq[r], plo[keep], phi[keep], atom[r]))
-    if not parts:
-        return TransferTable.empty()
-    src, dst, seq, plo, phi, atom = (np.concatenate(c) for c in zip(*parts))
+    shift = idx.base[tiles.seq]
+    lo_need = kv_need_start(sequences, tiles, idx) + shift
+    # per (destination, KV atom): union of the needed intervals on the pool's global token axis
+    (dst, atom), lo, hi = merge_intervals([tiles.dest[rep], atom], lo_need[rep], (tiles.q_end + shift)[rep])
+    # cut at holder boundaries; pieces the destination holds itself need no transfer
+    first = np.searchsorted(idx.h_start, lo, side="right") - 1
+    cnt = np.searchsorted(idx.h_start, hi - 1, side="right") - first
+    r = np.repeat(np.arange(len(lo)), cnt)
+    j = np.repeat(first, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    src = idx.h_worker[j]
+    keep = src != dst[r]
+    r, j, src = r[keep], j[keep], src[keep]
+    seq = idx.h_seq[j]
+    plo = np.maximum(lo[r], idx.h_start[j]) - idx.base[seq]
+    phi = np.minimum(hi[r], idx.h_end[j]) - idx.base[seq]
+    atom = atom[r]
     # merge adjacent KV atoms that move the same token range between the same pair
-    (src, dst, seq, plo, phi), k0, k1 = merge_intervals([src, dst, seq, plo, phi],
+    (src, dst, seq, plo, phi), k0, k1 = merge_intervals([src, dst[r], seq, plo, phi],
                                                         bounds[atom], bounds[atom + 1])
     nbytes = kv_bytes(phi - plo, 1, shape.head_dim, shape.dtype_bytes) * (k1 - k0)
     return TransferTable(kind=np.full(len(src), KV), src=src, dst=dst, seq=seq, tok_start=plo,

@@ -25,13 +25,14 @@ picks the Q-home; the vectorised scoring is skipped (same result, exactly).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Sequence
 
 import numpy as np
 
 from libra.plan import SequenceLayout, TileTable
-from libra.tap.tiles import kv_atoms, kv_need_start
+from libra.tap.tiles import kv_atoms, kv_need_start, pool_index
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 
 
@@ -43,19 +44,21 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau) -> np.ndarray:
         raise ValueError("placement needs at least one worker")
     if len(np.unique(w)) != len(w):
         raise ValueError(f"pool workers must be distinct, got {w.tolist()}")
+    w = np.sort(w)
     if len(tiles):
         if not 0 <= int(tiles.seq.min()) <= int(tiles.seq.max()) < len(sequences):
             raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
-        missing = np.setdiff1d(tiles.q_home, w)
+        home = np.unique(tiles.q_home)
+        missing = home[w[np.minimum(np.searchsorted(w, home), len(w) - 1)] != home]
         if len(missing):
             raise ValueError(f"Q-home worker {int(missing[0])} is not a pool worker {w.tolist()}")
-        if np.any(tiles.flops < 0) or not np.all(np.isfinite(tiles.flops)):
+        if not (np.isfinite(tiles.flops).all() and tiles.flops.min() >= 0):
             raise ValueError("tile FLOPs must be finite and >= 0")
-    for s_idx, seq in enumerate(sequences):
-        extra = np.setdiff1d(seq.holder_worker, w)
-        if len(extra):
-            raise ValueError(f"sequence {s_idx} is held by worker {int(extra[0])}, not a pool worker")
-    return np.sort(w)
+    holders = np.unique(np.concatenate([seq.holder_worker for seq in sequences])) if sequences else w[:0]
+    extra = holders[w[np.minimum(np.searchsorted(w, holders), len(w) - 1)] != holders]
+    if len(extra):
+        raise ValueError(f"worker {int(extra[0])} holds sequence tokens but is not a pool worker {w.tolist()}")
+    return w
 
 
 def _place_flops_only(flops, order, n_workers, cap):
@@ -101,7 +104,8 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     cap = (1.0 + float(tau)) * (float(flops.sum()) / n_workers)
     order = np.argsort(-flops, kind="stable")  # heaviest first, ties by tile index
     if comm_aware:
-        dest_idx, fallback = _place_comm_aware(tiles, sequences, wsorted, shape, order, cap)
+        impl = _place_grouped if is_block_partition(tiles) else _place_dense
+        dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap)
     else:
         dest_idx, fallback = _place_flops_only(flops.tolist(), order, n_workers, cap)
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
@@ -109,7 +113,13 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     return TileTable(**cols), fallback
 
 
-def _place_comm_aware(tiles, sequences, wsorted, shape, order, cap):
+def _place_dense(tiles, sequences, wsorted, shape, order, cap):
+    """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
+
+    Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
+    tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes of atom
+    ``b`` that worker ``w`` lacks in token segment ``k`` of sequence ``s``.
+    """
     n_workers = len(wsorted)
     widx = np.searchsorted(wsorted, tiles.q_home)
     kv_lo = kv_need_start(sequences, tiles)
@@ -121,7 +131,6 @@ def _place_comm_aware(tiles, sequences, wsorted, shape, order, cap):
         * (tiles.head_end - tiles.head_start).astype(np.int64)
     seg0 = np.zeros(len(tiles), dtype=np.int64)
     seg1 = np.zeros(len(tiles), dtype=np.int64)
-    home_free = np.zeros(len(tiles), dtype=bool)
     missing = []  # per sequence: float64 (atoms, W, segments) bytes each worker still lacks
     for s_idx, seq in enumerate(sequences):
         rows = np.nonzero(tiles.seq == s_idx)[0]
@@ -138,10 +147,6 @@ def _place_comm_aware(tiles, sequences, wsorted, shape, order, cap):
         for w, c0, c1 in zip(h_idx.tolist(), hs0.tolist(), hs1.tolist()):
             miss[:, w, c0:c1] = 0.0  # held tokens (all heads) cost nothing
         missing.append(miss)
-        # static fast-path flag: the Q-home's own holder range covers the tile's KV interval
-        hold = seq.holder_of(tiles.q_start[rows])
-        home_free[rows] = ((seq.holder_start[hold] <= kv_lo[rows]) & (tiles.q_end[rows] <= seq.holder_end[hold])
-                           & (seq.holder_worker[hold] == tiles.q_home[rows]))
 
     loads = np.zeros(n_workers)
     dest = np.empty(len(tiles), dtype=np.int64)
@@ -149,14 +154,10 @@ def _place_comm_aware(tiles, sequences, wsorted, shape, order, cap):
     flops = tiles.flops
     seq_l, widx_l, qo_l = tiles.seq.tolist(), widx.tolist(), qo.astype(np.float64).tolist()
     s0_l, s1_l, a0_l, a1_l = seg0.tolist(), seg1.tolist(), a0.tolist(), a1.tolist()
-    free_l, flops_l = home_free.tolist(), flops.tolist()
+    flops_l = flops.tolist()
     inf = np.inf
     for t in order.tolist():
         f, h = flops_l[t], widx_l[t]
-        if free_l[t] and loads[h] + f <= cap:
-            dest[t] = h
-            loads[h] += f
-            continue
         miss = missing[seq_l[t]]
         i0, i1, b0, b1 = s0_l[t], s1_l[t], a0_l[t], a1_l[t]
         if b1 - b0 == 1:
@@ -175,4 +176,157 @@ def _place_comm_aware(tiles, sequences, wsorted, shape, order, cap):
         miss[b0:b1, w, i0:i1] = 0.0
         dest[t] = w
         loads[w] += f
+    return dest, fallback
+
+
+def is_block_partition(tiles: TileTable) -> bool:
+    """True when, per sequence, any two tiles' token ranges are identical or disjoint (SH-tiles)."""
+    if len(tiles) < 2:
+        return True
+    o = np.lexsort((tiles.q_end, tiles.q_start, tiles.seq))
+    seq, qs, qe = tiles.seq[o], tiles.q_start[o], tiles.q_end[o]
+    same = (qs[1:] == qs[:-1]) & (qe[1:] == qe[:-1])
+    return bool(np.all((seq[1:] != seq[:-1]) | same | (qe[:-1] <= qs[1:])))
+
+
+def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
+    """Algorithm 2 on per-KV-group state (exact for block-partitioned tiles, the SH-tile case).
+
+    A tile's KV need splits into its *first* sample's prefix ``[s_f, n_f)`` (which may reach back
+    before the block), the *body* of samples that lie wholly inside the block, and the *last*
+    sample's prefix ``[s_l, q_end)``. Per (sample, KV atom) we keep ``{worker: prefix end
+    fetched}`` (the paper's KV groups: "a destination that fetched a shorter prefix pays only the
+    extra rows"), and per (block, atom) the set of workers that fetched its body (only tiles of the
+    same block read it). Only workers named there, holders of the first sample's prefix and the
+    Q-home can cost less than ``Q + O + all KV bytes``; every other worker costs exactly that, so
+    among them only the least-loaded one (a lazy heap) can win. The Q-home wins outright when it
+    has room and lacks fewer KV bytes than the tile's Q + O bytes (everyone else pays at least
+    Q + O). All positions are on the pool's global token axis (:func:`pool_index`).
+    """
+    n_workers, n_tiles = len(wsorted), len(tiles)
+    idx = pool_index(sequences)
+    bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
+    n_atoms = len(bounds) - 1
+    per_token = int(kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes))
+    atom_bytes = (np.diff(bounds) * per_token).tolist()  # KV bytes per token of each atom
+    tokens = tiles.q_end - tiles.q_start
+    qo = (q_bytes(tokens, 1, shape.head_dim, shape.dtype_bytes)
+          + o_bytes(tokens, 1, shape.head_dim, shape.dtype_bytes)) * (tiles.head_end - tiles.head_start)
+    shift = idx.base[tiles.seq]
+    qs, qe = tiles.q_start + shift, tiles.q_end + shift
+    offs = idx.offs
+    first = np.searchsorted(offs, qs, side="right") - 1
+    last = np.searchsorted(offs, qe - 1, side="right") - 1
+    s_f, n_f, s_l = offs[first], np.minimum(qe, offs[first + 1]), offs[last]
+    body = np.where(last > first + 1, s_l - offs[first + 1], 0)
+    g_l = np.where(last > first, last, -1)
+    pos = np.searchsorted(idx.h_start, qs, side="right") - 1
+    home_free = (idx.h_start[pos] <= s_f) & (qe <= idx.h_end[pos])
+    full_kv = (qe - s_f) * per_token * (bounds[a1] - bounds[a0])
+    h_start, h_end = idx.h_start.tolist(), idx.h_end.tolist()
+    h_w = np.searchsorted(wsorted, idx.h_worker).tolist()
+
+    state: dict[int, dict] = {}  # sample*A+atom -> {worker: prefix end}; -(...)-1: block-body set
+    loads = [0.0] * n_workers
+    heap = [(0.0, i) for i in range(n_workers)]
+    dest = np.empty(n_tiles, dtype=np.int64)
+    fallback = 0
+    (flops_l, widx_l, qo_l, a0_l, a1_l, sf_l, nf_l, sl_l, e_l, body_l, gf_l, gl_l, free_l, gen_l) = (
+        tiles.flops.tolist(), np.searchsorted(wsorted, tiles.q_home).tolist(), qo.tolist(), a0.tolist(),
+        a1.tolist(), s_f.tolist(), n_f.tolist(), s_l.tolist(), qe.tolist(), body.tolist(),
+        (first * n_atoms).tolist(), np.where(g_l >= 0, g_l * n_atoms, -1).tolist(), home_free.tolist(),
+        (qo + full_kv).tolist())
+    empty: dict = {}
+    get = state.get
+
+    def least_loaded():
+        while True:
+            load, i = heap[0]
+            if load == loads[i]:
+                return load, i
+            heapq.heappop(heap)  # stale entry: that worker's load has grown since
+
+    for t in order.tolist():
+        f, h = flops_l[t], widx_l[t]
+        free = free_l[t]
+        if free and loads[h] + f <= cap:
+            w = h  # the Q-home holds all it needs: cost 0, every other worker pays Q + O
+            loads[w] += f
+            heapq.heappush(heap, (loads[w], w))
+            dest[t] = w
+            continue
+        gf, gl, bd, b0, b1 = gf_l[t], gl_l[t], body_l[t], a0_l[t], a1_l[t]
+        groups = [(atom_bytes[b], get(gf + b, empty), get(-gf - b - 1, empty) if bd else empty,
+                   get(gl + b, empty) if gl >= 0 else empty) for b in range(b0, b1)]
+        if free and not any(g[1] or g[2] or g[3] for g in groups):
+            # Q-home full; nobody else holds or fetched any of it: all others cost the same
+            load, w = least_loaded()
+            if load + f > cap:
+                fallback += 1
+        else:
+            qo_t, sf, nf, sl, e = qo_l[t], sf_l[t], nf_l[t], sl_l[t], e_l[t]
+            j0 = bisect.bisect_right(h_start, sf) - 1
+            pieces = [(h_w[j], h_start[j], h_end[j]) for j in range(j0, bisect.bisect_right(h_start, nf - 1))]
+
+            def cost_of(w, h=h, qo_t=qo_t, sf=sf, nf=nf, sl=sl, e=e, bd=bd, gl=gl, groups=groups, pieces=pieces):
+                c = 0 if w == h else qo_t
+                for ab, gfd, gbd, gld in groups:
+                    x = gfd.get(w, sf)
+                    kv = nf - x if x < nf else 0
+                    if kv:
+                        for hw, lo, hi in pieces:
+                            if hw == w:
+                                ov = min(hi, nf) - max(lo, x)
+                                if ov > 0:
+                                    kv -= ov
+                    if w != h:
+                        if bd and w not in gbd:
+                            kv += bd
+                        if gl >= 0:
+                            y = gld.get(w, sl)
+                            if y < e:
+                                kv += e - y
+                    c += kv * ab
+                return c
+
+            if loads[h] + f <= cap and cost_of(h) < qo_t:
+                w = h
+            else:
+                special = {h}
+                special.update(p[0] for p in pieces)
+                for _, gfd, gbd, gld in groups:
+                    special.update(gfd)
+                    special.update(gbd)
+                    special.update(gld)
+                best = None
+                for w in special:
+                    if loads[w] + f <= cap:
+                        key = (cost_of(w), loads[w], w)
+                        if best is None or key < best:
+                            best = key
+                load, wm = least_loaded()
+                if load + f <= cap:
+                    key = (cost_of(wm) if wm in special else gen_l[t], load, wm)
+                    if best is None or key < best:
+                        best = key
+                if best is None:
+                    w = wm
+                    fallback += 1
+                else:
+                    w = best[2]
+        # record what w now has: the first sample's prefix, the block body, the last sample's prefix
+        sf, nf = sf_l[t], nf_l[t]
+        for b in range(b0, b1):
+            d = state.setdefault(gf + b, {})
+            if d.get(w, sf) < nf:
+                d[w] = nf
+            if bd:
+                state.setdefault(-gf - b - 1, {})[w] = True
+            if gl >= 0:
+                d = state.setdefault(gl + b, {})
+                if d.get(w, -1) < e_l[t]:
+                    d[w] = e_l[t]
+        dest[t] = w
+        loads[w] += f
+        heapq.heappush(heap, (loads[w], w))
     return dest, fallback

@@ -16,6 +16,7 @@ shard in the usual configurations).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,51 @@ from libra.workload import AttentionShape, attention_flops, range_areas
 def _check_positive(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class PoolIndex(NamedTuple):
+    """A pool's sequences laid end to end on one global token axis (for vectorised planning).
+
+    Attributes:
+        base: ``(n_seq + 1,)`` global token offset of each sequence (last entry: total tokens).
+        offs: global sample offsets: every sample start of every sequence, then the total.
+        h_start, h_end, h_worker, h_seq: holder ranges in global coordinates sorted by start, with
+            the holding worker and the sequence index.
+    """
+
+    base: np.ndarray
+    offs: np.ndarray
+    h_start: np.ndarray
+    h_end: np.ndarray
+    h_worker: np.ndarray
+    h_seq: np.ndarray
+
+
+def pool_index(sequences: Sequence[SequenceLayout]) -> PoolIndex:
+    """Build the :class:`PoolIndex` of ``sequences``.
+
+    Raises:
+        ValueError: a sequence whose holder ranges do not partition ``[0, num_tokens)``.
+    """
+    lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
+    base = np.concatenate(([0], np.cumsum(lengths)))
+    offs = np.concatenate([s.sample_offsets[:-1] + base[i] for i, s in enumerate(sequences)] + [base[-1:]])
+    hs, he, hw, hq = [], [], [], []
+    for i, seq in enumerate(sequences):
+        order = np.argsort(seq.holder_start, kind="stable")
+        a, b = seq.holder_start[order], seq.holder_end[order]
+        if (len(a) == 0 or a[0] != 0 or b[-1] != seq.num_tokens or np.any(b <= a)
+                or np.any(a[1:] != b[:-1])):
+            raise ValueError(f"sequence {i} (seq_id {seq.seq_id}): holder ranges {list(zip(a.tolist(), b.tolist()))} "
+                             f"do not partition its {seq.num_tokens} tokens")
+        hs.append(a + base[i])
+        he.append(b + base[i])
+        hw.append(seq.holder_worker[order])
+        hq.append(np.full(len(a), i, dtype=np.int64))
+    if not sequences:
+        empty = np.zeros(0, dtype=np.int64)
+        return PoolIndex(base, offs, empty, empty, empty.astype(np.int32), empty)
+    return PoolIndex(base, offs, np.concatenate(hs), np.concatenate(he), np.concatenate(hw), np.concatenate(hq))
 
 
 def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split: int,
@@ -46,61 +92,56 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
         A :class:`TileTable` of ``sum_s ceil(S_s / B) * H`` rows with ``dest = -1``.
 
     Raises:
-        ValueError: non-positive ``B`` or ``H``, ``H`` not dividing ``hq``, or a block that crosses a
-            holder range (``B`` must divide ``S / CP`` in the standard layout), naming the block.
+        ValueError: non-positive ``B`` or ``H``, ``H`` not dividing ``hq``, holder ranges that do not
+            partition a sequence, or a block that crosses a holder range (``B`` must divide
+            ``S / CP`` in the standard layout), naming the block.
     """
     _check_positive("block size B", block_size)
     _check_positive("head split H", head_split)
     if shape.num_q_heads % head_split:
         raise ValueError(f"head split H={head_split} must divide num_q_heads={shape.num_q_heads}")
-    width = shape.num_q_heads // head_split
-    cols = {k: [] for k in ("seq", "q_start", "q_end", "head_start", "q_home", "flops")}
-    for s_idx, seq in enumerate(sequences):
-        total = seq.num_tokens
-        starts = np.arange(0, total, block_size, dtype=np.int64)
-        ends = np.minimum(starts + block_size, total)
-        order = np.argsort(seq.holder_start, kind="stable")
-        h_start, h_end = seq.holder_start[order], seq.holder_end[order]
-        pos = np.searchsorted(h_start, starts, side="right") - 1
-        bad = np.nonzero((pos < 0) | (ends > h_end[np.maximum(pos, 0)]))[0]
-        if len(bad):
-            b = int(bad[0])
-            raise ValueError(
-                f"block {b} [{starts[b]}, {ends[b]}) of sequence {s_idx} (seq_id {seq.seq_id}) crosses a "
-                f"holder range: block size B={block_size} must divide the per-worker token range "
-                f"(S/CP in the standard layout)")
-        home = seq.holder_worker[order][pos]
-        # one formula, one place: per-head forward FLOPs of each block from libra.workload
-        block_flops = attention_flops(range_areas(seq.sample_offsets, starts, ends), width, shape.head_dim)
-        n = len(starts)
-        cols["seq"].append(np.full(n * head_split, s_idx, dtype=np.int32))
-        cols["q_start"].append(np.repeat(starts, head_split))
-        cols["q_end"].append(np.repeat(ends, head_split))
-        cols["head_start"].append(np.tile(np.arange(head_split, dtype=np.int32) * width, n))
-        cols["q_home"].append(np.repeat(home, head_split))
-        cols["flops"].append(np.repeat(np.asarray(block_flops, dtype=np.float64), head_split))
-    if not cols["seq"]:
+    if not len(sequences):
         return TileTable.empty()
-    out = {k: np.concatenate(v) for k, v in cols.items()}
-    return TileTable(seq=out["seq"], q_start=out["q_start"], q_end=out["q_end"],
-                     head_start=out["head_start"], head_end=out["head_start"] + width,
-                     q_home=out["q_home"], dest=np.full(len(out["seq"]), -1, dtype=np.int32),
-                     flops=out["flops"])
+    width = shape.num_q_heads // head_split
+    idx = pool_index(sequences)
+    lengths = np.diff(idx.base)
+    n_blocks = -(-lengths // block_size)
+    seq = np.repeat(np.arange(len(sequences)), n_blocks)
+    local = np.arange(int(n_blocks.sum())) - np.repeat(np.cumsum(n_blocks) - n_blocks, n_blocks)
+    starts = local * block_size
+    ends = np.minimum(starts + block_size, lengths[seq])
+    g_start, g_end = starts + idx.base[seq], ends + idx.base[seq]
+    pos = np.searchsorted(idx.h_start, g_start, side="right") - 1
+    bad = np.nonzero(g_end > idx.h_end[pos])[0]
+    if len(bad):
+        b = int(bad[0])
+        s_idx = int(seq[b])
+        raise ValueError(
+            f"block {int(local[b])} [{starts[b]}, {ends[b]}) of sequence {s_idx} (seq_id "
+            f"{sequences[s_idx].seq_id}) crosses a holder range: block size B={block_size} must divide "
+            f"the per-worker token range (S/CP in the standard layout)")
+    # one formula, one place: forward FLOPs of each block from libra.workload (global offsets work
+    # because sequence boundaries are sample boundaries and no block crosses one)
+    flops = attention_flops(range_areas(idx.offs, g_start, g_end), width, shape.head_dim)
+    n = len(starts) * head_split
+    head_start = np.tile(np.arange(head_split, dtype=np.int32) * width, len(starts))
+    return TileTable(seq=np.repeat(seq, head_split), q_start=np.repeat(starts, head_split),
+                     q_end=np.repeat(ends, head_split), head_start=head_start, head_end=head_start + width,
+                     q_home=np.repeat(idx.h_worker[pos], head_split), dest=np.full(n, -1, dtype=np.int32),
+                     flops=np.repeat(np.asarray(flops, dtype=np.float64), head_split))
 
 
-def kv_need_start(sequences: Sequence[SequenceLayout], tiles: TileTable) -> np.ndarray:
+def kv_need_start(sequences: Sequence[SequenceLayout], tiles: TileTable, index: PoolIndex | None = None) -> np.ndarray:
     """Start of each tile's KV interval: the first token of the sample containing ``q_start``.
 
     A tile with rows ``[q_start, q_end)`` needs K/V tokens ``[kv_need_start, q_end)`` (the union of
     the causal prefixes of every sample it touches). Returns an int64 ``(T,)`` array.
     """
-    out = np.zeros(len(tiles), dtype=np.int64)
-    for s_idx, seq in enumerate(sequences):
-        rows = np.nonzero(tiles.seq == s_idx)[0]
-        if len(rows):
-            offs = seq.sample_offsets
-            out[rows] = offs[np.searchsorted(offs, tiles.q_start[rows], side="right") - 1]
-    return out
+    if len(tiles) == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = index if index is not None else pool_index(sequences)
+    shift = idx.base[tiles.seq]
+    return idx.offs[np.searchsorted(idx.offs, tiles.q_start + shift, side="right") - 1] - shift
 
 
 def kv_head_ranges(shape: AttentionShape, head_start, head_end) -> tuple[np.ndarray, np.ndarray]:
