@@ -1,0 +1,173 @@
+"""Ulysses core attention over a CP group, as deployed (DeepSpeed-Ulysses style; Libra sec. 2.1).
+
+Forward: one ``all_to_all_single`` turns the sequence-sharded layout (each CP rank: its ``S/CP``
+tokens, all heads) into a head-sharded one (each rank: all ``S`` tokens, ``hq/CP`` query heads
+and the KV heads they read), varlen causal attention over the packed sequence's samples, and a
+second all-to-all back to the sequence layout. Backward (its own autograd.Function): dO takes the
+forward's first all-to-all, the kernel backward runs on the saved head-sharded tensors, and dQ,
+dK, dV take the way back; KV heads replicated to several ranks (``hkv < CP``) have their
+gradients summed at the holder.
+
+Shapes: ``q (S/CP, hq, d)``, ``k, v (S/CP, hkv, d)`` in, ``out (S/CP, hq, d)``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from libra.runtime.executor import MemoryMeter
+from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
+from libra.runtime.kernels import AttentionBackend, Segments, get_backend
+
+
+class UlyssesAttention:
+    """Prepared Ulysses attention of one CP group and one packed sequence.
+
+    Args:
+        sample_lengths: the packed sequence's sample lengths (sum = ``S``, ``CP | S``).
+        group: the CP group (group rank ``r`` holds tokens ``[r S/CP, (r+1) S/CP)``).
+        num_q_heads, num_kv_heads: head geometry; ``CP | hq`` and ``hkv | hq``.
+        backend: kernel backend name or instance.
+
+    Raises:
+        ValueError: ``CP`` not dividing ``hq`` or ``S``, bad lengths.
+    """
+
+    def __init__(self, sample_lengths, group: PoolGroup, num_q_heads: int, num_kv_heads: int,
+                 backend: str | AttentionBackend = "auto", scale: float | None = None, device="cpu"):
+        lengths = np.asarray(sample_lengths, dtype=np.int64).reshape(-1)
+        if not len(lengths) or lengths.min() < 1:
+            raise ValueError(f"sample lengths must be positive, got {lengths.tolist()[:8]}")
+        C, S = group.size, int(lengths.sum())
+        if num_q_heads % C:
+            raise ValueError(f"Ulysses needs CP={C} to divide num_q_heads={num_q_heads}")
+        if S % C:
+            raise ValueError(f"CP={C} must divide the packed sequence length {S}")
+        if num_q_heads % num_kv_heads:
+            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_q_heads={num_q_heads}")
+        self.group, self.C, self.S, self.n = group, C, S, S // C
+        self.hq, self.hkv, self.qh = num_q_heads, num_kv_heads, num_q_heads // C
+        g = num_q_heads // num_kv_heads
+        # KV heads each rank's query heads read: [kv_lo[j], kv_hi[j])
+        self.kv_lo = [(j * self.qh) // g for j in range(C)]
+        self.kv_hi = [-(-((j + 1) * self.qh) // g) for j in range(C)]
+        self.seg = Segments(lengths, lengths)
+        self.backend = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
+        self.scale = scale
+        self.stats = {"forward_s": 0.0, "backward_s": 0.0, "peak_transient_bytes": 0, "calls": 0}
+
+    def _a2a(self, send: torch.Tensor, send_rows, recv_rows, what: str) -> torch.Tensor:
+        recv = send.new_empty(int(sum(recv_rows)), send.shape[-1])
+        try:
+            work = dist.all_to_all_single(recv, send, output_split_sizes=list(recv_rows),
+                                          input_split_sizes=list(send_rows), group=self.group.group, async_op=True)
+        except RuntimeError as exc:
+            raise CollectiveTimeoutError(f"worker {self.group.worker}: Ulysses {what} failed: {exc}") from exc
+        wait_all([work], self.group, f"Ulysses {what}")
+        return recv
+
+    def forward(self, q, k, v):
+        t0 = time.perf_counter()
+        C, n, qh, d, me = self.C, self.n, self.qh, q.shape[-1], self.group.rank
+        meter = MemoryMeter()
+        parts, rows = [], []
+        for j in range(C):  # one packed buffer per destination rank: its Q heads, then its K and V heads
+            a, b = self.kv_lo[j], self.kv_hi[j]
+            parts += [q[:, j * qh:(j + 1) * qh].reshape(-1, d), k[:, a:b].reshape(-1, d), v[:, a:b].reshape(-1, d)]
+            rows.append(n * (qh + 2 * (b - a)))
+        send = torch.cat(parts)
+        kvh = self.kv_hi[me] - self.kv_lo[me]
+        recv = self._a2a(send, rows, [n * (qh + 2 * kvh)] * C, "sequence-to-head all-to-all")
+        meter.alloc(send, recv)
+        meter.free(send)
+        del send
+        blocks = recv.view(C, -1, d)
+        qf = blocks[:, :n * qh].reshape(C * n, qh, d)
+        kf = blocks[:, n * qh:n * (qh + kvh)].reshape(C * n, kvh, d)
+        vf = blocks[:, n * (qh + kvh):].reshape(C * n, kvh, d)
+        qf, kf, vf = qf.contiguous(), kf.contiguous(), vf.contiguous()
+        meter.alloc(qf, kf, vf)
+        meter.free(recv)
+        del recv, blocks
+        out_full, lse = self.backend.forward(qf, kf, vf, self.seg, self.scale)
+        meter.alloc(out_full, lse)
+        send = out_full.reshape(-1, d)  # token-major: rank i's tokens are rows [i n qh, (i+1) n qh)
+        recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "head-to-sequence all-to-all")
+        meter.alloc(recv)
+        out = recv.view(C, n, qh, d).permute(1, 0, 2, 3).reshape(n, self.hq, d)
+        meter.free(recv)
+        self.stats["forward_s"] += time.perf_counter() - t0
+        self.stats["calls"] += 1
+        return out, {"q": qf, "k": kf, "v": vf, "out": out_full, "lse": lse, "meter": meter}
+
+    def backward(self, dout, q, k, v, state):
+        t0 = time.perf_counter()
+        C, n, qh, d = self.C, self.n, self.qh, dout.shape[-1]
+        meter = state["meter"]
+        send = torch.cat([dout[:, j * qh:(j + 1) * qh].reshape(-1, d) for j in range(C)])
+        recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "dO all-to-all")
+        meter.alloc(send, recv)
+        meter.free(send)
+        do_full = recv.view(C, n, qh, d).reshape(C * n, qh, d)
+        gq, gk, gv = self.backend.backward(do_full, state["q"], state["k"], state["v"], state["out"], state["lse"],
+                                           self.seg, self.scale)
+        meter.alloc(gq, gk, gv)
+        meter.free(recv, state["q"], state["k"], state["v"], state["out"], state["lse"])
+        kvh = gk.shape[1]
+        parts, rows = [], []
+        for i in range(C):  # to rank i: dQ, dK, dV of its tokens for this rank's heads
+            sl = slice(i * n, (i + 1) * n)
+            parts += [gq[sl].reshape(-1, d), gk[sl].reshape(-1, d), gv[sl].reshape(-1, d)]
+            rows.append(n * (qh + 2 * kvh))
+        send = torch.cat(parts)
+        recv_rows = [n * (qh + 2 * (self.kv_hi[j] - self.kv_lo[j])) for j in range(C)]
+        recv = self._a2a(send, rows, recv_rows, "gradient all-to-all")
+        meter.alloc(send, recv)
+        dq, dk, dv = torch.empty_like(dout), torch.zeros_like(k), torch.zeros_like(v)
+        off = 0
+        for j in range(C):
+            a, b = self.kv_lo[j], self.kv_hi[j]
+            blk = recv[off:off + recv_rows[j]]
+            dq[:, j * qh:(j + 1) * qh] = blk[:n * qh].view(n, qh, d)
+            dk[:, a:b] += blk[n * qh:n * (qh + b - a)].view(n, b - a, d)   # replicated KV heads sum here
+            dv[:, a:b] += blk[n * (qh + b - a):].view(n, b - a, d)
+            off += recv_rows[j]
+        meter.free(send, recv, gq, gk, gv)
+        state.clear()
+        self.stats["backward_s"] += time.perf_counter() - t0
+        self.stats["peak_transient_bytes"] = max(self.stats["peak_transient_bytes"], meter.peak)
+        return dq, dk, dv
+
+    def __call__(self, q, k, v):
+        if q.shape[0] != self.n or k.shape[0] != self.n:
+            raise ValueError(f"each CP rank holds S/CP={self.n} tokens, got q {tuple(q.shape)}, k {tuple(k.shape)}")
+        if q.shape[1] != self.hq or k.shape[1] != self.hkv or k.shape != v.shape:
+            raise ValueError(f"expected q (n, {self.hq}, d), k/v (n, {self.hkv}, d); got {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        return _UlyssesFn.apply(q, k, v, self)
+
+
+class _UlyssesFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, runner: UlyssesAttention):
+        q, k, v = (x.detach().contiguous() for x in (q, k, v))
+        out, state = runner.forward(q, k, v)
+        ctx.runner, ctx.state = runner, state
+        ctx.save_for_backward(q, k, v)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        grads = ctx.runner.backward(dout.contiguous(), q, k, v, ctx.state)
+        ctx.state = None
+        return (*grads, None)
+
+
+def ulysses_attention(q, k, v, sample_lengths, group: PoolGroup, **kwargs) -> torch.Tensor:
+    """One-shot Ulysses core attention (see :class:`UlyssesAttention`)."""
+    return UlyssesAttention(sample_lengths, group, q.shape[1], k.shape[1], **kwargs)(q, k, v)

@@ -1,0 +1,305 @@
+"""``libra_attention``: drop-in core attention of a CP group that executes a Libra Plan.
+
+Takes this worker's ``q (tokens, hq, d)``, ``k, v (tokens, hkv, d)`` in the pre-attention layout
+(its token range of its packed sequence, all heads) and returns ``out (tokens, hq, d)`` in the same
+layout. Forward: dispatch Q and KV, compute the SH-Tiles placed here, return outputs to their
+Q-homes. Backward (Libra sec. 4.3.3): dO follows the Q path, dQ the output path, dK/dV retrace the
+KV fetches and are summed at their holders.
+
+TAP Pipeliner (Libra sec. 4.4): with ``M`` head chunks, chunk ``i + 1``'s dispatch is in flight
+while chunk ``i`` computes, and chunk ``i``'s return is issued right after it, so it overlaps chunk
+``i + 1``'s compute; only chunk 0's dispatch and chunk ``M - 1``'s return are exposed. ``M = 1``
+is the non-overlapped execution. All transient buffers (packed sends, receives, kernel inputs) are
+released by the end of backward; :class:`RuntimeStats` records their peak.
+
+Usage::
+
+    attn = prepare(plan, groups.pool)          # digest agreement check + compile, once per plan
+    out = attn(q, k, v)                        # autograd-aware; or libra_attention(q, k, v, plan, group)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from libra.plan import Plan, PoolPlan
+from libra.runtime.agreement import check_finite_inputs, check_plan_agreement
+from libra.runtime.executor import Exchanger, MemoryMeter, pack
+from libra.runtime.groups import PoolGroup
+from libra.runtime.kernels import AttentionBackend, Segments, get_backend
+from libra.runtime.program import BD, BR, FD, FR, WorkerProgram, compile_worker
+from libra.workload import AttentionShape
+
+
+@dataclass
+class RuntimeStats:
+    """Measurements of the last calls (seconds, bytes); reset with :meth:`reset`."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    compute_s: float = 0.0
+    comm_wait_s: float = 0.0
+    peak_transient_bytes: int = 0
+    held_for_backward_bytes: int = 0
+    sent_bytes: dict = field(default_factory=dict)
+    calls: int = 0
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+def as_pool_group(group, workers: tuple[int, ...], timeout_s: float = 60.0) -> PoolGroup:
+    """Wrap a raw ProcessGroup whose rank ``i`` is worker ``workers[i]`` (a PoolGroup passes through).
+
+    Raises:
+        ValueError: the group's size differs from ``len(workers)``.
+    """
+    if isinstance(group, PoolGroup):
+        if tuple(group.workers) != tuple(workers):
+            raise ValueError(f"group workers {list(group.workers)} differ from the pool's {list(workers)}")
+        return group
+    size = dist.get_world_size(group)
+    if size != len(workers):
+        raise ValueError(f"process group has {size} ranks but the pool has {len(workers)} workers")
+    ranks = tuple(dist.get_global_rank(group, i) for i in range(size)) if group is not None else tuple(range(size))
+    return PoolGroup(group, tuple(workers), ranks, workers[dist.get_rank(group)], timeout_s)
+
+
+class LibraAttention:
+    """A prepared ``libra_attention`` for one plan on one worker (see :func:`prepare`)."""
+
+    def __init__(self, program: WorkerProgram, group: PoolGroup, backend: AttentionBackend,
+                 comm: str = "p2p", scale: float | None = None, check_finite: bool = True):
+        self.program, self.group, self.backend = program, group, backend
+        self.exchanger = Exchanger(group, comm)
+        self.scale, self.check_finite = scale, check_finite
+        self.stats = RuntimeStats()
+        self._cache: dict = {}
+
+    # -- checks -------------------------------------------------------------------------------
+    def _check(self, q, k, v) -> None:
+        s, n = self.program.shape, self.program.num_local
+        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            raise ValueError(f"q, k, v must be (tokens, heads, dim); got {tuple(q.shape)}, {tuple(k.shape)}, "
+                             f"{tuple(v.shape)}")
+        if tuple(q.shape[:2]) != (n, s.num_q_heads) or tuple(k.shape[:2]) != (n, s.num_kv_heads) \
+                or k.shape != v.shape or q.shape[2] != k.shape[2]:
+            raise ValueError(f"worker {self.program.worker} holds {n} tokens: expected q ({n}, {s.num_q_heads}, d) "
+                             f"and k, v ({n}, {s.num_kv_heads}, d); got {tuple(q.shape)}, {tuple(k.shape)}, "
+                             f"{tuple(v.shape)}")
+        if q.shape[2] != s.head_dim:
+            raise ValueError(f"head_dim {q.shape[2]} differs from the plan's {s.head_dim}")
+        if self.check_finite:
+            check_finite_inputs({"q": q, "k": k, "v": v}, self.group)
+
+    # -- forward ------------------------------------------------------------------------------
+    def _kernel_inputs(self, kern, stores, d, names=("q", "k", "v")):
+        qh, kvh = kern.qh, kern.kvh
+        like = stores["q"]
+        kq = pack(like.new_empty(kern.total_q * qh, d), kern.q_pack, stores, self._cache)
+        kk = pack(like.new_empty(kern.total_k * kvh, d), kern.k_pack, stores, self._cache)
+        kv = pack(like.new_empty(kern.total_k * kvh, d), kern.v_pack, stores, self._cache)
+        return kq.view(-1, qh, d), kk.view(-1, kvh, d), kv.view(-1, kvh, d)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Non-autograd forward. Returns ``(out, state)``; ``state`` feeds :meth:`backward`."""
+        t0 = time.perf_counter()
+        prog, ex, meter = self.program, self.exchanger, MemoryMeter()
+        d, M = q.shape[-1], prog.chunks
+        stores = {"q": q.reshape(-1, d), "k": k.reshape(-1, d), "v": v.reshape(-1, d)}
+        out = torch.empty_like(q)
+        out_rows = out.view(-1, d)
+        saved, returns, wait_s, compute_s = {}, [], 0.0, 0.0
+        pending = {0: ex.issue(prog.messages[FD][0], stores, self._cache, stores["q"], FD, 0, meter)}
+        for m in range(M):
+            if m + 1 < M:
+                pending[m + 1] = ex.issue(prog.messages[FD][m + 1], stores, self._cache, stores["q"], FD, m + 1, meter)
+            tw = time.perf_counter()
+            stores[f"fd{m}"] = ex.finish(pending.pop(m), meter)
+            wait_s += time.perf_counter() - tw
+            kern = prog.kernels[m]
+            tc = time.perf_counter()
+            if kern.total_q:
+                kq, kk, kv = self._kernel_inputs(kern, stores, d)
+                meter.alloc(kq, kk, kv)
+                seg = Segments(kern.q_lens, kern.kv_lens)
+                o, lse = self.backend.forward(kq, kk, kv, seg, self.scale)
+                meter.alloc(o, lse)
+                meter.free(kq, kk, kv)
+                del kq, kk, kv
+                o_rows = o.reshape(-1, d)
+                stores[f"out{m}"] = o_rows
+                saved[m] = (o, lse, seg)
+                src, dst = kern.out_local
+                if len(dst):
+                    out_rows[torch.as_tensor(dst)] = o_rows[torch.as_tensor(src)]
+            compute_s += time.perf_counter() - tc
+            returns.append(ex.issue(prog.messages[FR][m], stores, self._cache, stores["q"], FR, m, meter))
+        for m, h in enumerate(returns):
+            tw = time.perf_counter()
+            recv = ex.finish(h, meter)
+            wait_s += time.perf_counter() - tw
+            r, l_rows = prog.fr_unpack[m]
+            if len(r):
+                out_rows[torch.as_tensor(l_rows)] = recv[torch.as_tensor(r)]
+            meter.free(recv)
+        held = {f"fd{m}": stores[f"fd{m}"] for m in range(M)}
+        st = self.stats
+        st.held_for_backward_bytes = meter.current
+        st.forward_s += time.perf_counter() - t0
+        st.comm_wait_s += wait_s
+        st.compute_s += compute_s
+        st.calls += 1
+        return out, {"held": held, "saved": saved, "meter": meter}
+
+    # -- backward -----------------------------------------------------------------------------
+    def backward(self, dout: torch.Tensor, q, k, v, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Gradients ``(dq, dk, dv)`` in the pre-attention layout; frees the forward state."""
+        t0 = time.perf_counter()
+        prog, ex, meter = self.program, self.exchanger, state["meter"]
+        d, M = q.shape[-1], prog.chunks
+        stores = {"q": q.reshape(-1, d), "k": k.reshape(-1, d), "v": v.reshape(-1, d),
+                  "do": dout.reshape(-1, d), **state["held"]}
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq_rows, dk_rows, dv_rows = dq.view(-1, d), dk.view(-1, d), dv.view(-1, d)
+        grads = {"k": dk_rows, "v": dv_rows}
+        for m in range(M):
+            g = torch.zeros_like(stores[f"fd{m}"])
+            meter.alloc(g)
+            grads[f"fd{m}"] = g
+            stores[f"gfd{m}"] = g
+        returns, wait_s, compute_s = [], 0.0, 0.0
+        pending = {0: ex.issue(prog.messages[BD][0], stores, self._cache, stores["q"], BD, 0, meter)}
+        for m in range(M):
+            if m + 1 < M:
+                pending[m + 1] = ex.issue(prog.messages[BD][m + 1], stores, self._cache, stores["q"], BD, m + 1, meter)
+            tw = time.perf_counter()
+            stores[f"bd{m}"] = ex.finish(pending.pop(m), meter)
+            wait_s += time.perf_counter() - tw
+            kern = prog.kernels[m]
+            tc = time.perf_counter()
+            if kern.total_q:
+                o, lse, seg = state["saved"].pop(m)
+                kq, kk, kv = self._kernel_inputs(kern, stores, d)
+                kdo = pack(stores["q"].new_empty(kern.total_q * kern.qh, d), kern.do_pack, stores, self._cache)
+                meter.alloc(kq, kk, kv, kdo)
+                gq, gk, gv = self.backend.backward(kdo.view(-1, kern.qh, d), kq, kk, kv, o, lse, seg, self.scale)
+                meter.alloc(gq, gk, gv)
+                meter.free(kq, kk, kv, kdo, o, lse)
+                del kq, kk, kv, kdo
+                stores.pop(f"out{m}", None)
+                gq_rows = gq.reshape(-1, d)
+                stores[f"dq{m}"] = gq_rows
+                src, dst = kern.out_local
+                if len(dst):
+                    dq_rows[torch.as_tensor(dst)] = gq_rows[torch.as_tensor(src)]
+                # dK/dV: scatter-add back onto the rows the kernel inputs were gathered from
+                for parts, gk_rows in ((kern.k_pack, gk.reshape(-1, d)), (kern.v_pack, gv.reshape(-1, d))):
+                    for name, idx, pos in parts:
+                        grads[name].index_add_(0, torch.as_tensor(idx), gk_rows[torch.as_tensor(pos)])
+                meter.free(gk, gv)
+            compute_s += time.perf_counter() - tc
+            returns.append(ex.issue(prog.messages[BR][m], stores, self._cache, stores["q"], BR, m, meter))
+            if f"dq{m}" in stores:
+                meter.free(stores.pop(f"dq{m}"))
+            meter.free(stores.pop(f"bd{m}"))
+        for m, h in enumerate(returns):
+            tw = time.perf_counter()
+            recv = ex.finish(h, meter)
+            wait_s += time.perf_counter() - tw
+            r, rows = prog.br_dq[m]
+            if len(r):
+                dq_rows[torch.as_tensor(rows)] = recv[torch.as_tensor(r)]
+            for (r, rows), target in ((prog.br_dk[m], dk_rows), (prog.br_dv[m], dv_rows)):
+                if len(r):
+                    target.index_add_(0, torch.as_tensor(rows), recv[torch.as_tensor(r)])
+            meter.free(recv)
+        for m in range(M):
+            meter.free(stores.pop(f"fd{m}"), grads.pop(f"fd{m}"))
+        state.clear()
+        st = self.stats
+        st.backward_s += time.perf_counter() - t0
+        st.comm_wait_s += wait_s
+        st.compute_s += compute_s
+        st.peak_transient_bytes = max(st.peak_transient_bytes, meter.peak)
+        el = q.element_size() * d
+        st.sent_bytes = {p: rows * el for p, rows in prog.comm_rows().items()}
+        return dq, dk, dv
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._check(q, k, v)
+        return _LibraAttentionFn.apply(q, k, v, self)
+
+
+class _LibraAttentionFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, runner: LibraAttention):
+        q, k, v = (x.contiguous() for x in (q, k, v))
+        out, state = runner.forward(q.detach(), k.detach(), v.detach())
+        ctx.runner, ctx.state = runner, state
+        ctx.save_for_backward(q, k, v)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v = ctx.saved_tensors
+        grads = ctx.runner.backward(dout.contiguous(), q, k, v, ctx.state)
+        ctx.state = None
+        return (*grads, None)
+
+
+def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | None = None,
+            backend: str | AttentionBackend = "auto", comm: str = "p2p", scale: float | None = None,
+            check_finite: bool = True, verify_plan: bool = True, device=None) -> LibraAttention:
+    """Compile this worker's part of ``plan`` and check that the pool agrees on it.
+
+    Args:
+        plan: a :class:`~libra.plan.Plan` (this worker's pool is selected) or a PoolPlan
+            (then ``shape`` is required).
+        group: the pool's :class:`~libra.runtime.groups.PoolGroup` (or a raw ProcessGroup whose
+            rank ``i`` is ``pool.workers[i]``).
+        chunks: Pipeliner chunks ``M`` (default: the plan's ``pipeline_chunks``; 1 for a PoolPlan).
+        backend: kernel backend name (``"auto"`` resolves per device) or instance.
+        comm: ``"p2p"`` (batch_isend_irecv) or ``"a2a"`` (all_to_all_single).
+        verify_plan: all_gather the plan digest first (raises PlanMismatchError naming ranks).
+
+    Raises:
+        ValueError: bad arguments; PlanValidationError: plan inconsistent for this worker;
+        PlanMismatchError: pool ranks hold different plans.
+    """
+    if isinstance(plan, Plan):
+        shape = plan.shape
+        chunks = plan.pipeline_chunks if chunks is None else chunks
+        worker = group.worker if isinstance(group, PoolGroup) else None
+        if worker is None:
+            raise ValueError("pass a PoolGroup with a Plan (the worker id selects the pool)")
+        pool = plan.pool_of_worker(worker)
+        digest = plan.digest()
+    elif isinstance(plan, PoolPlan):
+        if shape is None:
+            raise ValueError("shape is required when a PoolPlan is passed")
+        pool, chunks, digest = plan, (1 if chunks is None else chunks), None
+    else:
+        raise ValueError(f"plan must be a Plan or PoolPlan, got {type(plan).__name__}")
+    group = as_pool_group(group, pool.workers)
+    if device is None:
+        device = "cuda" if dist.is_initialized() and dist.get_backend(group.group) == "nccl" else "cpu"
+    be = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    program = compile_worker(pool, shape, group.worker, chunks, digest=digest or pool.digest())
+    if verify_plan:
+        check_plan_agreement(program.digest, group)
+    return LibraAttention(program, group, be, comm=comm, scale=scale, check_finite=check_finite)
+
+
+def libra_attention(q, k, v, plan, group, **kwargs) -> torch.Tensor:
+    """One-shot form: ``prepare(plan, group, **kwargs)(q, k, v)``; pass a prepared
+    :class:`LibraAttention` as ``plan`` to skip compilation and the digest check."""
+    runner = plan if isinstance(plan, LibraAttention) else prepare(plan, group, **kwargs)
+    return runner(q, k, v)

@@ -1,0 +1,135 @@
+"""Transfer executor: moves a WorkerProgram's messages over a pool process group.
+
+Each (phase, chunk) is one exchange in which this worker sends at most one packed buffer to each
+peer and receives at most one from each (DESIGN.md sec. 2: one buffer per (src, dst) pair). Modes:
+
+* ``p2p``: ``batch_isend_irecv`` on slices of one flat send/recv buffer (peers in pool-rank order);
+  tags are distinct per (phase, chunk), so exchanges in flight together never cross-match.
+* ``a2a``: ``all_to_all_single`` with uneven splits (every pool rank joins every exchange).
+
+gloo cannot send to self; self rows never appear in messages (local pieces are gathered directly).
+Group rank ``i`` is ``PoolGroup.workers[i]``; the process rank passed to torch is ``ranks[i]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
+from libra.runtime.program import PHASES, Message
+
+COMM_MODES = ("p2p", "a2a")
+
+
+@dataclass
+class MemoryMeter:
+    """Bytes of transient runtime buffers alive now / at peak (receive, send, kernel packs).
+
+    ``held`` counts buffers kept from forward to backward (fetched Q/KV, tile outputs, lse).
+    """
+
+    current: int = 0
+    peak: int = 0
+    held_peak: int = 0
+
+    def alloc(self, *tensors: torch.Tensor) -> None:
+        self.current += sum(t.numel() * t.element_size() for t in tensors)
+        self.peak = max(self.peak, self.current)
+
+    def free(self, *tensors: torch.Tensor) -> None:
+        self.current -= sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class Handle:
+    """An exchange in flight: its buffers and torch work handles."""
+
+    send: torch.Tensor
+    recv: torch.Tensor
+    works: list = field(default_factory=list)
+    what: str = ""
+
+
+def _stores_get(stores: dict, name: str) -> torch.Tensor:
+    try:
+        return stores[name]
+    except KeyError:
+        raise RuntimeError(f"runtime store {name!r} is not available (program/plan inconsistency)") from None
+
+
+def pack(dst: torch.Tensor, parts, stores: dict, index_cache: dict) -> torch.Tensor:
+    """``dst[pos] = stores[name][idx]`` for each part (indices cached as tensors per device)."""
+    for name, idx, pos in parts:
+        src = _stores_get(stores, name)
+        ti, tp = _indices(index_cache, idx, pos, dst.device)
+        dst[tp] = src[ti]
+    return dst
+
+
+def _indices(cache: dict, idx: np.ndarray, pos: np.ndarray, device):
+    key = (id(idx), id(pos), str(device))
+    got = cache.get(key)
+    if got is None:
+        # identity of the arrays keys the cache; the program owning them outlives the cache
+        got = (torch.as_tensor(idx, device=device), torch.as_tensor(pos, device=device), idx, pos)
+        cache[key] = got
+    return got[0], got[1]
+
+
+class Exchanger:
+    """Starts the exchanges of one pool group in ``p2p`` or ``a2a`` mode.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+
+    def __init__(self, group: PoolGroup, mode: str = "p2p"):
+        if mode not in COMM_MODES:
+            raise ValueError(f"comm mode must be one of {COMM_MODES}, got {mode!r}")
+        self.group, self.mode = group, mode
+
+    def start(self, msg: Message, send: torch.Tensor, recv: torch.Tensor, phase: str, chunk: int) -> list:
+        g, me = self.group, self.group.rank
+        what = f"{phase} exchange of Pipeliner chunk {chunk}"
+        try:
+            if self.mode == "a2a":
+                if g.size == 1:
+                    return []
+                return [dist.all_to_all_single(recv, send, output_split_sizes=msg.recv_rows.tolist(),
+                                               input_split_sizes=msg.send_rows.tolist(), group=g.group,
+                                               async_op=True)]
+            tag = PHASES.index(phase) * 100_000 + chunk
+            ops = []
+            s_off = np.concatenate(([0], np.cumsum(msg.send_rows)))
+            r_off = np.concatenate(([0], np.cumsum(msg.recv_rows)))
+            for p in range(g.size):
+                if p == me:
+                    continue
+                if msg.recv_rows[p]:
+                    ops.append(dist.P2POp(dist.irecv, recv[r_off[p]:r_off[p + 1]], g.ranks[p], g.group, tag))
+            for p in range(g.size):
+                if p != me and msg.send_rows[p]:
+                    ops.append(dist.P2POp(dist.isend, send[s_off[p]:s_off[p + 1]], g.ranks[p], g.group, tag))
+            return dist.batch_isend_irecv(ops) if ops else []
+        except RuntimeError as exc:
+            raise CollectiveTimeoutError(f"worker {g.worker}: starting {what} failed: {exc}") from exc
+
+    def issue(self, msg: Message, stores: dict, cache: dict, like: torch.Tensor, phase: str, chunk: int,
+              meter: MemoryMeter) -> Handle:
+        """Pack ``msg`` from ``stores`` and start it; returns the in-flight handle."""
+        d = like.shape[-1]
+        send = pack(like.new_empty(msg.n_send, d), msg.pack, stores, cache)
+        recv = like.new_empty(msg.n_recv, d)
+        meter.alloc(send, recv)
+        return Handle(send, recv, self.start(msg, send, recv, phase, chunk), f"{phase} exchange of chunk {chunk}")
+
+    def finish(self, h: Handle, meter: MemoryMeter) -> torch.Tensor:
+        """Wait (bounded by the group timeout), free the send buffer, return the receive buffer."""
+        wait_all(h.works, self.group, h.what)
+        meter.free(h.send)
+        h.send = None
+        return h.recv

@@ -1,0 +1,384 @@
+"""Causal varlen core-attention kernels with explicit forward/backward and log-sum-exp.
+
+One interface, several backends. A *batch of segments* is packed along the token axis:
+segment ``i`` owns query rows ``[cu_q[i], cu_q[i+1])`` and key/value rows ``[cu_k[i], cu_k[i+1])``
+and its query rows are aligned to the END of its keys (bottom-right causal, FlashAttention's
+convention for ``Lq != Lk``): query row ``j`` of a segment with ``Lq`` queries and ``Lk`` keys sees
+keys ``[0, Lk - Lq + j]``. That is exactly an SH-Tile piece attending to its sample's KV prefix
+(Libra sec. 4.3.1), so every tile's output is final where it is computed.
+
+Shapes (all backends):
+    q: ``(Tq, hq, d)``; k, v: ``(Tk, hkv, d)`` with ``hkv | hq`` (query head ``h`` reads KV head
+    ``h // (hq / hkv)``, contiguous GQA groups); out: ``(Tq, hq, d)`` in q's dtype;
+    lse: ``(hq, Tq)`` float32 (float64 for float64 inputs); dq/dk/dv: shapes of q/k/v.
+
+Backends (choose explicitly with :func:`get_backend`; ``"auto"`` resolves deterministically from the
+device and what is importable, and the resolved ``name`` is what experiments record):
+
+* ``cpu-flash``: ATen's CPU flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) per
+  segment. Its ``is_causal`` is top-left aligned, so a segment with ``Lq < Lk`` is split into the
+  full off-diagonal block and the square causal diagonal block, merged by lse (DESIGN.md sec. 7).
+* ``math``: plain PyTorch (matmul, mask, softmax) per segment on any device; also the "plain
+  PyTorch at the same precision" implementation of FlashAttention's tolerance rule.
+* ``flash-attn``: ``flash_attn_varlen_func`` (CUDA, when the package imports).
+* ``torch-varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA, when present).
+
+The two CUDA backends compute the backward by re-running their forward under autograd (one extra
+forward; their low-level backward entry points differ between versions). They are unverified in
+sessions without a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["Segments", "AttentionBackend", "get_backend", "BACKENDS"]
+
+
+@dataclass(frozen=True, eq=False)
+class Segments:
+    """Packed varlen batch geometry.
+
+    Attributes:
+        q_lens, kv_lens: int64 ``(n,)``; ``1 <= q_len <= kv_len`` (bottom-right causal).
+        cu_q, cu_k: int64 ``(n + 1,)`` cumulative offsets.
+
+    Raises:
+        ValueError: a non-positive length or ``q_len > kv_len`` (names the segment).
+    """
+
+    q_lens: np.ndarray
+    kv_lens: np.ndarray
+
+    def __post_init__(self) -> None:
+        ql = np.ascontiguousarray(np.asarray(self.q_lens, dtype=np.int64).reshape(-1))
+        kl = np.ascontiguousarray(np.asarray(self.kv_lens, dtype=np.int64).reshape(-1))
+        if ql.shape != kl.shape:
+            raise ValueError(f"q_lens has {len(ql)} segments but kv_lens has {len(kl)}")
+        bad = np.nonzero((ql < 1) | (kl < ql))[0]
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"segment {i}: need 1 <= q_len <= kv_len, got q_len={ql[i]}, kv_len={kl[i]}")
+        object.__setattr__(self, "q_lens", ql)
+        object.__setattr__(self, "kv_lens", kl)
+        object.__setattr__(self, "cu_q", np.concatenate(([0], np.cumsum(ql))).astype(np.int64))
+        object.__setattr__(self, "cu_k", np.concatenate(([0], np.cumsum(kl))).astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.q_lens)
+
+    @property
+    def total_q(self) -> int:
+        return int(self.cu_q[-1])
+
+    @property
+    def total_k(self) -> int:
+        return int(self.cu_k[-1])
+
+    @property
+    def max_q(self) -> int:
+        return int(self.q_lens.max()) if len(self) else 0
+
+    @property
+    def max_k(self) -> int:
+        return int(self.kv_lens.max()) if len(self) else 0
+
+    def cu_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 cumulative offsets on ``device`` (what flash-attn style kernels take)."""
+        return (torch.as_tensor(self.cu_q, dtype=torch.int32, device=device),
+                torch.as_tensor(self.cu_k, dtype=torch.int32, device=device))
+
+
+def _check_inputs(q, k, v, seg: Segments) -> None:
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be (tokens, heads, dim); got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"head_dim of q ({q.shape[2]}) and k ({k.shape[2]}) differ")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"kv heads {k.shape[1]} must divide query heads {q.shape[1]}")
+    if q.shape[0] != seg.total_q or k.shape[0] != seg.total_k:
+        raise ValueError(f"segments cover {seg.total_q} query / {seg.total_k} key rows, tensors have "
+                         f"{q.shape[0]} / {k.shape[0]}")
+
+
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class AttentionBackend:
+    """Interface: ``forward(q, k, v, seg, scale) -> (out, lse)``,
+    ``backward(dout, q, k, v, out, lse, seg, scale) -> (dq, dk, dv)``. ``scale`` None = 1/sqrt(d)."""
+
+    name = "abstract"
+
+    def forward(self, q, k, v, seg: Segments, scale: float | None = None):
+        raise NotImplementedError
+
+    def backward(self, dout, q, k, v, out, lse, seg: Segments, scale: float | None = None):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+# --------------------------------------------------------------------------------------------
+# CPU flash (ATen) with the bottom-right split
+# --------------------------------------------------------------------------------------------
+
+
+def _bhld(x: torch.Tensor) -> torch.Tensor:
+    """(L, H, D) -> (1, H, L, D) view (DESIGN.md sec. 7: transposed views are accepted)."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+class CpuFlashBackend(AttentionBackend):
+    """ATen's CPU flash attention per segment (float64, float32, bfloat16)."""
+
+    name = "cpu-flash"
+
+    @staticmethod
+    def _fwd(q, k, v, causal, scale):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            _bhld(q), _bhld(k), _bhld(v), 0.0, causal, attn_mask=None, scale=scale)
+        return out[0].transpose(0, 1), lse[0]
+
+    def forward(self, q, k, v, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q.dtype), device=q.device)
+        for i in range(len(seg)):
+            q0, q1 = int(seg.cu_q[i]), int(seg.cu_q[i + 1])
+            k0, k1 = int(seg.cu_k[i]), int(seg.cu_k[i + 1])
+            off = (k1 - k0) - (q1 - q0)  # keys every query row sees in full (the off-diagonal block)
+            qs = q[q0:q1]
+            o_d, l_d = self._fwd(qs, k[k0 + off:k1], v[k0 + off:k1], True, scale)
+            if off == 0:
+                out[q0:q1], lse[:, q0:q1] = o_d, l_d
+                continue
+            o_f, l_f = self._fwd(qs, k[k0:k0 + off], v[k0:k0 + off], False, scale)
+            # Both blocks give every row >= 1 visible key, so no lse = 0 "empty row" trap here.
+            lse_m = torch.logaddexp(l_f.to(lse.dtype), l_d.to(lse.dtype))
+            w_f = torch.exp(l_f - lse_m).transpose(0, 1).unsqueeze(-1)
+            w_d = torch.exp(l_d - lse_m).transpose(0, 1).unsqueeze(-1)
+            out[q0:q1] = (o_f.to(w_f.dtype) * w_f + o_d.to(w_d.dtype) * w_d).to(q.dtype)
+            lse[:, q0:q1] = lse_m
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        if q.dtype in (torch.bfloat16, torch.float16):
+            # FlashAttention accumulates dQ/dK/dV in float32; ATen's CPU kernel accumulates in the
+            # input dtype across query blocks, which loses ~3x accuracy on long samples. Upcast.
+            grads = self.backward(*(x.float() for x in (dout, q, k, v, out)), lse.float(), seg, scale)
+            return tuple(g.to(q.dtype) for g in grads)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        for i in range(len(seg)):
+            q0, q1 = int(seg.cu_q[i]), int(seg.cu_q[i + 1])
+            k0, k1 = int(seg.cu_k[i]), int(seg.cu_k[i + 1])
+            off = (k1 - k0) - (q1 - q0)
+            do_, o_, l_ = _bhld(dout[q0:q1]), _bhld(out[q0:q1]), lse[:, q0:q1].unsqueeze(0)
+            qs = _bhld(q[q0:q1])
+            # With the merged out and lse, each block's backward gives exactly its share of the
+            # gradient (the softmax normaliser is the global one), as in ring attention.
+            parts = [(k0 + off, k1, True)] + ([(k0, k0 + off, False)] if off else [])
+            for a, b, causal in parts:
+                gq, gk, gv = bwd(do_, qs, _bhld(k[a:b]), _bhld(v[a:b]), o_, l_, 0.0, causal,
+                                 attn_mask=None, scale=scale)
+                dq[q0:q1] += gq[0].transpose(0, 1)
+                dk[a:b] += gk[0].transpose(0, 1)
+                dv[a:b] += gv[0].transpose(0, 1)
+        return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# plain PyTorch
+# --------------------------------------------------------------------------------------------
+
+
+class MathBackend(AttentionBackend):
+    """Plain PyTorch per segment: scores and products in the input dtype, softmax in float32
+    (float64 for float64), like FlashAttention's ``attention_ref(upcast=False)``. Any device."""
+
+    name = "math"
+
+    @staticmethod
+    def _expand(x, group):
+        return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+    @staticmethod
+    def _mask(lq, lk, device):
+        rows = torch.arange(lq, device=device).unsqueeze(1) + (lk - lq)
+        return torch.arange(lk, device=device).unsqueeze(0) <= rows  # (lq, lk) True = visible
+
+    def _probs(self, qs, ks, scale):
+        acc = _lse_dtype(qs.dtype)
+        scores = torch.einsum("qhd,khd->hqk", qs, ks).to(acc) * scale
+        scores = scores.masked_fill(~self._mask(qs.shape[0], ks.shape[0], qs.device), float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        return torch.exp(scores - lse.unsqueeze(-1)), lse
+
+    def forward(self, q, k, v, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        group = q.shape[1] // k.shape[1]
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q.dtype), device=q.device)
+        for i in range(len(seg)):
+            q0, q1, k0, k1 = (int(x) for x in (seg.cu_q[i], seg.cu_q[i + 1], seg.cu_k[i], seg.cu_k[i + 1]))
+            p, lse_s = self._probs(q[q0:q1], self._expand(k[k0:k1], group), scale)
+            out[q0:q1] = torch.einsum("hqk,khd->qhd", p.to(q.dtype), self._expand(v[k0:k1], group))
+            lse[:, q0:q1] = lse_s
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        group = q.shape[1] // k.shape[1]
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        acc = _lse_dtype(q.dtype)
+        for i in range(len(seg)):
+            q0, q1, k0, k1 = (int(x) for x in (seg.cu_q[i], seg.cu_q[i + 1], seg.cu_k[i], seg.cu_k[i + 1]))
+            qs, do_ = q[q0:q1], dout[q0:q1]
+            ks, vs = self._expand(k[k0:k1], group), self._expand(v[k0:k1], group)
+            scores = torch.einsum("qhd,khd->hqk", qs, ks).to(acc) * scale
+            scores = scores.masked_fill(~self._mask(q1 - q0, k1 - k0, q.device), float("-inf"))
+            p = torch.exp(scores - lse[:, q0:q1].to(acc).unsqueeze(-1))
+            dvs = torch.einsum("hqk,qhd->khd", p.to(q.dtype), do_)
+            dp = torch.einsum("qhd,khd->hqk", do_, vs).to(acc)
+            delta = (do_.to(acc) * out[q0:q1].to(acc)).sum(-1).transpose(0, 1).unsqueeze(-1)
+            ds = (p * (dp - delta) * scale).to(q.dtype)
+            dq[q0:q1] = torch.einsum("hqk,khd->qhd", ds, ks)
+            dks = torch.einsum("hqk,qhd->khd", ds, qs)
+            if group > 1:  # sum the gradients of a GQA group's query heads onto their KV head
+                dks = dks.unflatten(1, (-1, group)).sum(2)
+                dvs = dvs.unflatten(1, (-1, group)).sum(2)
+            dk[k0:k1] += dks
+            dv[k0:k1] += dvs
+        return dq, dk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA backends (unverified without a GPU)
+# --------------------------------------------------------------------------------------------
+
+
+class _RecomputeBackend(AttentionBackend):
+    """Backward by re-running the autograd-enabled forward (portable across library versions)."""
+
+    def _call(self, q, k, v, seg, scale, want_lse):
+        raise NotImplementedError
+
+    def forward(self, q, k, v, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        with torch.no_grad():
+            out, lse = self._call(q, k, v, seg, scale, True)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        with torch.enable_grad():
+            leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+            o = self._call(*leaves, seg, scale, False)
+            return torch.autograd.grad(o, leaves, dout)
+
+
+class FlashAttnBackend(_RecomputeBackend):
+    """flash-attn 2.x ``flash_attn_varlen_func`` (causal is bottom-right per segment; native GQA)."""
+
+    name = "flash-attn"
+
+    def __init__(self):
+        self._fn = importlib.import_module("flash_attn").flash_attn_varlen_func
+
+    def _call(self, q, k, v, seg, scale, want_lse):
+        cu_q, cu_k = seg.cu_tensors(q.device)
+        res = self._fn(q, k, v, cu_q, cu_k, seg.max_q, seg.max_k, dropout_p=0.0, softmax_scale=scale,
+                       causal=True, return_attn_probs=want_lse)
+        return (res[0], res[1]) if want_lse else res
+
+
+class TorchVarlenBackend(_RecomputeBackend):
+    """``torch.nn.attention.varlen.varlen_attn`` on CUDA, causal via ``window_size=(-1, 0)``."""
+
+    name = "torch-varlen"
+
+    def __init__(self):
+        mod = importlib.import_module("torch.nn.attention.varlen")
+        self._fn = mod.varlen_attn
+        self._aux = getattr(mod, "AuxRequest", None)
+        params = inspect.signature(self._fn).parameters
+        self._gqa = "enable_gqa" in params
+        self._window = "window_size" in params
+        if not self._window and "is_causal" not in params:
+            raise ImportError("varlen_attn has neither window_size nor is_causal: cannot ask for causal")
+
+    def _call(self, q, k, v, seg, scale, want_lse):
+        cu_q, cu_k = seg.cu_tensors(q.device)
+        kw = {"scale": scale}
+        kw.update({"window_size": (-1, 0)} if self._window else {"is_causal": True})
+        if q.shape[1] != k.shape[1]:
+            if self._gqa:
+                kw["enable_gqa"] = True
+            else:
+                g = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+        if want_lse:
+            if self._aux is None:
+                raise RuntimeError("this torch's varlen_attn cannot return the log-sum-exp")
+            out, aux = self._fn(q, k, v, cu_q, cu_k, seg.max_q, seg.max_k, return_aux=self._aux(lse=True), **kw)
+            lse = aux.lse if hasattr(aux, "lse") else aux
+            return out, lse
+        return self._fn(q, k, v, cu_q, cu_k, seg.max_q, seg.max_k, **kw)
+
+
+BACKENDS = {"cpu-flash": CpuFlashBackend, "math": MathBackend, "flash-attn": FlashAttnBackend,
+            "torch-varlen": TorchVarlenBackend}
+
+
+def _has_cpu_flash() -> bool:
+    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def resolve_backend_name(name: str, device) -> str:
+    """Deterministic resolution of ``"auto"``: CUDA -> flash-attn, torch-varlen, math (first that
+    imports); CPU -> cpu-flash, math.
+
+    Raises:
+        ValueError: unknown name, or a CUDA-only backend requested for a non-CUDA device.
+    """
+    device = torch.device(device)
+    if name == "auto":
+        if device.type == "cuda":
+            if importlib.util.find_spec("flash_attn") is not None:
+                return "flash-attn"
+            if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
+                return "torch-varlen"
+            return "math"
+        return "cpu-flash" if device.type == "cpu" and _has_cpu_flash() else "math"
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {['auto', *BACKENDS]}")
+    if name in ("flash-attn", "torch-varlen") and device.type != "cuda":
+        raise ValueError(f"backend {name!r} needs a CUDA device, got {device}")
+    if name == "cpu-flash" and device.type != "cpu":
+        raise ValueError(f"backend 'cpu-flash' runs on CPU only, got {device}")
+    return name
+
+
+def get_backend(name: str = "auto", device="cpu") -> AttentionBackend:
+    """Instantiate a backend; ``.name`` is the resolved name to record.
+
+    Raises:
+        ValueError: see :func:`resolve_backend_name`; ImportError if the library is missing.
+    """
+    return BACKENDS[resolve_backend_name(name, device)]()

@@ -1,0 +1,175 @@
+"""Multi-process (gloo) parity of libra_attention and the Ulysses runtime against a float64
+single-process reference over the full packed sequences, forward and q/k/v gradients.
+
+Each spawn groups many checks (spawning costs seconds): several (B, H, M), GQA shapes, p2p and
+all-to-all exchange, float64 (tight) and float32/bf16 (FlashAttention's rule: error vs the float64
+reference at most 2x (outputs) / 3x (gradients) that of plain PyTorch at the same precision).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from dist_utils import full_tensors, long_tail_lengths, max_err, reference_grads, run_ranks
+
+pytestmark = pytest.mark.distributed
+
+F64_TOL = 1e-10
+FLOOR = {torch.float32: 1e-6, torch.bfloat16: 1e-3}
+
+
+def _window(dp: int, seq_len: int, seed: int):
+    from libra.data.packing import PackedSequence  # noqa: PLC0415
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(dp):
+        # alternate heavy (few long samples) and light (many short) sequences: cross-group skew
+        scale = 120.0 if i % 2 == 0 else 6.0
+        lengths = long_tail_lengths(rng, seq_len, scale=scale)
+        out.append(PackedSequence(i, lengths, np.arange(len(lengths))))
+    return out
+
+
+def _plan(case, dp, cp, seq_len, seed):
+    from baselines.registry import get_planner  # noqa: PLC0415
+    from libra.config import ParallelConfig  # noqa: PLC0415
+    from libra.workload import AttentionShape  # noqa: PLC0415
+
+    shape = AttentionShape(case["hq"], case["hkv"], case["d"], 8)
+    par = ParallelConfig(dp=dp, cp=cp, gbs=dp, seq_len=seq_len)
+    planner = get_planner("libra", pool_size=case["P"], block_size=case["B"], head_split=case["H"],
+                          pipeline_chunks=case["M"])
+    window = _window(dp, seq_len, seed)
+    return planner.plan_window(window, par, shape)[0].validate(), window, shape
+
+
+def _local(full, ranges):
+    return [torch.cat([full[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
+
+
+def _moved_across_groups(plan, cp) -> int:
+    return int(sum(np.sum(p.tiles.dest // cp != p.tiles.q_home // cp) for p in plan.pools))
+
+
+def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
+    from libra.runtime.attention import prepare  # noqa: PLC0415
+
+    plan, window, shape = _plan(case, dp, cp, seq_len, seed)
+    pool = plan.pool_of_worker(groups.pool.worker)
+    attn = prepare(plan, groups.pool, comm=case["comm"])
+    ranges = [(pool.sequences[s].seq_id, a, b) for s, a, b in attn.program.local_ranges]
+    lengths = {s.seq_id: s.sample_lengths for s in pool.sequences}
+    full = {w.seq_id: t for w, t in zip(window, full_tensors([w.sample_lengths for w in window], shape, seed))}
+    res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools))}
+    refs = {s: reference_grads(*full[s], lengths[s]) for s, _, _ in ranges}
+    ref = [torch.cat([refs[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
+    for dtype in dtypes:
+        q, k, v, do = (x.to(dtype).requires_grad_(i < 3) for i, x in enumerate(_local(full, ranges)))
+        out = attn(q, k, v)
+        out.backward(do)
+        errs = {n: max_err(a, b) for n, a, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), ref)}
+        entry = {"libra": errs}
+        if dtype != torch.float64:  # plain PyTorch at the same precision, on the same rows
+            plain = {s: reference_grads(*(x.to(dtype) for x in full[s]), lengths[s]) for s, _, _ in ranges}
+            got = [torch.cat([plain[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
+            entry["plain"] = {n: max_err(a, b) for n, a, b in zip(("out", "dq", "dk", "dv"), got, ref)}
+        res[str(dtype)] = entry
+    res["peak_transient_bytes"] = attn.stats.peak_transient_bytes
+    return res
+
+
+def _ulysses_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
+    from baselines.ulysses_runtime import UlyssesAttention  # noqa: PLC0415
+    from libra.workload import AttentionShape  # noqa: PLC0415
+
+    shape = AttentionShape(case["hq"], case["hkv"], case["d"], 8)
+    window = _window(dp, seq_len, seed)
+    dp_rank, cp_rank = divmod(groups.cp.worker, cp)
+    seq = window[dp_rank]
+    full = full_tensors([seq.sample_lengths], shape, seed)[0]
+    n = seq_len // cp
+    ranges = [(0, cp_rank * n, (cp_rank + 1) * n)]
+    ref_full = reference_grads(*full, seq.sample_lengths)
+    ref = [x[cp_rank * n:(cp_rank + 1) * n] for x in ref_full]
+    attn = UlyssesAttention(seq.sample_lengths, groups.cp, shape.num_q_heads, shape.num_kv_heads)
+    res = {}
+    for dtype in dtypes:
+        q, k, v, do = (x[ranges[0][1]:ranges[0][2]].to(dtype).requires_grad_(i < 3) for i, x in enumerate(full))
+        out = attn(q, k, v)
+        out.backward(do)
+        errs = {nm: max_err(a, b) for nm, a, b in zip(("out", "dq", "dk", "dv"), (out, q.grad, k.grad, v.grad), ref)}
+        entry = {"ulysses": errs}
+        if dtype != torch.float64:
+            got = reference_grads(*(x.to(dtype) for x in full), seq.sample_lengths)
+            entry["plain"] = {nm: max_err(a[cp_rank * n:(cp_rank + 1) * n], b)
+                              for nm, a, b in zip(("out", "dq", "dk", "dv"), got, ref)}
+        res[str(dtype)] = entry
+    res["peak_transient_bytes"] = attn.stats["peak_transient_bytes"]
+    return res
+
+
+def _parity_rank(rank, world, grids, cases, seq_len, seed):
+    from libra.runtime.groups import RankGrid, build_groups  # noqa: PLC0415
+
+    out = []
+    for dp, cp, pool_size in grids:
+        groups = build_groups(RankGrid(dp=dp, cp=cp, pool_size=pool_size), timeout_s=60)
+        for case in cases:
+            case = {**case, "P": pool_size}
+            dtypes = [getattr(torch, n) for n in case["dtypes"]]
+            if case.get("method") == "ulysses":
+                r = _ulysses_case(rank, groups, case, dp, cp, seq_len, seed, dtypes)
+            else:
+                r = _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes)
+            out.append(({"grid": (dp, cp, pool_size), **case}, r))
+    return out
+
+
+def _assert_results(results):
+    for rank_res in results:
+        for case, res in rank_res:
+            for key, entry in res.items():
+                if not key.startswith("torch."):
+                    continue
+                got = entry.get("libra", entry.get("ulysses"))
+                if key == "torch.float64":
+                    for name, err in got.items():
+                        assert err < F64_TOL, f"{case}: float64 {name} error {err:.3g}"
+                else:
+                    floor = FLOOR[getattr(torch, key.split(".")[1])]
+                    for name, err in got.items():
+                        factor = 2.0 if name == "out" else 3.0
+                        bound = factor * entry["plain"][name] + floor
+                        assert err <= bound, f"{case}: {key} {name} error {err:.3g} > {bound:.3g} (plain {entry['plain'][name]:.3g})"
+            if case.get("method") != "ulysses":
+                assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
+
+
+BASE = {"hq": 8, "hkv": 2, "d": 16}
+CASES_4 = [
+    {**BASE, "B": 32, "H": 2, "M": 2, "comm": "p2p", "dtypes": ["float64", "float32", "bfloat16"]},
+    {**BASE, "B": 64, "H": 1, "M": 4, "comm": "a2a", "dtypes": ["float64"]},
+    {**BASE, "B": 32, "H": 4, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
+    {"hq": 4, "hkv": 4, "d": 8, "B": 16, "H": 2, "M": 1, "comm": "p2p", "dtypes": ["float64"]},
+    {**BASE, "method": "ulysses", "dtypes": ["float64", "float32", "bfloat16"]},
+]
+
+
+def test_parity_pool2_cp2(tmp_path):
+    """(P 2, CP 2): libra over several B/H/M, GQA and MHA, p2p and a2a, three dtypes; Ulysses."""
+    results = run_ranks(_parity_rank, 4, tmp_path, [(2, 2, 2)], CASES_4, 256, 7, deadline_s=150)
+    _assert_results(results)
+
+
+CASES_8 = [
+    {**BASE, "B": 32, "H": 2, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
+    {**BASE, "method": "ulysses", "dtypes": ["float64"]},
+]
+
+
+def test_parity_pool4_cp2_and_pool2_cp4(tmp_path):
+    """(P 4, CP 2) and (P 2, CP 4) on one 8-rank world."""
+    results = run_ranks(_parity_rank, 8, tmp_path, [(4, 2, 4), (2, 4, 2)], CASES_8, 256, 11, deadline_s=170)
+    _assert_results(results)
