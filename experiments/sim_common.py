@@ -193,7 +193,7 @@ def check_counts(windows: int, seed: int) -> None:
 def format_table(df, columns, floatfmt: str = "{:.3f}") -> str:
     """Plain-text table of selected columns (printed summaries)."""
     rows = [[str(c) for c in columns]]
-    for _, r in df[list(columns)].iterrows():
+    for r in df[list(columns)].itertuples(index=False):
         rows.append([floatfmt.format(v) if isinstance(v, (float, np.floating)) else str(v) for v in r])
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
