@@ -1,0 +1,156 @@
+"""The DP x CP training loop one rank runs (gloo on CPU, NCCL on GPUs); no globals, no env flags.
+
+Per optimizer step (Libra sec. 1, 5, 6.7):
+
+1. Every rank builds the step's :class:`~libra.sampler.StepAssignment` from the same seeded
+   sampler state (the sampler is deterministic, so no broadcast is needed) and, for ``libra``,
+   plans every GA index from its sequence-length metadata: VRSP pools come from the sampler, TAP
+   placement from :func:`baselines.libra_planners.plan_grouped_window`. Each GA index's plan is
+   compiled once per step (``libra.runtime.attention.prepare``) and reused by every layer; the
+   pool's ranks check that plan digests agree on the first step.
+2. A ``DataLoader`` over :class:`PieceDataset` with the sampler as ``batch_sampler`` hands this DP
+   rank its packed sequences in GA order; each CP rank keeps its contiguous ``S / CP`` slice.
+3. Loss = sum of token cross-entropies / the step's total labelled tokens (counted over the whole
+   GBS window), so the summed gradients over ranks and GA equal the gradient of the global mean
+   loss whatever the DP x CP layout or sample order: reference, Ulysses and Libra train the same
+   objective on the same multiset of samples.
+4. Gradients are all-reduced (sum) over all ranks (parameters are replicated over DP and CP), then
+   AdamW steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from experiments.training.attention import (
+    libra_core_attention,
+    project_ulysses,
+    reference_attention,
+    resolve_ulysses,
+    ulysses_attention,
+)
+from experiments.training.data import IGNORE, PieceDataset, collate_packed
+from experiments.training.model import ModelConfig, Qwen3Small
+from libra.sampler import LibraSampler
+
+ATTENTION = ("reference", "ulysses", "libra")
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What one training run needs (validated by :class:`experiments.train.TrainConfig`)."""
+
+    attention: str
+    dp: int
+    cp: int
+    seq_len: int
+    gbs: int
+    steps: int
+    pool_size: int
+    block_size: int
+    head_split: int
+    pipeline_chunks: int
+    model: ModelConfig
+    dtype: str
+    lr: float
+    seed: int
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """The calling rank's place in the grid and its process groups (None when single-process)."""
+
+    rank: int
+    dp_rank: int
+    cp_rank: int
+    cp_group: object = None
+    pool_group: object = None
+
+
+def _plans_for_step(cfg: LoopConfig, assignment, shape):
+    from baselines.libra_planners import plan_grouped_window
+    from libra.config import ParallelConfig, TapConfig
+
+    par = ParallelConfig(dp=cfg.dp, cp=cfg.cp, gbs=cfg.gbs, seq_len=cfg.seq_len)
+    tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split,
+                    pipeline_chunks=cfg.pipeline_chunks)
+    lengths = [assignment.sample_lengths(i) for i in range(cfg.gbs)]
+    return plan_grouped_window("libra", lengths, assignment.groups, par, tap, shape,
+                               {"source": "LibraSampler", "step": assignment.step})
+
+
+def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
+    """Run ``cfg.steps`` optimizer steps on this rank.
+
+    Returns:
+        ``{"steps": [{"step", "loss", "step_ms", "tokens", "tokens_per_gpu_s", "plan_ms"}],
+        "params": {name: tensor}}`` (params on every rank; identical across ranks).
+    """
+    dtype = DTYPES[cfg.dtype]
+    world = cfg.dp * cfg.cp
+    distributed = world > 1
+    model = Qwen3Small(cfg.model)
+    model.reset_parameters(cfg.seed)
+    model = model.to(dtype)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    use_vrsp = cfg.attention == "libra"
+    sampler = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=cfg.pool_size if use_vrsp else 1,
+                           dp_rank=ctx.dp_rank, seed=cfg.seed, use_vrsp=use_vrsp)
+    if cfg.steps > sampler.steps_per_epoch:
+        raise ValueError(f"steps={cfg.steps} exceeds the {sampler.steps_per_epoch} steps the data holds")
+    dataset = PieceDataset(lengths, cfg.model.vocab_size, seed=cfg.seed)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_packed, num_workers=0)
+    batches = iter(loader)
+    ulysses_op = resolve_ulysses()
+    ga = cfg.gbs // cfg.dp
+    log = []
+    for step in range(cfg.steps):
+        if distributed:
+            dist.barrier()
+        t0 = time.perf_counter()
+        assignment = sampler.step(step)
+        total_targets = sum(dataset.valid_targets(s) for s in assignment.sequences)
+        plans = None
+        t_plan = time.perf_counter()
+        if cfg.attention == "libra":
+            plans = _plans_for_step(cfg, assignment, cfg.model.attention_shape)
+        t_plan = time.perf_counter() - t_plan
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for g in range(ga):
+            batch = next(batches)
+            ids, labels, pos = batch.local(ctx.cp_rank, cfg.cp)
+            if cfg.attention == "reference":
+                attn = reference_attention(batch.sample_lengths)
+            elif cfg.attention == "ulysses":
+                attn = (project_ulysses(batch.sample_lengths, ctx.cp_group, ulysses_op) if ulysses_op is not None
+                        else ulysses_attention(batch.sample_lengths, cfg.cp, ctx.cp_group.group))
+            else:
+                attn = libra_core_attention(plans[g], ctx.pool_group, verify_plan=(step == 0))
+            logits = model(ids, pos, attn)
+            loss = F.cross_entropy(logits.float() if dtype == torch.bfloat16 else logits, labels,
+                                   ignore_index=IGNORE, reduction="sum") / total_targets
+            loss.backward()
+            loss_sum += loss.detach().to(torch.float64)
+        if distributed:
+            grads = [p.grad for p in model.parameters()]
+            flat = torch.cat([gr.reshape(-1) for gr in grads])
+            dist.all_reduce(flat)
+            offset = 0
+            for gr in grads:
+                gr.copy_(flat[offset:offset + gr.numel()].view_as(gr))
+                offset += gr.numel()
+            dist.all_reduce(loss_sum)
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+        dt = time.perf_counter() - t0
+        tokens = cfg.gbs * cfg.seq_len
+        log.append({"step": step, "loss": float(loss_sum), "step_ms": dt * 1e3, "tokens": tokens,
+                    "tokens_per_gpu_s": tokens / dt / world, "plan_ms": t_plan * 1e3})
+    return {"steps": log, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
