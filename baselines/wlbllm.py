@@ -6,7 +6,8 @@ for the packing and ``baseline/wlbllm_original/wlbllm/utils.py`` for the shardin
 re-implements the behaviour described there (no code copied):
 
 1. **Repacking (per GBS window).** Split pieces of one sample (fixed-token packing cuts samples at
-   sequence boundaries) are rejoined via ``sample_ids``. Samples go longest first into one of
+   sequence boundaries) are rejoined via ``sample_ids`` into documents of at most ``S`` tokens
+   (option ``rejoin``, below). Documents go longest first into one of
    ``GBS`` buckets: the bucket with the least workload ``sum((l/Bp)^2 + l/Bp)`` if its token count
    stays within ``Lmax = alpha * (window tokens / GBS)``; otherwise the bucket with the fewest
    tokens if the sample fits there; otherwise the sample is set aside and, after all others are
@@ -20,6 +21,16 @@ re-implements the behaviour described there (no code copied):
    so per-chunk-index totals of a bucket differ by at most one token and a bucket's token count
    need not be divisible by ``CP`` or ``2*CP``. Each chunk is computed where it lives, with all
    heads; K/V of the earlier chunks of the same document come from the ranks holding them.
+
+Rejoining (option ``rejoin``). The public code repacks the documents exactly as its fixed-length
+batches hold them (``rejoin="none"``). Fixed-token packing, however, cuts samples at arbitrary
+sequence boundaries that variable-length packing does not need, so by default (``"context"``) the
+pieces of a sample are rejoined -- but never into a document longer than the training context
+``S``: a sample of ``L > S`` tokens becomes ``L // S`` documents of ``S`` tokens plus one of
+``L % S``, the longest a document can be in an ``S``-token training job, which is also how
+Ulysses and Libra see it (at most ``S`` tokens per causal segment). ``"full"`` rejoins whole samples
+however long (a 1M-token sample becomes one 1M-token document even at ``S = 256K``: more attention
+FLOPs than any other method computes for the same data).
 
 Plan mapping: a :class:`~libra.plan.SequenceLayout` whose holder ranges are the chunks, one tile
 per chunk (``dest == q_home``), transfers from :func:`libra.tap.exchange.build_transfers` -- KV
@@ -47,6 +58,8 @@ DEFAULT_BP = 128 * 1024
 ``d2/planner/wlb_planner.py`` of hao-ai-lab/distca: the length where attention's quadratic term
 equals the linear layers' cost."""
 
+REJOIN_MODES = ("context", "full", "none")
+
 DEFAULT_ALPHA = 2.0
 """``alpha``: the public code caps a bucket at ``Lmax = total_seq_len * 2 * batch_size // dp_size``
 tokens, i.e. twice the average tokens per bucket (``d2/planner/wlb_planner.py``)."""
@@ -61,7 +74,10 @@ class WlbLlmConfig:
             :data:`DEFAULT_BP`).
         alpha: token cap factor, ``Lmax = alpha * average tokens per bucket`` (default 2, see
             :data:`DEFAULT_ALPHA`); must be >= 1 so the cap can hold the window.
-        outlier_threshold: ``None`` (default) disables the outlier-delay queue. When set, samples
+        rejoin: which documents are repacked: ``"context"`` (default; split pieces rejoined, no
+            document longer than ``S``), ``"full"`` (whole samples) or ``"none"`` (pieces as packed,
+            as the public code does); see the module docstring.
+        outlier_threshold: ``None`` (default) disables the outlier-delay queue. When set, documents
             longer than this many tokens are held back in a FIFO queue owned by the planner
             instance and released, ``GBS`` at a time (oldest first, one per bucket on average),
             once the queue holds at least ``GBS`` of them -- WLB-LLM's original rule. **This
@@ -71,11 +87,13 @@ class WlbLlmConfig:
             the order of ``plan_window`` calls; :meth:`WlbLlmPlanner.reset` empties the queue.
 
     Raises:
-        ValueError: non-positive ``bp``, ``alpha < 1`` or a non-positive threshold.
+        ValueError: non-positive ``bp``, ``alpha < 1``, an unknown ``rejoin`` or a non-positive
+            threshold.
     """
 
     bp: int = DEFAULT_BP
     alpha: float = DEFAULT_ALPHA
+    rejoin: str = "context"
     outlier_threshold: int | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +101,8 @@ class WlbLlmConfig:
             raise ValueError(f"WlbLlmConfig.bp must be a positive integer, got {self.bp!r}")
         if not isinstance(self.alpha, (int, float)) or self.alpha != self.alpha or self.alpha < 1:
             raise ValueError(f"WlbLlmConfig.alpha must be a number >= 1, got {self.alpha!r}")
+        if self.rejoin not in REJOIN_MODES:
+            raise ValueError(f"WlbLlmConfig.rejoin must be one of {REJOIN_MODES}, got {self.rejoin!r}")
         t = self.outlier_threshold
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer)) or t < 1):
             raise ValueError(f"WlbLlmConfig.outlier_threshold must be None or a positive integer, got {t!r}")
@@ -102,6 +122,9 @@ def rejoin_samples(window) -> np.ndarray:
 
     Returns:
         int64 ``(n_samples,)`` in order of each sample's first appearance.
+
+    Raises:
+        ValueError: a sequence whose ids and lengths differ in count.
     """
     lengths, ids = [], []
     for seq in window:
@@ -122,6 +145,35 @@ def rejoin_samples(window) -> np.ndarray:
     uniq, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
     sums = np.bincount(inverse, weights=lengths, minlength=len(uniq)).astype(np.int64)
     return sums[np.argsort(first, kind="stable")]
+
+
+def cut_documents(lengths, max_len: int) -> np.ndarray:
+    """Cut every length ``L > max_len`` into ``L // max_len`` documents of ``max_len`` plus the rest.
+
+    Returns:
+        int64 document lengths, each sample's documents in place of it (order kept).
+
+    Raises:
+        ValueError: ``max_len < 1``.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    full, rest = np.divmod(lengths, max_len)
+    count = full + (rest > 0)
+    out = np.full(int(count.sum()), max_len, dtype=np.int64)
+    last = np.cumsum(count) - 1                              # each sample's last document
+    out[last[rest > 0]] = rest[rest > 0]
+    return out
+
+
+def window_documents(window, rejoin: str, seq_len: int) -> np.ndarray:
+    """The documents WLB-LLM repacks: the window's pieces as packed (``"none"``), rejoined whole
+    samples (``"full"``) or rejoined samples cut to at most ``seq_len`` tokens (``"context"``)."""
+    if rejoin == "none":
+        return np.concatenate([np.asarray(s.sample_lengths, dtype=np.int64).reshape(-1) for s in window])
+    samples = rejoin_samples(window)
+    return samples if rejoin == "full" else cut_documents(samples, seq_len)
 
 
 def bucket_workload(lengths, bp: int) -> float:
@@ -269,9 +321,9 @@ class WlbLlmPlanner(Planner):
         """Empty the outlier-delay queue (only used with ``outlier_threshold``)."""
         self._queue.clear()
 
-    def window_samples(self, window, n_buckets: int) -> np.ndarray:
-        """The samples this window trains on: rejoined, then (optionally) outlier-delayed."""
-        samples = rejoin_samples(window)
+    def window_samples(self, window, n_buckets: int, seq_len: int) -> np.ndarray:
+        """The documents this window trains on (see ``rejoin``), then (optionally) outlier-delayed."""
+        samples = window_documents(window, self.config.rejoin, seq_len)
         t = self.config.outlier_threshold
         if t is None:
             return samples
@@ -286,7 +338,7 @@ class WlbLlmPlanner(Planner):
     def buckets(self, window, par: ParallelConfig) -> list[np.ndarray]:
         """Sample lengths of each of the ``GBS`` buckets (bucket ``b`` -> GA ``b // DP``, DP ``b % DP``)."""
         window_lengths(window, par, fixed_tokens=False)
-        samples = self.window_samples(window, par.gbs)
+        samples = self.window_samples(window, par.gbs, par.seq_len)
         if samples.size == 0:
             return [np.zeros(0, dtype=np.int64) for _ in range(par.gbs)]
         cfg = self.config
@@ -301,7 +353,7 @@ class WlbLlmPlanner(Planner):
             ValueError: the window does not hold ``par.gbs`` sequences of positive sample lengths.
         """
         buckets = self.buckets(window, par)
-        meta = {"pool_size": 1, "bp": self.config.bp, "alpha": self.config.alpha,
+        meta = {"pool_size": 1, "bp": self.config.bp, "alpha": self.config.alpha, "rejoin": self.config.rejoin,
                 "outlier_threshold": self.config.outlier_threshold,
                 "lmax_tokens": self.config.alpha * float(sum(int(b.sum()) for b in buckets)) / par.gbs}
         plans = []

@@ -13,9 +13,11 @@ paper's sec. 6.3 settings:
 
 Each timing sample is one call (``time.perf_counter``); the CSV gives per (setting, stage) the
 median, the inter-quartile range, the sample count and the paper's number. Besides timing, the
-command plans the first window with ``ulysses``, ``libra`` and ``distca`` and reports per method
-the max/mean worker FLOPs (over the PP stage, and inside the worst pool) and the forward bytes
-moved per optimizer step (``plan-cost-quality.csv`` and ``run.json``).
+command plans every window with ``ulysses``, ``wlb-llm``, ``libra`` and ``distca`` and reports per
+method the max/mean worker FLOPs (over the PP stage at the worst GA index, and inside the worst
+pool, next to the floor the heaviest indivisible tile sets) and the forward bytes moved per
+optimizer step (``plan-cost-quality.csv`` one row per window and method; ``run.json`` aggregated).
+Timings on a shared machine are noisy: compare medians, and read the IQR.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ SETTINGS = (
     Setting("256K", 262144, 128, 32, 8, 8, 4096, 2, 2.2, 2.4),
     Setting("1M", 1048576, 32, 16, 16, 8, 8192, 2, 0.6, 10.7),
 )
-QUALITY_METHODS = ("ulysses", "libra", "distca")
+QUALITY_METHODS = ("ulysses", "wlb-llm", "libra", "distca")
 
 
 def _time_ms(fn, repeats: int) -> list[float]:
@@ -142,7 +144,7 @@ def quality_rows(setting: Setting, workload: str, index: int, seed: int, method:
     moved per optimizer step (total and per kind) and the number of fallback tiles.
     """
     window = _window(setting, workload, index, seed)
-    opts = {} if method == "ulysses" else {"block_size": setting.block_size, "head_split": setting.head_split}
+    opts = {} if method in ("ulysses", "wlb-llm") else {"block_size": setting.block_size, "head_split": setting.head_split}
     if method == "libra":
         opts["pool_size"] = setting.pool_size
     plans = get_planner(method, **opts).plan_window(window, setting.par, SHAPE)
@@ -181,6 +183,17 @@ def summarize(samples: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def summarize_quality(quality: pd.DataFrame) -> pd.DataFrame:
+    """Per (setting, method) over windows: mean stage max/mean, worst pool, mean bytes, pool counts."""
+    return quality.groupby(["setting", "method"], sort=False).agg(
+        windows=("window", "count"), stage_max_over_mean=("stage_max_over_mean", "mean"),
+        stage_max_over_mean_worst=("stage_max_over_mean", "max"), pool_max_over_mean=("pool_max_over_mean", "max"),
+        worst_pool_tile_bound=("worst_pool_tile_bound", "max"), bytes_total=("bytes_total", "mean"),
+        pools=("pools", "sum"), pools_over_1_plus_tau=("pools_over_1_plus_tau", "sum"),
+        pools_over_with_tile_above_target=("pools_over_with_tile_above_target", "sum"),
+        fallback_tiles=("fallback_tiles", "sum")).reset_index()
+
+
 def plot(df: pd.DataFrame, path) -> None:
     import matplotlib
 
@@ -208,7 +221,7 @@ def plot(df: pd.DataFrame, path) -> None:
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help="timing samples per call (default 5; --quick: 2).")
 @click.option("--windows", type=click.IntRange(min=1), default=None,
-              help="GBS windows per setting (default 4; --quick: 1).")
+              help="GBS windows per setting (default 8; --quick: 1).")
 @click.option("--workload", default="libra-prod", show_default=True,
               help="length preset name or length file (see libra.data.source).")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample stream.")
@@ -222,7 +235,7 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, out, force):
     Also prints, per setting, max/mean worker FLOPs and bytes moved for Ulysses, Libra and DistCA.
     """
     repeats = repeats or (2 if quick else 5)
-    windows = windows or (1 if quick else 4)
+    windows = windows or (1 if quick else 8)
     chosen = [s for s in SETTINGS if not settings or s.name in settings]
     config = {"workload": workload, "seed": seed, "repeats": repeats, "windows": windows,
               "settings": [s.__dict__ for s in chosen], "shape": SHAPE.__dict__, "quality_methods": QUALITY_METHODS}
@@ -231,14 +244,14 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, out, force):
         keys = [("timing", s.name, w) for s in chosen for w in range(windows)]
         by_name = {s.name: s for s in SETTINGS}
         samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(by_name[key[1]], workload, key[2], seed, repeats)))
-        qkeys = [("quality", s.name, 0, m) for s in chosen for m in QUALITY_METHODS]
+        qkeys = [("quality", s.name, w, m) for s in chosen for w in range(windows) for m in QUALITY_METHODS]
         quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], workload, key[2], seed, key[3])))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     df = summarize(samples)
     run.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run.out_dir / "plan-cost-quality.csv", quality.to_csv(index=False))
-    paths = run.finish(df, plot=plot, extra={"quality": quality.to_dict(orient="records")})
+    paths = run.finish(df, plot=plot, extra={"quality": summarize_quality(quality).to_dict(orient="records")})
     for s in chosen:
         sub = df[df["setting"] == s.name].set_index("stage")
         click.echo(f"{s.name}: S={s.seq_len} GBS={s.gbs} DP={s.dp} CP={s.cp} P={s.pool_size} B={s.block_size} "
@@ -251,7 +264,7 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, out, force):
         parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
                           ("tap.tiles", "tap.placement", "tap.exchange"))
         click.echo(f"    TAP parts (median ms): {parts}")
-        q = quality[quality["setting"] == s.name].set_index("method")
+        q = summarize_quality(quality[quality["setting"] == s.name]).set_index("method")
         click.echo(f"  {'method':8s} {'max/mean FLOPs (stage)':>22s} {'worst pool max/mean':>20s} "
                    f"{'(tile bound)':>12s} {'bytes moved/step':>17s} {'pools > 1+tau':>14s} {'(big tile)':>10s}")
         for m in QUALITY_METHODS:
@@ -259,6 +272,8 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, out, force):
             click.echo(f"  {m:8s} {r.stage_max_over_mean:22.3f} {r.pool_max_over_mean:20.3f} "
                        f"{r.worst_pool_tile_bound:12.3f} {r.bytes_total / 2**30:13.2f} GiB "
                        f"{int(r.pools_over_1_plus_tau):8d}/{int(r.pools):<5d} {int(r.pools_over_with_tile_above_target):10d}")
-        click.echo("  (tile bound: heaviest tile / mean worker FLOPs of the worst pool, a floor no placement can beat;"
-                   " big tile: pools over 1+tau holding a tile heavier than (1+tau) x mean)")
+        click.echo("  (stage: mean over windows of the worst GA index; bytes: mean forward bytes per step;"
+                   " tile bound: heaviest tile / mean worker FLOPs")
+        click.echo("   of the worst pool, a floor no placement can beat; big tile: pools over 1+tau holding a tile"
+                   " heavier than (1+tau) x mean)")
     click.echo(f"wrote {paths['csv']}, {paths['png']}, {run.out_dir / 'plan-cost-quality.csv'}, {paths['run']}")

@@ -9,8 +9,10 @@ from baselines.registry import get_planner
 from baselines.wlbllm import (
     WlbLlmConfig,
     bucket_workload,
+    cut_documents,
     per_document_shards,
     rejoin_samples,
+    window_documents,
     wlb_pack,
 )
 from libra.config import ParallelConfig
@@ -37,6 +39,17 @@ def make_window(gbs: int, seq_len: int, seed: int, long_frac: float = 0.01) -> l
 def test_rejoin_merges_pieces_of_split_samples():
     window = [PackedSequence(0, [5, 3], [0, 1]), PackedSequence(1, [8], [1]), PackedSequence(2, [2, 6], [1, 2])]
     assert rejoin_samples(window).tolist() == [5, 13, 6]
+
+
+def test_documents_per_rejoin_mode():
+    # sample 1 (3 + 8 + 2 = 13 tokens) spans three sequences of S = 8
+    window = [PackedSequence(0, [5, 3], [0, 1]), PackedSequence(1, [8], [1]), PackedSequence(2, [2, 6], [1, 2])]
+    assert window_documents(window, "none", 8).tolist() == [5, 3, 8, 2, 6]
+    assert window_documents(window, "full", 8).tolist() == [5, 13, 6]
+    assert window_documents(window, "context", 8).tolist() == [5, 8, 5, 6]     # 13 -> 8 + 5: never above S
+    assert cut_documents([16, 17, 3], 8).tolist() == [8, 8, 8, 8, 1, 3]
+    with pytest.raises(ValueError, match="max_len must be >= 1"):
+        cut_documents([3], 0)
 
 
 def test_pack_hand_computed_case():
@@ -127,7 +140,10 @@ def test_plans_validate_and_keep_the_sample_multiset(seed, dp, cp, ga):
     planner = get_planner("wlb-llm")
     plans = planner.plan_window(window, par, shape)
     assert len(plans) == ga
-    samples = rejoin_samples(window)
+    samples = window_documents(window, "context", par.seq_len)
+    assert samples.sum() == par.gbs * par.seq_len and samples.max() <= par.seq_len
+    ids = {int(i) for s in window for i in s.sample_ids}
+    assert len(samples) >= len(ids)                                   # every sample kept (maybe cut)
     got, flops = [], 0.0
     for plan in plans:
         plan.validate()
@@ -162,11 +178,15 @@ def test_fewer_samples_than_buckets_leaves_idle_pools():
     shape = AttentionShape(4, 2, 8)
     window = [PackedSequence(0, [64], [0]), PackedSequence(1, [64], [0])]   # one sample split in two
     par = ParallelConfig(dp=2, cp=2, gbs=2, seq_len=64)
-    (plan,) = get_planner("wlb-llm").plan_window(window, par, shape)
+    (plan,) = get_planner("wlb-llm", rejoin="full").plan_window(window, par, shape)
     sizes = [len(pool.sequences) for pool in plan.pools]
     assert sizes == [1, 0]
     assert plan.pools[0].sequences[0].sample_lengths.tolist() == [128]
     plan.validate()
+    # default: the rejoined 128-token sample is longer than S = 64, so it trains as two S-token documents
+    (ctx,) = get_planner("wlb-llm").plan_window(window, par, shape)
+    assert [s.sample_lengths.tolist() for p in ctx.pools for s in p.sequences] == [[64], [64]]
+    ctx.validate()
 
 
 def test_outlier_queue_changes_the_multiset_and_is_off_by_default():
@@ -193,7 +213,8 @@ def test_outlier_queue_changes_the_multiset_and_is_off_by_default():
 
 @pytest.mark.parametrize("opts,match", [({"bp": 0}, "bp must be a positive integer"),
                                         ({"alpha": 0.5}, "alpha must be a number >= 1"),
-                                        ({"outlier_threshold": 0}, "outlier_threshold")])
+                                        ({"outlier_threshold": 0}, "outlier_threshold"),
+                                        ({"rejoin": "some"}, "rejoin must be one of")])
 def test_bad_options(opts, match):
     with pytest.raises(ValueError, match=match):
         WlbLlmConfig(**opts)
