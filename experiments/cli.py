@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "pp-balance": "experiments.pp_balance:pp_balance",
     "e2e": "experiments.e2e:e2e",
     "calibrate": "experiments.calibrate:calibrate",
+    "sim-check": "experiments.sim_check:sim_check",
+    "fidelity": "experiments.fidelity:fidelity",
 }
 
 
