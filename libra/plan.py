@@ -34,7 +34,7 @@ import numpy as np
 
 from libra.workload import AttentionShape, attention_flops, range_areas
 
-Q, KV, O = 0, 1, 2
+Q, KV, O = 0, 1, 2  # noqa: E741  (the paper's names for the three transfer kinds)
 KIND_NAMES = {Q: "q", KV: "kv", O: "o"}
 
 
@@ -263,9 +263,17 @@ class PoolPlan:
         return {w: i for i, w in enumerate(self.workers)}
 
     def worker_flops(self) -> np.ndarray:
-        """Forward FLOPs per pool worker, ``(W,)`` in pool-rank order."""
-        idx = np.searchsorted(np.asarray(self.workers), self.tiles.dest)
-        return np.bincount(idx, weights=self.tiles.flops, minlength=self.num_workers)
+        """Forward FLOPs per pool worker, ``(W,)`` in pool-rank order (workers need not be sorted).
+
+        Raises:
+            ValueError: a tile whose ``dest`` is not a pool worker.
+        """
+        w = np.asarray(self.workers, dtype=np.int64)
+        order = np.argsort(w, kind="stable")
+        pos = np.minimum(np.searchsorted(w[order], self.tiles.dest), max(len(w) - 1, 0))
+        if len(self.tiles) and (not len(w) or np.any(w[order][pos] != self.tiles.dest)):
+            raise ValueError(f"pool {self.pool_index}: a tile's dest is not one of the pool workers {list(self.workers)}")
+        return np.bincount(order[pos], weights=self.tiles.flops, minlength=self.num_workers)
 
     def segments(self, shape: AttentionShape) -> dict[str, np.ndarray]:
         """Kernel segments per worker: each tile split at sample boundaries.
@@ -396,7 +404,12 @@ class Plan:
         """
         from libra.plan_checks import check_pool  # noqa: PLC0415  (keeps this module small)
 
+        seen: dict[int, int] = {}
         for pool in self.pools:
+            for w in pool.workers:
+                if w in seen:
+                    raise PlanValidationError(f"worker {w} is in pool {seen[w]} and pool {pool.pool_index}")
+                seen[w] = pool.pool_index
             check_pool(pool, self.shape)
         return self
 

@@ -165,3 +165,11 @@ def test_plan_agreement():
         check_plan_agreement("ab" * 32, ["ab" * 32, "ab" * 32, "cd" * 32, "ab" * 32])
     with pytest.raises(ValueError, match="at least one rank"):
         check_plan_agreement("ab", [])
+
+
+def test_worker_flops_unsorted_workers_and_disjoint_pools(pool):
+    flipped = _replace(pool, workers=(3, 2, 1, 0))
+    assert np.allclose(flipped.worker_flops(), pool.worker_flops()[::-1])
+    plan = Plan(method="test", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=1, pools=(pool, pool))
+    with pytest.raises(PlanValidationError, match="worker 0 is in pool 0 and pool 0"):
+        plan.validate()
