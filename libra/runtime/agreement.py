@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from libra.plan import PlanMismatchError
+from libra import plan_checks
 from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
 
 
@@ -39,7 +39,8 @@ def check_plan_agreement(digest: str, group: PoolGroup, device: torch.device | N
 
     Raises:
         ValueError: ``digest`` is not a 64-character hex string.
-        PlanMismatchError: names the pool ranks (and workers) whose digest differs from rank 0's.
+        PlanMismatchError: names the pool ranks whose digest differs from this rank's (raised on
+            every rank whose view disagrees, i.e. on all ranks when any two differ).
     """
     try:
         raw = bytes.fromhex(digest)
@@ -50,10 +51,8 @@ def check_plan_agreement(digest: str, group: PoolGroup, device: torch.device | N
     mine = torch.tensor(list(raw), dtype=torch.uint8, device=device or _device(group))
     got = _all_gather(mine, group, "plan digest all_gather").cpu()
     hexes = [bytes(row.tolist()).hex() for row in got]
-    bad = [r for r, h in enumerate(hexes) if h != hexes[0]]
-    if bad:
-        detail = ", ".join(f"rank {r} (worker {group.workers[r]}): {hexes[r][:12]}" for r in range(len(hexes)))
-        raise PlanMismatchError(f"pool ranks {bad} hold a plan different from pool rank 0's; digests: {detail}")
+    # the comparison (and its message naming the disagreeing ranks) lives with the other plan checks
+    plan_checks.check_plan_agreement(digest, hexes)
 
 
 def check_finite_inputs(tensors: dict[str, torch.Tensor], group: PoolGroup) -> None:
