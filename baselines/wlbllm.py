@@ -55,8 +55,9 @@ from libra.workload import AttentionShape
 
 DEFAULT_BP = 128 * 1024
 """``Bp``: the public code's ``attn_linear_breakpoint`` default (``128 * K`` tokens) in
-``d2/planner/wlb_planner.py`` of hao-ai-lab/distca: the length where attention's quadratic term
-equals the linear layers' cost."""
+``d2/planner/wlb_planner.py`` of hao-ai-lab/distca (an earlier revision used ``64 * K``; its run
+scripts override it per model): the length where attention's quadratic term catches up with the
+linear layers' cost."""
 
 REJOIN_MODES = ("context", "full", "none")
 
