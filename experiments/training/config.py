@@ -1,0 +1,106 @@
+"""Training-run configuration (no click/pandas imports: spawned ranks unpickle it cheaply)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from experiments.training.loop import ATTENTION, DTYPES, LoopConfig
+from experiments.training.model import ModelConfig
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes:
+        nproc: processes = ``DP * CP`` (``reference`` needs ``CP = 1``).
+        cp: context-parallel degree.
+        attention: ``reference``, ``ulysses`` or ``libra``.
+        steps: optimizer steps.
+        seq_len: packed-sequence length ``S``; ``gbs``: packed sequences per step (default ``2 * DP``).
+        pool_size: Libra's ``P`` (default ``DP``); block_size ``B``, head_split ``H``,
+            pipeline_chunks ``M`` (Libra sec. 4.3, 4.4).
+        workload: length preset or file the sample lengths come from.
+        model: the model shape; dtype: ``float64``, ``float32`` or ``bfloat16``.
+        lr, seed: AdamW learning rate and the run's seed (data order, init, tokens).
+        timeout_s: bound on every collective and on the whole spawned run.
+
+    Raises:
+        ValueError: naming the bad value (unknown attention/dtype, ``CP`` not dividing ``nproc``,
+            ``DP`` not dividing ``gbs``, ``P`` not dividing ``DP``, ``CP`` not dividing ``S``, ...).
+    """
+
+    nproc: int = 4
+    cp: int = 2
+    attention: str = "libra"
+    steps: int = 5
+    seq_len: int = 1024
+    gbs: int | None = None
+    pool_size: int | None = None
+    block_size: int = 128
+    head_split: int = 2
+    pipeline_chunks: int = 2
+    workload: str = "libra-prod"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    dtype: str = "float32"
+    lr: float = 3e-3
+    seed: int = 0
+    timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name in ("nproc", "cp", "steps", "seq_len", "block_size", "head_split", "pipeline_chunks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"unknown attention {self.attention!r}; choose one of {ATTENTION}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose one of {tuple(DTYPES)}")
+        if self.nproc % self.cp:
+            raise ValueError(f"CP={self.cp} must divide nproc={self.nproc} (nproc = DP x CP)")
+        if self.attention == "reference" and self.cp != 1:
+            raise ValueError(f"reference attention runs whole sequences: needs CP=1, got CP={self.cp}")
+        if self.attention != "reference" and self.cp < 2:
+            raise ValueError(f"{self.attention} attention needs CP >= 2, got CP={self.cp}")
+        dp = self.nproc // self.cp
+        gbs = 2 * dp if self.gbs is None else self.gbs
+        pool = dp if self.pool_size is None else self.pool_size
+        object.__setattr__(self, "gbs", gbs)
+        object.__setattr__(self, "pool_size", pool)
+        if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1 or gbs % dp:
+            raise ValueError(f"GBS={gbs!r} must be a positive multiple of DP={dp}")
+        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1 or dp % pool:
+            raise ValueError(f"pool size P={pool!r} must divide DP={dp}")
+        if self.seq_len % self.cp:
+            raise ValueError(f"CP={self.cp} must divide S={self.seq_len}")
+        if self.attention == "libra":
+            from libra.config import ParallelConfig, TapConfig, check_layout
+
+            check_layout(ParallelConfig(dp=dp, cp=self.cp, gbs=gbs, seq_len=self.seq_len),
+                         TapConfig(pool_size=pool, block_size=self.block_size, head_split=self.head_split,
+                                   pipeline_chunks=self.pipeline_chunks), self.model.attention_shape)
+        if not self.lr > 0 or not self.timeout_s > 0:
+            raise ValueError(f"lr={self.lr!r} and timeout_s={self.timeout_s!r} must be > 0")
+
+    @property
+    def dp(self) -> int:
+        return self.nproc // self.cp
+
+    def loop_config(self) -> LoopConfig:
+        return LoopConfig(attention=self.attention, dp=self.dp, cp=self.cp, seq_len=self.seq_len, gbs=self.gbs,
+                          steps=self.steps, pool_size=self.pool_size, block_size=self.block_size,
+                          head_split=self.head_split, pipeline_chunks=self.pipeline_chunks, model=self.model,
+                          dtype=self.dtype, lr=self.lr, seed=self.seed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sample_lengths(cfg: TrainConfig) -> np.ndarray:
+    """Sample lengths for ``cfg.steps`` steps (plus slack) from the workload, seeded."""
+    from libra.data.source import resolve_workload
+
+    need = (cfg.steps + 1) * cfg.gbs * cfg.seq_len
+    return np.asarray(resolve_workload(cfg.workload).take(need, seed=cfg.seed), dtype=np.int64)

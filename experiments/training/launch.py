@@ -1,0 +1,109 @@
+"""Launching training ranks: local spawn (gloo, CPU) or joining a ``torchrun`` world (NCCL).
+
+Spawned ranks import only this module, the loop and torch (not click/pandas), which keeps the
+start-up of a multi-process run short.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+from experiments.training.config import TrainConfig, sample_lengths
+from experiments.training.loop import RankContext, train_loop
+
+# --------------------------------------------------------------------------------------------
+
+
+def _rank_main(rank: int, cfgs: list[TrainConfig], world: int, init: str, out_file: str, backend: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from libra.runtime.groups import RankGrid, build_groups
+
+    torch.set_num_threads(1)
+    timeout = max(c.timeout_s for c in cfgs)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    try:
+        results, built = [], {}
+        for cfg in cfgs:
+            key = (cfg.dp, cfg.cp, cfg.pool_size, cfg.timeout_s)
+            if key not in built:  # creating groups is collective and slow under gloo: reuse them
+                built[key] = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
+                                          timeout_s=cfg.timeout_s)
+            groups = built[key]
+            ctx = RankContext(rank=rank, dp_rank=rank // cfg.cp, cp_rank=rank % cfg.cp,
+                              cp_group=groups.cp, pool_group=groups.pool)
+            results.append(train_loop(cfg.loop_config(), sample_lengths(cfg), ctx))
+        if rank == 0:
+            torch.save(results, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_training(cfgs, join_timeout_s: float | None = None) -> list[dict]:
+    """Run one or more configurations (same ``nproc``) in one set of spawned ranks, in order.
+
+    Single-process configurations (``nproc = 1``) run in this process. Returns one result per
+    config: ``{"steps": [...], "params": {...}}`` (see :func:`train_loop`).
+
+    Raises:
+        ValueError: configurations with different ``nproc``.
+        RuntimeError: a rank failed or the run exceeded its deadline (ranks are killed).
+    """
+    cfgs = [cfgs] if isinstance(cfgs, TrainConfig) else list(cfgs)
+    nprocs = {c.nproc for c in cfgs}
+    if len(nprocs) != 1:
+        raise ValueError(f"run_training needs one nproc for all configs, got {sorted(nprocs)}")
+    world = nprocs.pop()
+    if world == 1:
+        return [train_loop(c.loop_config(), sample_lengths(c), RankContext(0, 0, 0)) for c in cfgs]
+    import torch
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="libra-train-") as tmp:
+        out_file = os.path.join(tmp, "result.pt")
+        ctx = mp.start_processes(_rank_main, args=(cfgs, world, f"file://{tmp}/store", out_file, "gloo"),
+                                 nprocs=world, join=False, start_method="spawn")
+        deadline = time.monotonic() + (join_timeout_s or sum(c.timeout_s for c in cfgs) + 60)
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"training ranks did not finish within {join_timeout_s or 'the deadline'} s")
+        except mp.ProcessException as exc:
+            raise RuntimeError(f"a training rank failed: {exc}") from exc
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        return torch.load(out_file)
+
+
+def _torchrun(cfg: TrainConfig) -> dict | None:
+    """Join a ``torchrun`` world (NCCL on CUDA); returns the result on rank 0, None elsewhere."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    from libra.runtime.groups import RankGrid, build_groups
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    try:
+        if dist.get_world_size() != cfg.nproc:
+            raise ValueError(f"--nproc {cfg.nproc} differs from the torchrun world size {dist.get_world_size()}")
+        rank = dist.get_rank()
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+        groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
+                              timeout_s=cfg.timeout_s)
+        ctx = RankContext(rank, rank // cfg.cp, rank % cfg.cp, groups.cp, groups.pool)
+        result = train_loop(cfg.loop_config(), sample_lengths(cfg), ctx)
+        return result if rank == 0 else None
+    finally:
+        dist.destroy_process_group()

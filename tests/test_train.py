@@ -1,0 +1,105 @@
+"""Training semantics: reference, Ulysses and Libra (VRSP sampler + TAP plans) train identically."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from experiments.train import TrainConfig, run_training, sample_lengths, train
+from experiments.training.data import IGNORE, PieceDataset, collate_packed
+from experiments.training.loop import _plans_for_step
+from experiments.training.model import ModelConfig
+from libra.sampler import LibraSampler, SamplePiece
+
+SMALL = ModelConfig(vocab_size=64, hidden=32, layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8, ffn=64)
+
+
+def _cfg(attention, nproc, cp, dtype="float64", **kw):
+    return TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=2, seq_len=256, gbs=4, block_size=32,
+                       head_split=2, pipeline_chunks=2, model=SMALL, dtype=dtype, lr=1e-2, seed=7,
+                       timeout_s=60.0, **kw)
+
+
+@pytest.mark.distributed
+def test_reference_ulysses_and_libra_train_identically():
+    ref64 = run_training(_cfg("reference", 1, 1))[0]
+    ref32 = run_training(_cfg("reference", 1, 1, dtype="float32"))[0]
+    # one spawn of 4 ranks (DP 2 x CP 2) runs all distributed configs in turn
+    uly64, lib64, lib32 = run_training([_cfg("ulysses", 4, 2), _cfg("libra", 4, 2, pool_size=2),
+                                        _cfg("libra", 4, 2, dtype="float32", pool_size=2)], join_timeout_s=120)
+    ref_loss = [r["loss"] for r in ref64["steps"]]
+    assert ref_loss[1] < ref_loss[0]  # it learns
+    for got in (uly64, lib64):
+        np.testing.assert_allclose([r["loss"] for r in got["steps"]], ref_loss, rtol=1e-11, atol=0)
+        for name, p in ref64["params"].items():
+            torch.testing.assert_close(got["params"][name], p, rtol=1e-9, atol=1e-11, msg=name)
+    np.testing.assert_allclose([r["loss"] for r in lib32["steps"]], [r["loss"] for r in ref32["steps"]], rtol=2e-5)
+    for name, p in ref32["params"].items():
+        torch.testing.assert_close(lib32["params"][name], p, rtol=1e-3, atol=2e-5, msg=name)
+    # a change to the data is visible: the test can fail
+    other = run_training(TrainConfig(**{**_cfg("reference", 1, 1).to_dict(), "seed": 8, "model": SMALL}))[0]
+    assert abs(other["steps"][0]["loss"] - ref_loss[0]) > 1e-6
+
+
+def test_libra_runs_move_tiles_across_cp_groups_and_keep_the_step_multiset():
+    cfg = _cfg("libra", 4, 2, pool_size=2)
+    lengths = sample_lengths(cfg)
+    sampler = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=2, seed=cfg.seed)
+    moved = 0
+    for step in range(cfg.steps):
+        a = sampler.step(step)
+        plans = _plans_for_step(cfg.loop_config(), a, SMALL.attention_shape)
+        for plan in plans:
+            for pool in plan.pools:
+                t = pool.tiles
+                moved += int(np.sum(t.dest // cfg.cp != t.q_home // cfg.cp))
+        off = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=1, seed=cfg.seed, use_vrsp=False).step(step)
+        assert sorted(a.sequences) == sorted(off.sequences)
+    assert moved > 0
+
+
+def test_piece_dataset_labels_follow_the_sample_across_a_split():
+    ds = PieceDataset(np.array([10, 3]), vocab_size=50, seed=1)
+    full_x, full_y = ds[SamplePiece(0, 0, 10)]
+    a_x, a_y = ds[SamplePiece(0, 0, 4)]
+    b_x, b_y = ds[SamplePiece(0, 4, 10)]
+    assert np.array_equal(np.concatenate([a_x, b_x]), full_x) and np.array_equal(np.concatenate([a_y, b_y]), full_y)
+    assert full_y[-1] == IGNORE and a_y[-1] == full_x[4]
+    assert ds.valid_targets([SamplePiece(0, 0, 4), SamplePiece(0, 4, 10), SamplePiece(1, 0, 3)]) == 9 + 2
+    batch = collate_packed([ds[SamplePiece(0, 6, 10)], ds[SamplePiece(1, 0, 3)]])
+    assert batch.position_ids.tolist() == [0, 1, 2, 3, 0, 1, 2] and batch.sample_lengths == (4, 3)
+    with pytest.raises(ValueError, match="outside sample 1"):
+        ds[SamplePiece(1, 0, 4)]
+    with pytest.raises(ValueError, match="CP=3 must divide"):
+        batch.local(0, 3)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(attention="flash"), "unknown attention 'flash'"),
+    (dict(nproc=4, cp=3), "CP=3 must divide nproc=4"),
+    (dict(attention="reference", cp=2), "needs CP=1"),
+    (dict(nproc=4, cp=2, gbs=3), "GBS=3 must be a positive multiple of DP=2"),
+    (dict(nproc=8, cp=2, pool_size=3), "P=3 must divide DP=4"),
+    (dict(block_size=100), "block size B=100 must divide S/CP=512"),
+    (dict(dtype="float16"), "unknown dtype 'float16'"),
+    (dict(steps=0), "steps must be a positive integer, got 0"),
+])
+def test_bad_train_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_train_command_single_process_writes_results(tmp_path):
+    res = CliRunner().invoke(train, ["--nproc", "1", "--cp", "1", "--attention", "reference", "--steps", "2",
+                                     "--seq-len", "128", "--gbs", "2", "--layers", "1", "--hidden", "32",
+                                     "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "tokens/GPU/s" in res.output
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "train.csv")
+    assert list(df.step) == [0, 1] and (df.tokens_per_gpu_s > 0).all() and (tmp_path / "train.png").exists()
+    bad = CliRunner().invoke(train, ["--nproc", "4", "--cp", "3", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "CP=3 must divide nproc=4" in bad.output
