@@ -3,8 +3,8 @@
 * :data:`SETTINGS`: the paper's two isolated core-attention settings (Libra sec. 6.3).
 * :func:`make_planner`: registry planner with the setting's TAP layout (P, H, B) and overrides.
 * :func:`load_windows`: GBS windows of fixed-token packed sequences from a preset or a file.
-* :func:`method_window`: the window a method plans; WLB-LLM sees every causal segment as its own
-  document (see the function) so that every method computes the same attention work.
+* WLB-LLM defaults to ``rejoin="none"`` (:data:`WLB_REJOIN_DEFAULT`): it repacks the causal
+  segments every other method computes, so all methods do the same attention work.
 * :func:`build_cost_model`: profile + topology + cost model for a layout.
 * Click options shared by these commands (``--profile``, ``--workload``, ``--windows``, ``--seed``,
   ``--out``, ``--quick``, ``--force``, head-shape overrides).
@@ -76,21 +76,34 @@ def make_shape(q_heads: int, kv_heads: int, head_dim: int) -> AttentionShape:
     return AttentionShape(num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim, dtype_bytes=2)
 
 
-def planner_options(method: str, setting: Setting, pool_size: int | None = None) -> dict:
+WLB_REJOIN_DEFAULT = "none"
+"""WLB-LLM's ``rejoin`` option in these experiments. Fixed-token packing cuts samples at sequence
+boundaries and every piece is its own causal segment; that is the attention work Ulysses, DistCA
+and Libra compute. ``"none"`` makes WLB-LLM repack exactly those segments (as the public code
+repacks the documents its batches hold), so the straggler comparison is like for like;
+``"context"``/``"full"`` re-join pieces into longer documents with more attention FLOPs than the
+other methods compute for the same data (several times more at S = 256K with ~1M-token samples)."""
+
+
+def planner_options(method: str, setting: Setting, pool_size: int | None = None,
+                    wlb_rejoin: str = WLB_REJOIN_DEFAULT) -> dict:
     """Registry options of ``method`` in ``setting`` (P override only affects Libra's variants)."""
-    if method in ("ulysses", "wlb-llm"):
+    if method == "ulysses":
         return {}
+    if method == "wlb-llm":
+        return {"rejoin": wlb_rejoin}
     opts = {"block_size": setting.block_size, "head_split": setting.head_split}
     if method in TAP_METHODS:
         opts["pool_size"] = setting.pool_size if pool_size is None else pool_size
     return opts
 
 
-def make_planner(method: str, setting: Setting, pool_size: int | None = None):
+def make_planner(method: str, setting: Setting, pool_size: int | None = None,
+                 wlb_rejoin: str = WLB_REJOIN_DEFAULT):
     """The registry planner of ``method`` configured for ``setting``."""
     from baselines.registry import get_planner  # noqa: PLC0415  (keeps `--help` fast)
 
-    return get_planner(method, **planner_options(method, setting, pool_size))
+    return get_planner(method, **planner_options(method, setting, pool_size, wlb_rejoin))
 
 
 def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> list:
@@ -102,29 +115,6 @@ def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> 
     from libra.data.packing import gbs_windows  # noqa: PLC0415
 
     return gbs_windows(workload, setting.seq_len, setting.gbs, n_windows, seed=seed)
-
-
-def method_window(method: str, window: list) -> list:
-    """The window ``method`` plans.
-
-    Fixed-token packing cuts samples at sequence boundaries and every piece is its own causal
-    segment (libra.data.packing), which is what Ulysses, DistCA and Libra compute. The WLB-LLM
-    planner re-joins pieces that share a sample id into one longer document, which would give it
-    different (larger) attention work than every other method -- with samples near 1M tokens at
-    S = 256K, several times larger. For a like-for-like straggler comparison WLB-LLM gets the same
-    causal segments: each piece gets its own sample id, so its repacking moves segments, not
-    re-joined documents. ``--wlb-rejoin`` restores the planner's own behaviour.
-    """
-    if method != "wlb-llm":
-        return window
-    from libra.data.packing import PackedSequence  # noqa: PLC0415
-
-    out, start = [], 0
-    for seq in window:
-        n = len(seq.sample_lengths)
-        out.append(PackedSequence(seq.seq_id, seq.sample_lengths, np.arange(start, start + n, dtype=np.int64)))
-        start += n
-    return out
 
 
 def build_cost_model(profile: HardwareProfile, par: ParallelConfig) -> CostModel:

@@ -28,6 +28,7 @@ from experiments.sim_common import (
     LABELS,
     METHODS,
     SETTINGS,
+    WLB_REJOIN_DEFAULT,
     build_cost_model,
     check_counts,
     common_options,
@@ -36,7 +37,6 @@ from experiments.sim_common import (
     load_windows,
     make_planner,
     make_shape,
-    method_window,
     parse_list,
     planner_options,
     resolve_profile,
@@ -61,7 +61,8 @@ PAPER_SPEEDUP = {
 
 
 def run_straggler(workload: str, profile, settings, methods, windows: int, seed: int, shape,
-                  out: str | None = None, force: bool = False, quiet: bool = False, wlb_rejoin: bool = False,
+                  out: str | None = None, force: bool = False, quiet: bool = False,
+                  wlb_rejoin: str = WLB_REJOIN_DEFAULT,
                   name: str = "straggler") -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
     """Simulate every (setting, method, window); returns (steps, summary, run, timings).
 
@@ -72,7 +73,8 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
               "methods": list(methods), "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin,
               "shape": {"num_q_heads": shape.num_q_heads, "num_kv_heads": shape.num_kv_heads,
                         "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},
-              "planner_options": {s: {m: planner_options(m, SETTINGS[s]) for m in methods} for s in settings}}
+              "planner_options": {s: {m: planner_options(m, SETTINGS[s], wlb_rejoin=wlb_rejoin) for m in methods}
+                                  for s in settings}}
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
     cache: dict = {}
     timings: dict = {}
@@ -86,10 +88,9 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     def point(key):
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
-        planner = make_planner(method, st)
-        window = wins[w] if (wlb_rejoin or method != "wlb-llm") else method_window(method, wins[w])
+        planner = make_planner(method, st, wlb_rejoin=wlb_rejoin)
         t0 = time.perf_counter()
-        steps = simulate_window(planner, window, st.par(), shape, cost_model, seed=jitter_seed(seed, w))
+        steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w))
         timings[(setting_name, method)] = timings.get((setting_name, method), 0.0) + time.perf_counter() - t0
         rows = []
         for r in steps:
@@ -181,8 +182,9 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
 @common_options(default_windows=8)
 @click.option("--settings", "settings_", default="256k,1m", show_default=True, help="Comma list: 256k, 1m.")
 @click.option("--methods", default=",".join(METHODS), show_default=True, help="Comma list of planner names.")
-@click.option("--wlb-rejoin", is_flag=True,
-              help="Let WLB-LLM re-join split sample pieces (different attention work than the others).")
+@click.option("--wlb-rejoin", type=click.Choice(["none", "context", "full"]), default=WLB_REJOIN_DEFAULT,
+              show_default=True,
+              help="WLB-LLM's rejoin option; anything but 'none' gives it more attention work than the others.")
 def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
               settings_, methods, wlb_rejoin):
     """Figure 12: mean and worst-step straggler of every method in both paper settings."""

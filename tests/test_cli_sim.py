@@ -98,3 +98,14 @@ def test_variability_quick(tmp_path):
     s = pd.read_csv(tmp_path / "variability_summary.csv").set_index("pool_size")
     assert s.loc[8, "mean_spread"] > s.loc[1, "mean_spread"]  # larger pool, more device-runtime exposure
     assert "paper: 7.01%" in r.output
+
+
+def test_wlb_llm_computes_the_same_attention_work_as_ulysses(tmp_path):
+    """Default rejoin='none': per window, the perfect-balance bounds (total FLOPs) agree."""
+    r = invoke(["straggler", "--quick", "--settings", "256k", "--methods", "ulysses,wlb-llm", "--no-progress",
+                "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "straggler.csv")
+    total = df.groupby("method")["balance_bound_ms"].sum()
+    assert total["wlb-llm"] == pytest.approx(total["ulysses"], rel=1e-9)
+    assert json.loads((tmp_path / "run.json").read_text())["config"]["wlb_rejoin"] == "none"
