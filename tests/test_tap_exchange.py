@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tap_strategies import placed_with, pools
+from test_tap_strategies import placed_with, pools, scattered_pools
 
 from libra.plan import KV, O, PoolPlan, Q, SequenceLayout, TileTable, tile_flops
 from libra.plan_checks import check_pool
@@ -130,3 +130,13 @@ def test_head_sharded_layout_validates(pool):
     for k in (Q, KV, O):
         m = tr.kind == k
         assert np.all(tr.src[m] // cp == tr.dst[m] // cp)
+
+
+@settings(max_examples=40, deadline=None)
+@given(scattered_pools(), st.randoms(use_true_random=False))
+def test_scattered_layouts_validate(pool, rnd):
+    """Arbitrary holder partitions (several ranges per worker): any placement gives a valid plan."""
+    sequences, workers, tiles, shape = pool
+    placed = placed_with(tiles, [rnd.choice(workers) for _ in range(len(tiles))])
+    tr = build_transfers(sequences, placed, shape)
+    check_pool(PoolPlan(0, tuple(workers), tuple(sequences), placed, tr), shape)

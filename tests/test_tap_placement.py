@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tap_strategies import oracle_place, placed_with, pools
+from test_tap_strategies import oracle_place, placed_with, pools, scattered_pools
 
 from libra.plan import SequenceLayout
 from libra.tap import build_transfers, make_tiles, place_tiles
@@ -117,7 +117,7 @@ def test_bad_workers():
         place_tiles(tiles, seqs, [], UNIT)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(pools(), st.sampled_from([0.0, 0.03, 0.3]), st.booleans())
 def test_matches_oracle_and_respects_cap(pool, tau, comm_aware):
     """The optimised placer equals the plain oracle; loads stay <= C unless a fallback fired."""
@@ -164,3 +164,24 @@ def test_deterministic_and_order_of_workers_irrelevant():
     a, fa = place_tiles(tiles, seqs, list(range(16)), shape)
     b, fb = place_tiles(tiles, seqs, list(reversed(range(16))), shape)
     assert np.array_equal(a.dest, b.dest) and fa == fb
+
+
+def test_tile_outside_its_holder_range_rejected():
+    seqs = [_seq(0, [8], [0, 1], 4)]
+    tiles = make_tiles(seqs, 4, 1, UNIT)
+    cols = {k: getattr(tiles, k) for k in tiles.FIELDS}
+    cols["q_home"] = np.array([1, 1])
+    from libra.plan import TileTable
+
+    with pytest.raises(ValueError, match=r"tile 0 .* must lie in one holder range held by its q_home 1"):
+        place_tiles(TileTable(**cols), seqs, [0, 1], UNIT)
+
+
+@settings(max_examples=80, deadline=None)
+@given(scattered_pools(), st.sampled_from([0.0, 0.03]))
+def test_scattered_layouts_match_oracle(pool, tau):
+    """Holder partitions with several ranges per worker: placement still equals the oracle."""
+    sequences, workers, tiles, shape = pool
+    placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau)
+    dest, fb_o = oracle_place(tiles, sequences, workers, shape, tau)
+    assert placed.dest.tolist() == dest and fb == fb_o

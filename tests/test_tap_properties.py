@@ -21,7 +21,7 @@ def _plan(pool_plan: PoolPlan, shape, cp) -> Plan:
                 meta={"test": True})
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(pools(), st.sampled_from([0.0, 0.03, 0.5]), st.booleans())
 def test_plan_pool_invariants(pool, tau, comm_aware):
     sequences, workers, block, head_split, shape = pool

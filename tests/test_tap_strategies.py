@@ -162,3 +162,39 @@ def test_pool_strategy_gives_valid_layouts(pool):
         assert set(seq.holder_worker.tolist()) <= set(workers)
         assert np.all(seq.sample_lengths > 0)
     assert shape.num_q_heads % head_split == 0
+
+
+@st.composite
+def scattered_pools(draw):
+    """Pools with arbitrary holder partitions (unequal ranges, one worker holding several
+    non-adjacent ranges, as WLB-LLM's per-document CP sharding does) and tiles = holder ranges
+    (or pieces of them) x head shards. Returns ``(sequences, workers, tiles, shape)``, tiles unplaced."""
+    from libra.plan import tile_flops
+
+    shape = draw(shapes())
+    n_workers = draw(st.integers(1, 5))
+    workers = list(range(3, 3 + n_workers))
+    sequences, rows = [], []
+    for s_idx in range(draw(st.integers(1, 3))):
+        total = draw(st.integers(1, 40))
+        lengths = draw(long_tail_lengths(total))
+        cuts = sorted(set(draw(st.lists(st.integers(1, max(1, total - 1)), max_size=6))) - {total})
+        starts = [0] + cuts
+        ends = cuts + [total]
+        holders = [draw(st.sampled_from(workers)) for _ in starts]
+        seq = SequenceLayout(s_idx, s_idx, lengths, starts, ends, holders)
+        sequences.append(seq)
+        divisors = [h for h in range(1, shape.num_q_heads + 1) if shape.num_q_heads % h == 0]
+        split = draw(st.sampled_from(divisors))
+        width = shape.num_q_heads // split
+        for a, b, w in zip(starts, ends, holders):
+            mid = draw(st.integers(a, b))  # optionally cut a holder range into two tiles
+            for lo, hi in ((a, mid), (mid, b)) if a < mid < b else ((a, b),):
+                for k in range(split):
+                    rows.append((s_idx, lo, hi, k * width, (k + 1) * width, w))
+    cols = list(zip(*rows))
+    flops = np.concatenate([tile_flops(sequences[s], np.array([lo]), np.array([hi]), he - hs, shape.head_dim)
+                            for s, lo, hi, hs, he, _ in rows])
+    tiles = TileTable(seq=cols[0], q_start=cols[1], q_end=cols[2], head_start=cols[3], head_end=cols[4],
+                      q_home=cols[5], dest=np.full(len(rows), -1), flops=flops)
+    return sequences, workers, tiles, shape

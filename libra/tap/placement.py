@@ -54,6 +54,20 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau) -> np.ndarray:
             raise ValueError(f"Q-home worker {int(missing[0])} is not a pool worker {w.tolist()}")
         if not (np.isfinite(tiles.flops).all() and tiles.flops.min() >= 0):
             raise ValueError("tile FLOPs must be finite and >= 0")
+        idx = pool_index(sequences)
+        lengths = np.diff(idx.base)[tiles.seq]
+        bad = np.nonzero((tiles.q_start < 0) | (tiles.q_end <= tiles.q_start) | (tiles.q_end > lengths))[0]
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"tile {i} has token range [{tiles.q_start[i]}, {tiles.q_end[i]}) outside its "
+                             f"sequence of {lengths[i]} tokens")
+        shift = idx.base[tiles.seq]
+        pos = np.searchsorted(idx.h_start, tiles.q_start + shift, side="right") - 1
+        bad = np.nonzero((idx.h_worker[pos] != tiles.q_home) | (tiles.q_end + shift > idx.h_end[pos]))[0]
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"tile {i} (tokens [{tiles.q_start[i]}, {tiles.q_end[i]}) of sequence {tiles.seq[i]}) "
+                             f"must lie in one holder range held by its q_home {tiles.q_home[i]}")
     holders = np.unique(np.concatenate([seq.holder_worker for seq in sequences])) if sequences else w[:0]
     extra = holders[w[np.minimum(np.searchsorted(w, holders), len(w) - 1)] != holders]
     if len(extra):
@@ -221,7 +235,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
     body = np.where(last > first + 1, s_l - offs[first + 1], 0)
     g_l = np.where(last > first, last, -1)
     pos = np.searchsorted(idx.h_start, qs, side="right") - 1
-    home_free = (idx.h_start[pos] <= s_f) & (qe <= idx.h_end[pos])
+    home_free = (idx.h_start[pos] <= s_f) & (qe <= idx.h_end[pos]) & (idx.h_worker[pos] == tiles.q_home)
     full_kv = (qe - s_f) * per_token * (bounds[a1] - bounds[a0])
     h_start, h_end = idx.h_start.tolist(), idx.h_end.tolist()
     h_w = np.searchsorted(wsorted, idx.h_worker).tolist()
@@ -289,41 +303,73 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
                     c += kv * ab
                 return c
 
-            if loads[h] + f <= cap and cost_of(h) < qo_t:
-                w = h
+            special = set(pieces_w := [p[0] for p in pieces])
+            special.add(h)
+            for _, gfd, gbd, gld in groups:
+                special.update(gfd)
+                special.update(gbd)
+                special.update(gld)
+            best = None
+            if len(groups) == 1:  # the usual case, inlined: one KV atom per tile
+                ab, gfd, gbd, gld = groups[0]
+                single = pieces[0] if len(pieces) == 1 else None
+                for w in special:
+                    lw = loads[w]
+                    if lw + f > cap:
+                        continue
+                    x = gfd.get(w, sf)
+                    kv = nf - x if x < nf else 0
+                    if kv and w in pieces_w:
+                        for hw, lo, hi in ((single,) if single else pieces):
+                            if hw == w:
+                                ov = (hi if hi < nf else nf) - (lo if lo > x else x)
+                                if ov > 0:
+                                    kv -= ov
+                    if w != h:
+                        if bd and w not in gbd:
+                            kv += bd
+                        if gl >= 0:
+                            y = gld.get(w, sl)
+                            if y < e:
+                                kv += e - y
+                        c = qo_t + kv * ab
+                    else:
+                        c = kv * ab
+                    if best is None or c < best[0] or (c == best[0] and (lw < best[1] or (lw == best[1] and w < best[2]))):
+                        best = (c, lw, w)
             else:
-                special = {h}
-                special.update(p[0] for p in pieces)
-                for _, gfd, gbd, gld in groups:
-                    special.update(gfd)
-                    special.update(gbd)
-                    special.update(gld)
-                best = None
                 for w in special:
                     if loads[w] + f <= cap:
                         key = (cost_of(w), loads[w], w)
                         if best is None or key < best:
                             best = key
-                load, wm = least_loaded()
-                if load + f <= cap:
-                    key = (cost_of(wm) if wm in special else gen_l[t], load, wm)
-                    if best is None or key < best:
-                        best = key
-                if best is None:
-                    w = wm
-                    fallback += 1
-                else:
-                    w = best[2]
+            load, wm = least_loaded()
+            if load + f <= cap and wm not in special:
+                key = (gen_l[t], load, wm)  # every worker outside `special` costs the generic amount
+                if best is None or key < best:
+                    best = key
+            if best is None:
+                w = wm
+                fallback += 1
+            else:
+                w = best[2]
         # record what w now has: the first sample's prefix, the block body, the last sample's prefix
         sf, nf = sf_l[t], nf_l[t]
         for b in range(b0, b1):
-            d = state.setdefault(gf + b, {})
+            d = get(gf + b)
+            if d is None:
+                d = state[gf + b] = {}
             if d.get(w, sf) < nf:
                 d[w] = nf
             if bd:
-                state.setdefault(-gf - b - 1, {})[w] = True
+                d = get(-gf - b - 1)
+                if d is None:
+                    d = state[-gf - b - 1] = {}
+                d[w] = True
             if gl >= 0:
-                d = state.setdefault(gl + b, {})
+                d = get(gl + b)
+                if d is None:
+                    d = state[gl + b] = {}
                 if d.get(w, -1) < e_l[t]:
                     d[w] = e_l[t]
         dest[t] = w
