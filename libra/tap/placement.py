@@ -270,57 +270,42 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
             dest[t] = w
             continue
         gf, gl, bd, b0, b1 = gf_l[t], gl_l[t], body_l[t], a0_l[t], a1_l[t]
-        groups = [(atom_bytes[b], get(gf + b, empty), get(-gf - b - 1, empty) if bd else empty,
-                   get(gl + b, empty) if gl >= 0 else empty) for b in range(b0, b1)]
-        if free and not any(g[1] or g[2] or g[3] for g in groups):
+        if b1 - b0 == 1:  # the usual case: one KV atom per tile
+            gfd = get(gf + b0, empty)
+            gbd = get(-gf - b0 - 1, empty) if bd else empty
+            gld = get(gl + b0, empty) if gl >= 0 else empty
+            fetched = bool(gfd or gbd or gld)
+        else:
+            groups = [(atom_bytes[b], get(gf + b, empty), get(-gf - b - 1, empty) if bd else empty,
+                       get(gl + b, empty) if gl >= 0 else empty) for b in range(b0, b1)]
+            fetched = any(g[1] or g[2] or g[3] for g in groups)
+        if free and not fetched:
             # Q-home full; nobody else holds or fetched any of it: all others cost the same
             load, w = least_loaded()
             if load + f > cap:
                 fallback += 1
         else:
             qo_t, sf, nf, sl, e = qo_l[t], sf_l[t], nf_l[t], sl_l[t], e_l[t]
-            j0 = bisect.bisect_right(h_start, sf) - 1
-            pieces = [(h_w[j], h_start[j], h_end[j]) for j in range(j0, bisect.bisect_right(h_start, nf - 1))]
-
-            def cost_of(w, h=h, qo_t=qo_t, sf=sf, nf=nf, sl=sl, e=e, bd=bd, gl=gl, groups=groups, pieces=pieces):
-                c = 0 if w == h else qo_t
-                for ab, gfd, gbd, gld in groups:
-                    x = gfd.get(w, sf)
-                    kv = nf - x if x < nf else 0
-                    if kv:
-                        for hw, lo, hi in pieces:
-                            if hw == w:
-                                ov = min(hi, nf) - max(lo, x)
-                                if ov > 0:
-                                    kv -= ov
-                    if w != h:
-                        if bd and w not in gbd:
-                            kv += bd
-                        if gl >= 0:
-                            y = gld.get(w, sl)
-                            if y < e:
-                                kv += e - y
-                    c += kv * ab
-                return c
-
-            special = set(pieces_w := [p[0] for p in pieces])
-            special.add(h)
-            for _, gfd, gbd, gld in groups:
-                special.update(gfd)
-                special.update(gbd)
-                special.update(gld)
+            if free:  # only the (full) Q-home holds any of it: no holder pieces to score
+                pieces = ()
+            else:
+                j0 = bisect.bisect_right(h_start, sf) - 1
+                pieces = [(h_w[j], h_start[j], h_end[j]) for j in range(j0, bisect.bisect_right(h_start, nf - 1))]
             best = None
-            if len(groups) == 1:  # the usual case, inlined: one KV atom per tile
-                ab, gfd, gbd, gld = groups[0]
-                single = pieces[0] if len(pieces) == 1 else None
+            if b1 - b0 == 1:  # inlined scoring
+                ab = atom_bytes[b0]
+                special = gfd.keys() | gbd.keys() | gld.keys()
+                if pieces:
+                    special.update(p[0] for p in pieces)
+                    special.add(h)
                 for w in special:
                     lw = loads[w]
                     if lw + f > cap:
                         continue
                     x = gfd.get(w, sf)
                     kv = nf - x if x < nf else 0
-                    if kv and w in pieces_w:
-                        for hw, lo, hi in ((single,) if single else pieces):
+                    if kv:
+                        for hw, lo, hi in pieces:
                             if hw == w:
                                 ov = (hi if hi < nf else nf) - (lo if lo > x else x)
                                 if ov > 0:
@@ -338,13 +323,40 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
                     if best is None or c < best[0] or (c == best[0] and (lw < best[1] or (lw == best[1] and w < best[2]))):
                         best = (c, lw, w)
             else:
+                def cost_of(w, h=h, qo_t=qo_t, sf=sf, nf=nf, sl=sl, e=e, bd=bd, gl=gl, groups=groups, pieces=pieces):
+                    c = 0 if w == h else qo_t
+                    for ab, gfd, gbd, gld in groups:
+                        x = gfd.get(w, sf)
+                        kv = nf - x if x < nf else 0
+                        if kv:
+                            for hw, lo, hi in pieces:
+                                if hw == w:
+                                    ov = min(hi, nf) - max(lo, x)
+                                    if ov > 0:
+                                        kv -= ov
+                        if w != h:
+                            if bd and w not in gbd:
+                                kv += bd
+                            if gl >= 0:
+                                y = gld.get(w, sl)
+                                if y < e:
+                                    kv += e - y
+                        c += kv * ab
+                    return c
+
+                special = {h}
+                special.update(p[0] for p in pieces)
+                for _, gfd_b, gbd_b, gld_b in groups:
+                    special.update(gfd_b)
+                    special.update(gbd_b)
+                    special.update(gld_b)
                 for w in special:
                     if loads[w] + f <= cap:
                         key = (cost_of(w), loads[w], w)
                         if best is None or key < best:
                             best = key
             load, wm = least_loaded()
-            if load + f <= cap and wm not in special:
+            if load + f <= cap and (best is None or wm not in special):
                 key = (gen_l[t], load, wm)  # every worker outside `special` costs the generic amount
                 if best is None or key < best:
                     best = key
