@@ -37,12 +37,20 @@ RESULTS_ROOT = Path("results")
 _PACKAGES = ("libra-bench", "torch", "numpy", "pandas", "seaborn", "matplotlib", "click", "flash-attn")
 
 
+def _chmod_default(path) -> None:
+    """Give a ``mkstemp`` file (created 0600) the usual ``0666 & ~umask`` mode of a new file."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        _chmod_default(tmp)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -164,8 +172,10 @@ class ExperimentRun:
         """Write the CSV, the PNG (``plot(df, tmp_png)``) and ``run.json``, each atomically."""
         paths = {"csv": atomic_write_text(self.csv_path, df.to_csv(index=False))}
         if plot is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.out_dir, prefix=f".{self.name}.", suffix=".png")
             os.close(fd)
+            _chmod_default(tmp)
             try:
                 plot(df, Path(tmp))
                 os.replace(tmp, self.png_path)

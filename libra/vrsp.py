@@ -36,7 +36,7 @@ def _check_workloads(workloads) -> np.ndarray:
         if not mask.any():
             raise ValueError(f"workloads sum to {w.sum()!r}: too large to compare pools")
         bad = int(np.argmax(mask))
-        raise ValueError(f"workload {bad} must be finite and >= 0, got {w[bad]!r}")
+        raise ValueError(f"workload {bad} must be finite and >= 0, got {float(w[bad])!r}")
     return w
 
 

@@ -36,8 +36,8 @@ def file_kind(path: str | Path) -> str | None:
     return None
 
 
-def _check_values(values: np.ndarray, path: Path, where: str, base: int) -> np.ndarray:
-    """Validate a 1-D array of parsed numbers; ``where`` names the unit (line/row/index)."""
+def _check_values(values: np.ndarray, path: Path, where) -> np.ndarray:
+    """Validate a 1-D array of parsed numbers; ``where(i)`` names element ``i`` (line/row/index)."""
     if values.size == 0:
         raise ValueError(f"{path}: no sample lengths found (empty file)")
     as_float = values.astype(np.float64, copy=False)
@@ -45,7 +45,7 @@ def _check_values(values: np.ndarray, path: Path, where: str, base: int) -> np.n
     if np.any(bad):
         i = int(np.argmax(bad))
         raise ValueError(
-            f"{path}: {where} {i + base}: sample length must be a positive integer, got {values[i]!r}"
+            f"{path}: {where(i)}: sample length must be a positive integer, got {values[i].item()!r}"
         )
     return as_float.astype(np.int64) if values.dtype.kind == "f" else values.astype(np.int64)
 
@@ -108,7 +108,7 @@ def _load_json(path: Path, column: str | None) -> np.ndarray:
         # bool is an int subclass; a string "12" is not a length. Name the first offender.
         if isinstance(item, bool) or not isinstance(item, (int, float)):
             raise ValueError(f"{path}: index {i}: sample length must be a positive integer, got {item!r}")
-    return _check_values(np.asarray(data), path, "index", 0)
+    return _check_values(np.asarray(data), path, lambda i: f"index {i}")
 
 
 def _pick_column(columns: list[str], column: str | None, path: Path) -> str:
@@ -147,7 +147,7 @@ def _load_table(path: Path, kind: str, column: str | None) -> np.ndarray:
             f"{path}: row {i + 1} of column {name!r}: sample length must be a positive integer, "
             f"got {series.iloc[i]!r}"
         )
-    return _check_values(numeric.to_numpy(), path, f"row of column {name!r}", 1)
+    return _check_values(numeric.to_numpy(), path, lambda i: f"row {i + 1} of column {name!r}")
 
 
 def _load_npy(path: Path) -> np.ndarray:
@@ -159,7 +159,7 @@ def _load_npy(path: Path) -> np.ndarray:
         raise ValueError(f"{path}: expected a 1-D array of sample lengths, got shape {arr.shape}")
     if arr.dtype.kind not in "iuf":
         raise ValueError(f"{path}: expected an integer array, got dtype {arr.dtype}")
-    return _check_values(arr, path, "index", 0)
+    return _check_values(arr, path, lambda i: f"index {i}")
 
 
 def load_lengths(path: str | Path, column: str | None = None) -> np.ndarray:

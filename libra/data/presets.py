@@ -1,15 +1,9 @@
 """Synthetic long-tailed sample-length distributions (seeded) and the named presets.
 
-Generator (:class:`LengthDistribution`): a two-part mixture.
-
-* **Body** (probability ``1 - tail_prob``): lognormal with shape ``sigma``, clipped to
-  ``[min_len, max_len]``; its location is solved so the *mixture* median is exactly ``median``
-  (the tail starts above the median, so ``P(L <= median) = (1 - tail_prob) * Phi(z) = 1/2``).
-* **Tail** (probability ``tail_prob``): a Pareto with index ``tail_alpha`` truncated to
-  ``[tail_min, max_len]`` (inverse-CDF sampling), i.e. the rare very long documents.
-
-Lengths are rounded to integers >= ``min_len``. Draws use only the ``numpy.random.Generator`` passed
-in, so a seed fixes the stream.
+Generator (:class:`LengthDistribution`): a token-share mixture of three document sources (short
+lognormal documents, a truncated-Pareto source of long documents, and rare "giant" documents near
+``max_len``), interleaved the way production loaders mix corpora -- by token weight -- so long
+documents arrive at a steady rate. Everything is drawn from generators seeded by ``seed``.
 
 Presets
 -------
@@ -31,25 +25,53 @@ or more/heavier very long samples) for sensitivity studies; they are not calibra
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
 
+_BLOCK = 8192  # documents per source block: fixed, so a stream's prefix never depends on the request
+
+
+def _truncated_pareto(u: np.ndarray, alpha: float, lo: float, hi: float) -> np.ndarray:
+    """Inverse-CDF draw of a Pareto(alpha) truncated to ``[lo, hi]`` from uniforms ``u``."""
+    ratio = (lo / hi) ** alpha
+    return lo * (1.0 - u * (1.0 - ratio)) ** (-1.0 / alpha)
+
+
+def _truncated_pareto_mean(alpha: float, lo: float, hi: float) -> float:
+    if abs(alpha - 1.0) < 1e-9:
+        return lo * math.log(hi / lo) / (1.0 - lo / hi)
+    norm = 1.0 - (lo / hi) ** alpha
+    return alpha * lo**alpha * (hi ** (1 - alpha) - lo ** (1 - alpha)) / ((1 - alpha) * norm)
+
 
 @dataclass(frozen=True)
 class LengthDistribution:
-    """Seeded lognormal-body + truncated-Pareto-tail sample-length generator.
+    """Seeded long-tailed sample-length stream: a token-share mixture of three document sources.
+
+    Sources (each an i.i.d. stream from its own seeded generator):
+
+    * ``short``: lognormal with shape ``sigma``; its location is solved so that the median of the
+      *mixed* stream is ``median`` (the long sources shift the count median slightly).
+    * ``long``: Pareto with index ``long_alpha`` truncated to ``[long_min, long_max]``.
+    * ``giant``: uniform on ``[giant_min, max_len]`` -- the rare samples near 1M tokens.
+
+    Mixer: the sources are interleaved by **token share** (``long_share``, ``giant_share``, the
+    short source gets the rest), the way production data loaders mix corpora by token weight: each
+    document gets the key ``(tokens its source emitted before it + phase) / share`` and the stream
+    is all documents in key order, so after ``T`` tokens every source has emitted about
+    ``share * T``. Long documents therefore arrive at a steady rate rather than in Poisson clumps;
+    per-source phases (from the seed) shift where they fall. The stream is prefix-stable: a longer
+    request extends a shorter one.
 
     Attributes:
         name: preset name.
-        median: median sample length of the whole mixture (tokens).
-        sigma: lognormal shape of the body (std of log-length).
-        tail_prob: probability that a sample comes from the tail, in ``[0, 0.5)``.
-        tail_min: smallest tail length; must be >= ``median`` and <= ``max_len``.
-        tail_alpha: Pareto index of the tail (> 0; smaller = heavier).
+        median: median sample length of the mixed stream (tokens).
+        sigma: lognormal shape of the short source.
+        long_share, long_min, long_max, long_alpha: the long source.
+        giant_share, giant_min: the giant source (lengths up to ``max_len``).
         max_len: longest possible sample.
-        min_len: shortest possible sample (>= 1).
 
     Raises:
         ValueError: any value out of range (the message names it).
@@ -57,80 +79,125 @@ class LengthDistribution:
 
     name: str
     median: float = 644.0
-    sigma: float = 1.3
-    tail_prob: float = 0.001
-    tail_min: int = 32768
-    tail_alpha: float = 1.0
-    giant_prob: float = 0.0
+    sigma: float = 1.0
+    long_share: float = 0.5
+    long_min: int = 32768
+    long_max: int = 262144
+    long_alpha: float = 1.0
+    giant_share: float = 0.03
     giant_min: int = 786432
     max_len: int = 2**20
-    min_len: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"LengthDistribution.name must be a non-empty string, got {self.name!r}")
-        for attr in ("min_len", "tail_min", "max_len"):
+        for attr in ("long_min", "long_max", "giant_min", "max_len"):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"LengthDistribution.{attr} must be an integer >= 1, got {value!r}")
-        if not self.min_len <= self.median <= self.max_len:
-            raise ValueError(f"LengthDistribution.median={self.median!r} must lie in [min_len, max_len]")
-        if not (isinstance(self.sigma, (int, float)) and 0 < self.sigma < 10):
+        for attr in ("median", "sigma", "long_share", "long_alpha", "giant_share"):
+            value = getattr(self, attr)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise ValueError(f"LengthDistribution.{attr} must be a number, got {value!r}")
+        if not 1 <= self.median <= self.max_len:
+            raise ValueError(f"LengthDistribution.median={self.median!r} must lie in [1, max_len={self.max_len}]")
+        if not 0 < self.sigma < 10:
             raise ValueError(f"LengthDistribution.sigma must be in (0, 10), got {self.sigma!r}")
-        if not (isinstance(self.tail_prob, (int, float)) and 0 <= self.tail_prob < 0.5):
-            raise ValueError(f"LengthDistribution.tail_prob must be in [0, 0.5), got {self.tail_prob!r}")
-        if not self.median <= self.tail_min <= self.max_len:
+        if self.long_share < 0 or self.giant_share < 0 or self.long_share + self.giant_share >= 1:
             raise ValueError(
-                f"LengthDistribution.tail_min={self.tail_min} must lie in [median={self.median}, "
-                f"max_len={self.max_len}]"
+                f"LengthDistribution shares must be >= 0 and leave room for short samples: "
+                f"long_share={self.long_share!r}, giant_share={self.giant_share!r}"
             )
-        if not (isinstance(self.giant_prob, (int, float)) and 0 <= self.giant_prob
-                and self.tail_prob + self.giant_prob < 0.5):
+        if not self.median <= self.long_min < self.long_max <= self.max_len:
             raise ValueError(
-                f"LengthDistribution.giant_prob must be >= 0 with tail_prob + giant_prob < 0.5, "
-                f"got {self.giant_prob!r}"
+                f"LengthDistribution needs median <= long_min < long_max <= max_len, got "
+                f"long_min={self.long_min}, long_max={self.long_max} (median={self.median}, max_len={self.max_len})"
             )
         if not self.median <= self.giant_min <= self.max_len:
             raise ValueError(
                 f"LengthDistribution.giant_min={self.giant_min} must lie in [median={self.median}, "
                 f"max_len={self.max_len}]"
             )
-        if not (isinstance(self.tail_alpha, (int, float)) and self.tail_alpha > 0):
-            raise ValueError(f"LengthDistribution.tail_alpha must be > 0, got {self.tail_alpha!r}")
+        if self.long_alpha <= 0:
+            raise ValueError(f"LengthDistribution.long_alpha must be > 0, got {self.long_alpha!r}")
+
+    # -- parameters ------------------------------------------------------------------------
+    @property
+    def shares(self) -> tuple[float, float, float]:
+        """Token shares of the (short, long, giant) sources."""
+        return 1.0 - self.long_share - self.giant_share, self.long_share, self.giant_share
 
     @property
     def mu(self) -> float:
-        """Lognormal location of the body that makes the mixture median equal ``median``."""
-        body = 1.0 - self.tail_prob - self.giant_prob
-        return math.log(self.median) - self.sigma * NormalDist().inv_cdf(0.5 / body)
+        """Log-location of the short source that puts the mixed stream's median at ``median``.
+
+        The long and giant documents (all longer than the median) are a fraction ``c`` of the
+        documents, so the short source needs ``Phi((ln median - mu) / sigma) = 0.5 / (1 - c)``;
+        ``c`` depends on the short source's mean, hence a few fixed-point steps.
+        """
+        s_short, s_long, s_giant = self.shares
+        n_long = s_long / _truncated_pareto_mean(self.long_alpha, self.long_min, self.long_max)
+        n_giant = s_giant / (0.5 * (self.giant_min + self.max_len))
+        mu = math.log(self.median)
+        for _ in range(20):
+            n_short = s_short / math.exp(mu + 0.5 * self.sigma**2)
+            c = (n_long + n_giant) / (n_short + n_long + n_giant)
+            mu = math.log(self.median) - self.sigma * NormalDist().inv_cdf(min(0.5 / (1.0 - c), 1 - 1e-12))
+        return mu
 
     def params(self) -> dict:
         """The parameters as a JSON-ready dict."""
         return asdict(self)
 
-    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        """Draw ``n`` sample lengths.
+    # -- sampling --------------------------------------------------------------------------
+    def _draw(self, source: int, rng: np.random.Generator) -> np.ndarray:
+        if source == 0:
+            raw = np.exp(self.mu + self.sigma * rng.standard_normal(_BLOCK))
+        elif source == 1:
+            raw = _truncated_pareto(rng.random(_BLOCK), self.long_alpha, self.long_min, self.long_max)
+        else:
+            raw = self.giant_min + rng.random(_BLOCK) * (self.max_len - self.giant_min)
+        return np.clip(np.rint(raw), 1, self.max_len).astype(np.int64)
 
-        Args:
-            n: number of samples (>= 0).
-            rng: the generator; consumes exactly three arrays of ``n`` draws (mixture choice,
-                body normal, tail/giant uniform), so block-wise draws are reproducible.
+    def stream(self, n_tokens: int, seed: int = 0) -> np.ndarray:
+        """The shortest prefix of the seed's mixed stream holding at least ``n_tokens`` tokens.
 
         Returns:
-            int64 ``(n,)`` lengths in ``[min_len, max_len]``.
+            int64 ``(n,)`` sample lengths in arrival order.
+
+        Raises:
+            ValueError: ``n_tokens < 1`` or ``seed < 0``.
         """
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"number of samples must be an integer >= 0, got {n!r}")
-        choice = rng.random(n)
-        body = np.exp(self.mu + self.sigma * rng.standard_normal(n))
-        u = rng.random(n)
-        # truncated Pareto on [tail_min, max_len] by inverse CDF
-        ratio = (self.tail_min / self.max_len) ** self.tail_alpha
-        tail = self.tail_min * (1.0 - u * (1.0 - ratio)) ** (-1.0 / self.tail_alpha)
-        giant = self.giant_min + u * (self.max_len - self.giant_min)
-        out = np.where(choice < self.tail_prob, tail,
-                       np.where(choice < self.tail_prob + self.giant_prob, giant, body))
-        return np.clip(np.rint(out), self.min_len, self.max_len).astype(np.int64)
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
+            raise ValueError(f"n_tokens must be an integer >= 1, got {n_tokens!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        children = np.random.SeedSequence(int(seed)).spawn(4)
+        rngs = [np.random.default_rng(c) for c in children[:3]]
+        phases = np.random.default_rng(children[3]).random(3)
+        shares = self.shares
+        active = [k for k in range(3) if shares[k] > 0]
+        blocks: list[list[np.ndarray]] = [[] for _ in range(3)]
+        emitted = [0, 0, 0]
+        horizon = float(n_tokens) * 1.05 + 2.0 * self.max_len / min(shares[k] for k in active)
+        while True:
+            keys, lengths = [], []
+            for k in active:
+                while emitted[k] < shares[k] * horizon + self.max_len:
+                    block = self._draw(k, rngs[k])
+                    blocks[k].append(block)
+                    emitted[k] += int(block.sum())
+                lens = np.concatenate(blocks[k])
+                # phase in units of this source's first document: shifts where its documents fall
+                key = (np.cumsum(lens) - lens + phases[k] * lens[0]) / shares[k]
+                keep = key < horizon
+                keys.append(key[keep])
+                lengths.append(lens[keep])
+            merged = np.concatenate(lengths)[np.argsort(np.concatenate(keys), kind="stable")]
+            cum = np.cumsum(merged)
+            if cum[-1] >= n_tokens:
+                return merged[: int(np.searchsorted(cum, n_tokens)) + 1]
+            horizon *= 2.0
 
 
 # -- calibration ------------------------------------------------------------------------------
@@ -195,10 +262,12 @@ PRESETS: dict[str, LengthDistribution] = {
     d.name: d
     for d in (
         LIBRA_PROD,
-        LengthDistribution(name="libra-prod-light", sigma=LIBRA_PROD.sigma, tail_prob=LIBRA_PROD.tail_prob / 4,
-                           tail_min=LIBRA_PROD.tail_min, tail_alpha=LIBRA_PROD.tail_alpha * 1.5),
-        LengthDistribution(name="libra-prod-heavy", sigma=LIBRA_PROD.sigma, tail_prob=LIBRA_PROD.tail_prob * 3,
-                           tail_min=LIBRA_PROD.tail_min, tail_alpha=LIBRA_PROD.tail_alpha * 0.75),
+        # fewer long and giant tokens: milder skew
+        replace(LIBRA_PROD, name="libra-prod-light", long_share=LIBRA_PROD.long_share / 2,
+                giant_share=LIBRA_PROD.giant_share / 2),
+        # twice the giant tokens and a heavier long tail: stronger skew
+        replace(LIBRA_PROD, name="libra-prod-heavy", giant_share=LIBRA_PROD.giant_share * 2,
+                long_alpha=LIBRA_PROD.long_alpha * 0.5),
     )
 }
 

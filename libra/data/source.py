@@ -7,7 +7,7 @@ length file (see :mod:`libra.data.loaders`). Every source offers one method,
 ``n_tokens`` tokens. It is deterministic (same seed => same array) and prefix-stable (a larger
 request extends a smaller one), so window ``w`` of a sweep is the same however many windows run.
 
-* Preset: samples are drawn from the preset's seeded generator in fixed-size blocks.
+* Preset: the preset's seeded mixed stream (:meth:`LengthDistribution.stream`).
 * File: arrival order is file order starting at a seed-chosen offset, wrapping around to the
   start (cycling) when more tokens are needed than the file holds. Different seeds therefore see
   different, deterministic slices of the same data.
@@ -22,8 +22,6 @@ import numpy as np
 
 from libra.data.loaders import file_kind, load_lengths
 from libra.data.presets import PRESETS, LengthDistribution, get_preset
-
-_BLOCK = 65536  # samples per generator block: fixed, so prefixes do not depend on the request size
 
 
 def _check_take(n_tokens, seed) -> tuple[int, int]:
@@ -50,7 +48,7 @@ class LengthSource:
 
 @dataclass
 class PresetSource(LengthSource):
-    """Samples drawn from a :class:`LengthDistribution` with ``numpy.random.default_rng(seed)``."""
+    """The seeded stream of a :class:`LengthDistribution`."""
 
     distribution: LengthDistribution
 
@@ -60,14 +58,7 @@ class PresetSource(LengthSource):
 
     def take(self, n_tokens: int, seed: int = 0) -> np.ndarray:
         n_tokens, seed = _check_take(n_tokens, seed)
-        rng = np.random.default_rng(seed)
-        blocks, total = [], 0
-        while total < n_tokens:
-            block = self.distribution.sample(_BLOCK, rng)
-            blocks.append(block)
-            total += int(block.sum())
-        stream = np.concatenate(blocks)
-        return stream[: int(np.searchsorted(np.cumsum(stream), n_tokens)) + 1]
+        return self.distribution.stream(n_tokens, seed)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": "preset", "params": self.distribution.params()}

@@ -1,0 +1,166 @@
+"""Shared click options for `libra-bench` commands, each validated when parsed.
+
+Usage::
+
+    @click.command()
+    @workload_option()
+    @seq_len_option()
+    @gbs_option()
+    @pool_sizes_option()
+    @windows_option()
+    @seed_option()
+    @out_option()
+    @quick_option()
+    @force_option()
+    def my_command(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force): ...
+
+Every option turns bad input into a ``click.BadParameter`` (exit code 2, message naming the value);
+``--workload`` is resolved here, so a typo fails before any work starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from libra.data.source import LengthSource, resolve_workload
+
+SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
+
+
+def parse_int_size(text: str) -> int:
+    """``"262144"``, ``"256K"`` or ``"1M"`` (binary multiples) -> int; raises ValueError otherwise."""
+    raw = str(text).strip()
+    mult = SEQ_LEN_SUFFIXES.get(raw[-1:].lower(), 1)
+    digits = raw[:-1] if mult != 1 else raw
+    try:
+        return int(digits) * mult
+    except ValueError:
+        raise ValueError(f"not an integer size: {text!r}") from None
+
+
+class SizeType(click.ParamType):
+    """A positive integer, optionally with a ``K`` / ``M`` suffix (binary multiples)."""
+
+    name = "size"
+
+    def __init__(self, minimum: int = 1):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            try:
+                number = parse_int_size(value)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if number < self.minimum:
+            self.fail(f"must be >= {self.minimum}, got {value!r}", param, ctx)
+        return number
+
+
+class IntListType(click.ParamType):
+    """Comma-separated positive integers, e.g. ``1,2,4,8``; duplicates removed, order kept."""
+
+    name = "ints"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        out: list[int] = []
+        for part in str(value).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            try:
+                number = parse_int_size(part)
+            except ValueError:
+                self.fail(f"{part!r} in {value!r} is not an integer", param, ctx)
+            if number < 1:
+                self.fail(f"{part!r} in {value!r} must be >= 1", param, ctx)
+            if number not in out:
+                out.append(number)
+        if not out:
+            self.fail(f"no integers in {value!r}", param, ctx)
+        return out
+
+
+class WorkloadType(click.ParamType):
+    """A preset name or a length-file path, resolved to a :class:`LengthSource`."""
+
+    name = "workload"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, LengthSource):
+            return value
+        try:
+            return resolve_workload(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def workload_option(default: str = "libra-prod"):
+    return click.option("--workload", type=WorkloadType(), default=default, show_default=True,
+                        help="length preset (libra-prod, libra-prod-light, libra-prod-heavy) or a length file "
+                             "(.txt, .txt.gz, .json, .csv, .parquet, .npy)")
+
+
+def seq_len_option(default: int = 262144):
+    return click.option("--seq-len", type=SizeType(), default=default, show_default=True,
+                        help="tokens per packed sequence S (accepts 256K, 1M)")
+
+
+def gbs_option(default: int = 128):
+    return click.option("--gbs", type=SizeType(), default=default, show_default=True,
+                        help="global batch size: packed sequences per optimizer step")
+
+
+def pool_sizes_option(default: str | None = None):
+    return click.option("--pool-sizes", type=IntListType(), default=default, show_default=True,
+                        help="comma-separated pool sizes P (default: 1,2,4,... up to min(GBS, 64) dividing GBS)")
+
+
+def windows_option(default: int = 64):
+    return click.option("--windows", type=click.IntRange(min=1), default=default, show_default=True,
+                        help="GBS windows (optimizer steps) to average over")
+
+
+def seed_option(default: int = 0):
+    return click.option("--seed", type=click.IntRange(min=0), default=default, show_default=True,
+                        help="seed of the length stream (file: start offset; preset: generator)")
+
+
+def out_option():
+    return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+                        help="output folder (default results/<experiment>)")
+
+
+def quick_option():
+    return click.option("--quick", is_flag=True, help="small, fast version (for smoke tests)")
+
+
+def force_option():
+    return click.option("--force", is_flag=True, help="recompute every point instead of reusing finished ones")
+
+
+def default_pool_sizes(gbs: int, largest: int = 64) -> list[int]:
+    """``1, 2, 4, ...`` up to ``min(gbs, largest)``, keeping those that divide ``gbs``."""
+    sizes, p = [], 1
+    while p <= min(gbs, largest):
+        if gbs % p == 0:
+            sizes.append(p)
+        p *= 2
+    return sizes
+
+
+def check_pool_sizes(pool_sizes: list[int], gbs: int) -> list[int]:
+    """Raise ``click.BadParameter`` unless every pool size divides GBS."""
+    bad = [p for p in pool_sizes if gbs % p]
+    if bad:
+        raise click.BadParameter(
+            f"pool size(s) {bad} must divide GBS={gbs} (GBS must be a multiple of the pool size)",
+            param_hint="--pool-sizes",
+        )
+    return pool_sizes

@@ -1,0 +1,70 @@
+"""Shared seaborn style for every `libra-bench` figure: one look, one palette, one save function.
+
+Import this module before pyplot in experiment code; it selects the non-interactive Agg backend.
+
+* :func:`setup_style` -- seaborn ``whitegrid`` / ``paper`` context, applied once per figure.
+* :data:`METHOD_PALETTE` -- a fixed colour per method / strategy name, so the same method has the
+  same colour in every figure (unknown names fall back to a grey).
+* :func:`palette_for` -- palette restricted to the names present in a plot.
+* :func:`mark_reference` -- draw a paper reference value (hollow star with a label).
+* :func:`save_figure` -- tight layout, fixed DPI, close the figure.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless and deterministic; set before pyplot is imported anywhere
+
+import matplotlib.pyplot as plt  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+DPI = 150
+
+METHOD_PALETTE: dict[str, str] = {
+    # pool-grouping strategies (Figures 4, 8)
+    "production": "#7f7f7f",
+    "random": "#bcbd22",
+    "zigzag": "#17becf",
+    "zigzag-swap": "#1f77b4",
+    "vrsp": "#d62728",
+    "lower-bound": "#000000",
+    # attention planners (Figures 12-16)
+    "ulysses": "#7f7f7f",
+    "wlb-llm": "#9467bd",
+    "distca": "#2ca02c",
+    "libra-tap": "#ff7f0e",
+    "libra-tap-vrsp": "#8c564b",
+    "libra": "#d62728",
+}
+FALLBACK_COLOR = "#aaaaaa"
+
+STRATEGY_ORDER = ("production", "random", "zigzag", "zigzag-swap", "vrsp")
+"""Legend order of the grouping strategies."""
+
+
+def setup_style() -> None:
+    """Apply the shared seaborn theme (idempotent)."""
+    sns.set_theme(context="paper", style="whitegrid", font_scale=1.1)
+
+
+def palette_for(names) -> dict[str, str]:
+    """``{name: colour}`` for the given method names (fallback grey for unknown names)."""
+    return {n: METHOD_PALETTE.get(n, FALLBACK_COLOR) for n in names}
+
+
+def mark_reference(ax, x, y, label: str, color: str = "black") -> None:
+    """Mark one value reported in the paper: a hollow star at ``(x, y)`` with a legend label."""
+    ax.scatter([x], [y], marker="*", s=160, facecolors="none", edgecolors=color, linewidths=1.4,
+               zorder=5, label=label)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Save ``fig`` as PNG at :data:`DPI` with a tight layout and close it."""
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI, format="png")
+    plt.close(fig)
+    return path

@@ -1,0 +1,17 @@
+"""Shared pytest fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+WORKLOADS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "workloads"
+
+
+@pytest.fixture
+def workloads_dir() -> Path:
+    """The public length files in ``../shared/workloads`` next to the checkout (skips when absent)."""
+    if not WORKLOADS_DIR.is_dir():
+        pytest.skip(f"public length files not found at {WORKLOADS_DIR} (they live next to the checkout)")
+    return WORKLOADS_DIR

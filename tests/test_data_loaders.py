@@ -1,0 +1,152 @@
+"""Length-file loaders and workload resolution (libra/data/loaders.py, libra/data/source.py)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from libra.data.loaders import load_lengths
+from libra.data.source import FileSource, PresetSource, resolve_workload
+
+LENGTHS = [5, 300, 7, 1, 42]
+
+
+@pytest.fixture
+def files(tmp_path):
+    out = {}
+    (tmp_path / "a.txt").write_text("\n".join(map(str, LENGTHS)) + "\n\n")
+    out["txt"] = tmp_path / "a.txt"
+    with gzip.open(tmp_path / "a.txt.gz", "wt") as fh:
+        fh.write("\n".join(map(str, LENGTHS)) + "\n")
+    out["txt.gz"] = tmp_path / "a.txt.gz"
+    (tmp_path / "a.json").write_text(json.dumps(LENGTHS))
+    out["json"] = tmp_path / "a.json"
+    pd.DataFrame({"doc": range(5), "tokens": LENGTHS}).to_csv(tmp_path / "a.csv", index=False)
+    out["csv"] = tmp_path / "a.csv"
+    pd.DataFrame({"length": LENGTHS}).to_parquet(tmp_path / "a.parquet")
+    out["parquet"] = tmp_path / "a.parquet"
+    np.save(tmp_path / "a.npy", np.array(LENGTHS, dtype=np.int32))
+    out["npy"] = tmp_path / "a.npy"
+    return out
+
+
+@pytest.mark.parametrize("kind", ["txt", "txt.gz", "json", "csv", "parquet", "npy"])
+def test_every_format_round_trips(files, kind):
+    column = "tokens" if kind == "csv" else None
+    got = load_lengths(files[kind], column=column)
+    assert got.dtype == np.int64 and got.tolist() == LENGTHS
+
+
+def test_json_objects_with_column(tmp_path):
+    path = tmp_path / "o.json"
+    path.write_text(json.dumps([{"n": 3}, {"n": 4}]))
+    assert load_lengths(path, column="n").tolist() == [3, 4]
+    path.write_text(json.dumps({"lengths": [9, 8]}))
+    assert load_lengths(path).tolist() == [9, 8]
+
+
+@pytest.mark.parametrize("content, match", [
+    ("5\n0\n7\n", r"line 2: sample length must be a positive integer, got 0"),
+    ("5\n7\n-3\n", r"line 3: .* got -3"),
+    ("5\n2.5\n", r"line 2: .* got '2.5'"),
+    ("5\nabc\n", r"line 2: .* got 'abc'"),
+    ("5\n6 7\n", r"line 2: .* got '6 7'"),
+])
+def test_txt_bad_values_name_file_and_line(tmp_path, content, match):
+    path = tmp_path / "bad.txt"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match) as info:
+        load_lengths(path)
+    assert "bad.txt" in str(info.value)
+
+
+def test_json_bad_values_name_index(tmp_path):
+    path = tmp_path / "bad.json"
+    for data, match in [([3, 0], "index 1: .* got 0"), ([3, 1.5], "index 1: .* got 1.5"),
+                        ([3, "4"], "index 1: .* got '4'"), ([True], "index 0"), ({"x": 1}, "no key 'lengths'"),
+                        (7, "expected a JSON list")]:
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=match):
+            load_lengths(path)
+
+
+def test_csv_bad_values_name_row(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("length\n4\n5\n-1\n")
+    with pytest.raises(ValueError, match=r"bad.csv: row 3 of column 'length': .* got -1"):
+        load_lengths(path)
+    path.write_text("length\n4\nfoo\n")
+    with pytest.raises(ValueError, match=r"row 2 of column 'length'.*'foo'"):
+        load_lengths(path)
+    path.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="several columns"):
+        load_lengths(path)
+    with pytest.raises(ValueError, match="no column 'zzz'"):
+        load_lengths(path, column="zzz")
+
+
+def test_npy_bad(tmp_path):
+    np.save(tmp_path / "b.npy", np.array([[1, 2]]))
+    with pytest.raises(ValueError, match="1-D"):
+        load_lengths(tmp_path / "b.npy")
+    np.save(tmp_path / "c.npy", np.array([4, 0]))
+    with pytest.raises(ValueError, match="c.npy: index 1"):
+        load_lengths(tmp_path / "c.npy")
+
+
+@pytest.mark.parametrize("name, content", [("e.txt", ""), ("e2.txt", "\n\n"), ("e.json", "[]"), ("e.csv", ""),
+                                           ("e3.json", "")])
+def test_empty_files(tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    with pytest.raises(ValueError, match="empty"):
+        load_lengths(tmp_path / name)
+
+
+def test_unknown_type_and_missing_file(tmp_path):
+    (tmp_path / "x.xlsx").write_text("1")
+    with pytest.raises(ValueError, match="unknown length-file type"):
+        load_lengths(tmp_path / "x.xlsx")
+    with pytest.raises(ValueError, match="no such length file"):
+        load_lengths(tmp_path / "missing.txt")
+
+
+def test_resolve_workload(files, tmp_path):
+    assert isinstance(resolve_workload("libra-prod"), PresetSource)
+    src = resolve_workload(str(files["json"]))
+    assert isinstance(src, FileSource) and src.name == "a.json"
+    assert resolve_workload(src) is src
+    with pytest.raises(ValueError, match=r"unknown workload 'libra-prd'.*libra-prod"):
+        resolve_workload("libra-prd")
+    (tmp_path / "x.xlsx").write_text("1")
+    with pytest.raises(ValueError, match="unknown type"):
+        resolve_workload(str(tmp_path / "x.xlsx"))
+    with pytest.raises(ValueError, match="does not exist"):
+        resolve_workload(str(tmp_path / "nope.txt"))
+    with pytest.raises(ValueError, match="preset name or a length-file path"):
+        resolve_workload(3)
+
+
+def test_file_source_offsets_and_cycling(files):
+    src = resolve_workload(str(files["txt"]))
+    assert src.take(1, seed=0).tolist() == [5]
+    # more tokens than the file holds: cycles from the start
+    stream = src.take(2 * sum(LENGTHS) + 1, seed=0)
+    assert stream.tolist() == LENGTHS * 2 + [5]
+    assert src.take(400, seed=7).tolist() == src.take(400, seed=7).tolist()
+    starts = {int(src.take(1, seed=s)[0]) for s in range(1, 30)}
+    assert len(starts) > 1  # different seeds start at different offsets
+    with pytest.raises(ValueError, match="n_tokens"):
+        src.take(0)
+    with pytest.raises(ValueError, match="seed"):
+        src.take(5, seed=-1)
+
+
+def test_public_files_load(workloads_dir):
+    wiki = resolve_workload(str(workloads_dir / "flexsp_wikipedia.txt.gz"))
+    assert wiki.lengths.size == 1_000_000 and int(wiki.lengths.sum()) == 1_013_648_780
+    prolong = load_lengths(workloads_dir / "distca_dist_prolong.json")
+    assert prolong.size == 77_932 and np.median(prolong) == 1913.5

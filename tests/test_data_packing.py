@@ -1,0 +1,140 @@
+"""Fixed-token packing and GBS windows (libra/data/packing.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libra.data.packing import PackedSequence, gbs_windows, pack_fixed_tokens, window_workloads
+
+
+def rejoined_before(seqs, upto, sample_id) -> int:
+    """Tokens of ``sample_id`` in the sequences up to and including ``upto``."""
+    total = 0
+    for s in seqs:
+        total += int(s.sample_lengths[s.sample_ids == sample_id].sum())
+        if s is upto:
+            return total
+    return total
+
+
+lengths_st = st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_size=60)
+
+
+def test_split_example_by_hand():
+    seqs = pack_fixed_tokens([5, 3, 10, 2, 7], 4)
+    assert [s.sample_lengths.tolist() for s in seqs] == [[4], [1, 3], [4], [4], [2, 2], [4]]
+    assert [s.sample_ids.tolist() for s in seqs] == [[0], [0, 1], [2], [2], [2, 3], [4]]
+    assert [s.seq_id for s in seqs] == list(range(6))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(min_value=1, max_value=40))
+def test_split_preserves_tokens_and_sample_multiset(lengths, seq_len):
+    seqs = pack_fixed_tokens(lengths, seq_len)
+    total = sum(lengths)
+    assert len(seqs) == total // seq_len
+    assert all(s.num_tokens == seq_len for s in seqs)
+    if not seqs:
+        return
+    ids = np.concatenate([s.sample_ids for s in seqs])
+    pieces = np.concatenate([s.sample_lengths for s in seqs])
+    # arrival order: ids never decrease along the stream
+    assert np.all(np.diff(ids) >= 0)
+    # per sample, the pieces add up to the sample (all but the sample cut by the dropped tail)
+    rejoined = np.bincount(ids, weights=pieces, minlength=len(lengths)).astype(int)
+    last = int(ids[-1])
+    assert rejoined[:last].tolist() == list(lengths[:last])
+    assert rejoined[last] <= lengths[last]
+    # a sample is cut only at sequence boundaries: at most one piece per sequence, and a sample
+    # continuing into the next sequence fills the end of this one and starts the next one
+    for a, b in zip(seqs, seqs[1:]):
+        assert np.all(np.diff(a.sample_ids) > 0)
+        if a.sample_ids[-1] == b.sample_ids[0] and b.sample_ids.size > 1:
+            assert b.sample_lengths[0] == lengths[b.sample_ids[0]] - rejoined_before(seqs, a, b.sample_ids[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(min_value=1, max_value=40))
+def test_full_stream_when_total_divisible(lengths, seq_len):
+    lengths = list(lengths) + [seq_len - sum(lengths) % seq_len] if sum(lengths) % seq_len else list(lengths)
+    seqs = pack_fixed_tokens(lengths, seq_len)
+    ids = np.concatenate([s.sample_ids for s in seqs])
+    pieces = np.concatenate([s.sample_lengths for s in seqs])
+    assert np.bincount(ids, weights=pieces).astype(int).tolist() == lengths
+    assert sorted(set(ids.tolist())) == list(range(len(lengths)))
+
+
+def test_long_sample_split_into_full_sequences():
+    seqs = pack_fixed_tokens([10, 2, 3, 1], 4)
+    assert [s.sample_lengths.tolist() for s in seqs] == [[4], [4], [2, 2], [3, 1]]
+    assert seqs[0].workload == 16.0 and seqs[2].workload == 8.0
+
+
+def test_truncate_policy_keeps_first_s_tokens():
+    seqs = pack_fixed_tokens([10, 2, 2], 4, policy="truncate")
+    assert [s.sample_lengths.tolist() for s in seqs] == [[4], [2, 2]]
+    assert [s.sample_ids.tolist() for s in seqs] == [[0], [1, 2]]
+
+
+def test_error_policy_names_sample():
+    with pytest.raises(ValueError, match="sample 1 has 9 tokens, longer than S=4"):
+        pack_fixed_tokens([3, 9], 4, policy="error")
+    # boundary-crossing samples are still split under 'error'
+    assert [s.sample_lengths.tolist() for s in pack_fixed_tokens([3, 3, 2], 4, policy="error")] == [[3, 1], [2, 2]]
+
+
+@pytest.mark.parametrize("seq_len", [0, -5, 2.5, "8", True])
+def test_bad_seq_len(seq_len):
+    with pytest.raises(ValueError, match="sequence length S must be an integer >= 1"):
+        pack_fixed_tokens([1, 2], seq_len)
+
+
+@pytest.mark.parametrize("lengths, match", [([3, 0, 2], "sample 1: length must be a positive integer, got 0"),
+                                            ([3, -4], "sample 1"), ([1.5, 2], "sample 0"),
+                                            ([[1, 2]], "1-D")])
+def test_bad_lengths(lengths, match):
+    with pytest.raises(ValueError, match=match):
+        pack_fixed_tokens(lengths, 4)
+
+
+def test_unknown_policy():
+    with pytest.raises(ValueError, match="unknown packing policy 'pad'"):
+        pack_fixed_tokens([1], 4, policy="pad")
+
+
+def test_packed_sequence_validation():
+    with pytest.raises(ValueError, match="equal length"):
+        PackedSequence(0, np.array([1, 2]), np.array([0]))
+    with pytest.raises(ValueError, match="length >= 1"):
+        PackedSequence(0, np.array([0]), np.array([0]))
+
+
+def test_gbs_windows_shape_determinism_and_prefix():
+    a = gbs_windows("libra-prod", 4096, 8, 3, seed=5)
+    b = gbs_windows("libra-prod", 4096, 8, 3, seed=5)
+    c = gbs_windows("libra-prod", 4096, 8, 1, seed=5)
+    d = gbs_windows("libra-prod", 4096, 8, 3, seed=6)
+    assert len(a) == 3 and all(len(w) == 8 for w in a)
+    assert all(s.num_tokens == 4096 for w in a for s in w)
+    assert [s.seq_id for s in a[1]] == list(range(8))
+    for wa, wb in zip(a, b):
+        assert np.array_equal(window_workloads(wa), window_workloads(wb))
+    assert np.array_equal(window_workloads(a[0]), window_workloads(c[0]))
+    assert not np.array_equal(window_workloads(a[0]), window_workloads(d[0]))
+    # consecutive windows continue one stream: sample ids keep increasing
+    assert a[1][0].sample_ids[0] >= a[0][-1].sample_ids[-1]
+
+
+@pytest.mark.parametrize("args, match", [((0, 8, 1), "sequence length"), ((64, 0, 1), "GBS must be"),
+                                         ((64, 8, 0), "number of windows")])
+def test_gbs_windows_bad_args(args, match):
+    with pytest.raises(ValueError, match=match):
+        gbs_windows("libra-prod", *args)
+
+
+def test_gbs_windows_truncate_still_fills():
+    windows = gbs_windows("libra-prod-heavy", 1024, 4, 2, seed=0, policy="truncate")
+    assert [len(w) for w in windows] == [4, 4]
