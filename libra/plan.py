@@ -68,6 +68,10 @@ class SequenceLayout:
         holder_start, holder_end, holder_worker: ``(n_ranges,)`` token ranges ``[start, end)``
             and the global worker holding Q, K and V of those tokens (all heads). The ranges
             partition ``[0, num_tokens)``. Standard layout: CP contiguous equal ranges.
+
+    Raises:
+        ValueError: arrays that are not 1-D, negative sample lengths, holder columns of unequal
+            length, or holder ranges that do not partition ``[0, num_tokens)`` (names the ranges).
     """
 
     seq_id: int
@@ -82,6 +86,20 @@ class SequenceLayout:
         for name in ("holder_start", "holder_end"):
             object.__setattr__(self, name, _arr(getattr(self, name), np.int64))
         object.__setattr__(self, "holder_worker", _arr(self.holder_worker, np.int32))
+        lengths, hs, he = self.sample_lengths, self.holder_start, self.holder_end
+        if lengths.ndim != 1 or np.any(lengths < 0):
+            raise ValueError(f"sequence {self.seq_id}: sample_lengths must be 1-D and >= 0")
+        if not (hs.ndim == he.ndim == self.holder_worker.ndim == 1 and len(hs) == len(he) == len(self.holder_worker)):
+            raise ValueError(f"sequence {self.seq_id}: holder_start/end/worker must be 1-D of equal length")
+        # cached derived arrays (the layout is immutable): planning reads them per tile batch
+        offsets = _arr(np.concatenate(([0], np.cumsum(lengths))), np.int64)
+        order = _arr(np.argsort(hs, kind="stable"), np.int64)
+        a, b, total = hs[order], he[order], int(offsets[-1])
+        if len(a) == 0 or a[0] != 0 or b[-1] != total or np.any(b <= a) or np.any(a[1:] != b[:-1]):
+            raise ValueError(f"sequence {self.seq_id}: holder ranges {list(zip(a.tolist(), b.tolist()))} do not "
+                             f"partition its {total} tokens")
+        object.__setattr__(self, "_offsets", offsets)
+        object.__setattr__(self, "_holder_order", order)
 
     @classmethod
     def contiguous(cls, seq_id: int, dp_rank: int, sample_lengths, cp: int) -> SequenceLayout:
@@ -101,16 +119,21 @@ class SequenceLayout:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.sample_lengths.sum())
+        return int(self._offsets[-1])
 
     @property
     def sample_offsets(self) -> np.ndarray:
-        """``[0, l_0, l_0 + l_1, ..., num_tokens]``."""
-        return np.concatenate(([0], np.cumsum(self.sample_lengths)))
+        """``[0, l_0, l_0 + l_1, ..., num_tokens]`` (read-only, cached)."""
+        return self._offsets
+
+    @property
+    def holder_order(self) -> np.ndarray:
+        """Indices that sort the holder ranges by start (read-only, cached)."""
+        return self._holder_order
 
     def holder_of(self, tokens) -> np.ndarray:
         """Index into the holder ranges of each token position."""
-        order = np.argsort(self.holder_start, kind="stable")
+        order = self._holder_order
         pos = np.searchsorted(self.holder_start[order], np.asarray(tokens), side="right") - 1
         return order[pos]
 

@@ -53,9 +53,15 @@ def test_bad_head_split_and_sizes():
 
 
 def test_holders_must_partition():
-    seq = SequenceLayout(0, 0, [8], [0, 5], [4, 8], [0, 1])
-    with pytest.raises(ValueError, match="do not partition"):
-        pool_index([seq])
+    with pytest.raises(ValueError, match=r"sequence 0: holder ranges \[\(0, 4\), \(5, 8\)\] do not partition"):
+        SequenceLayout(0, 0, [8], [0, 5], [4, 8], [0, 1])
+    with pytest.raises(ValueError, match="do not partition its 8 tokens"):
+        SequenceLayout(0, 0, [8], [0], [4], [0])
+    with pytest.raises(ValueError, match="equal length"):
+        SequenceLayout(0, 0, [8], [0, 4], [4, 8], [0])
+    idx = pool_index([SequenceLayout(0, 0, [3, 5], [4, 0], [8, 4], [1, 0]), SequenceLayout.contiguous(1, 1, [4], 2)])
+    assert idx.base.tolist() == [0, 8, 12] and idx.offs.tolist() == [0, 3, 8, 12]
+    assert idx.h_start.tolist() == [0, 4, 8, 10] and idx.h_worker.tolist() == [0, 1, 2, 3]
 
 
 def test_gqa_atoms_replicated_and_split():

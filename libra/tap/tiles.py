@@ -48,30 +48,21 @@ class PoolIndex(NamedTuple):
 
 
 def pool_index(sequences: Sequence[SequenceLayout]) -> PoolIndex:
-    """Build the :class:`PoolIndex` of ``sequences``.
-
-    Raises:
-        ValueError: a sequence whose holder ranges do not partition ``[0, num_tokens)``.
-    """
+    """Build the :class:`PoolIndex` of ``sequences`` (their layouts are validated on creation)."""
     lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
     base = np.concatenate(([0], np.cumsum(lengths)))
-    offs = np.concatenate([s.sample_offsets[:-1] + base[i] for i, s in enumerate(sequences)] + [base[-1:]])
-    hs, he, hw, hq = [], [], [], []
-    for i, seq in enumerate(sequences):
-        order = np.argsort(seq.holder_start, kind="stable")
-        a, b = seq.holder_start[order], seq.holder_end[order]
-        if (len(a) == 0 or a[0] != 0 or b[-1] != seq.num_tokens or np.any(b <= a)
-                or np.any(a[1:] != b[:-1])):
-            raise ValueError(f"sequence {i} (seq_id {seq.seq_id}): holder ranges {list(zip(a.tolist(), b.tolist()))} "
-                             f"do not partition its {seq.num_tokens} tokens")
-        hs.append(a + base[i])
-        he.append(b + base[i])
-        hw.append(seq.holder_worker[order])
-        hq.append(np.full(len(a), i, dtype=np.int64))
-    if not sequences:
+    if not len(sequences):
         empty = np.zeros(0, dtype=np.int64)
-        return PoolIndex(base, offs, empty, empty, empty.astype(np.int32), empty)
-    return PoolIndex(base, offs, np.concatenate(hs), np.concatenate(he), np.concatenate(hw), np.concatenate(hq))
+        return PoolIndex(base, base.copy(), empty, empty, empty.astype(np.int32), empty)
+    offs = np.concatenate([s.sample_offsets[:-1] + base[i] for i, s in enumerate(sequences)] + [base[-1:]])
+    orders = [s.holder_order for s in sequences]
+    n = np.array([len(o) for o in orders])
+    shift = np.repeat(base[:-1], n)
+    return PoolIndex(base, offs,
+                     np.concatenate([s.holder_start[o] for s, o in zip(sequences, orders)]) + shift,
+                     np.concatenate([s.holder_end[o] for s, o in zip(sequences, orders)]) + shift,
+                     np.concatenate([s.holder_worker[o] for s, o in zip(sequences, orders)]),
+                     np.repeat(np.arange(len(sequences)), n))
 
 
 def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split: int,
