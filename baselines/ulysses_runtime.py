@@ -58,16 +58,21 @@ class UlyssesAttention:
         self.seg = Segments(lengths, lengths)
         self.backend = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
         self.scale = scale
-        self.stats = {"forward_s": 0.0, "backward_s": 0.0, "peak_transient_bytes": 0, "calls": 0}
+        self.stats = {"forward_s": 0.0, "backward_s": 0.0, "compute_s": 0.0, "comm_wait_s": 0.0,
+                      "peak_transient_bytes": 0, "sent_bytes": 0, "calls": 0}
 
     def _a2a(self, send: torch.Tensor, send_rows, recv_rows, what: str) -> torch.Tensor:
         recv = send.new_empty(int(sum(recv_rows)), send.shape[-1])
+        me = self.group.rank  # bytes leaving this rank (its own split stays local)
+        self.stats["sent_bytes"] += (int(sum(send_rows)) - int(send_rows[me])) * send.shape[-1] * send.element_size()
         try:
             work = dist.all_to_all_single(recv, send, output_split_sizes=list(recv_rows),
                                           input_split_sizes=list(send_rows), group=self.group.group, async_op=True)
         except RuntimeError as exc:
             raise CollectiveTimeoutError(f"worker {self.group.worker}: Ulysses {what} failed: {exc}") from exc
+        t0 = time.perf_counter()
         wait_all([work], self.group, f"Ulysses {what}")
+        self.stats["comm_wait_s"] += time.perf_counter() - t0
         return recv
 
     def forward(self, q, k, v):
@@ -93,7 +98,9 @@ class UlyssesAttention:
         meter.alloc(qf, kf, vf)
         meter.free(recv)
         del recv, blocks
+        tc = time.perf_counter()
         out_full, lse = self.backend.forward(qf, kf, vf, self.seg, self.scale)
+        self.stats["compute_s"] += time.perf_counter() - tc
         meter.alloc(out_full, lse)
         send = out_full.reshape(-1, d)  # token-major: rank i's tokens are rows [i n qh, (i+1) n qh)
         recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "head-to-sequence all-to-all")
@@ -113,8 +120,10 @@ class UlyssesAttention:
         meter.alloc(send, recv)
         meter.free(send)
         do_full = recv.view(C, n, qh, d).reshape(C * n, qh, d)
+        tc = time.perf_counter()
         gq, gk, gv = self.backend.backward(do_full, state["q"], state["k"], state["v"], state["out"], state["lse"],
                                            self.seg, self.scale)
+        self.stats["compute_s"] += time.perf_counter() - tc
         meter.alloc(gq, gk, gv)
         meter.free(recv, state["q"], state["k"], state["v"], state["out"], state["lse"])
         kvh = gk.shape[1]
