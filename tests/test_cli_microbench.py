@@ -1,0 +1,53 @@
+"""`libra-bench microbench`: a tiny spawned CPU run writes the measured CSV, resumes, and rejects bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from experiments.cli import main
+
+TINY = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "2", "--seq-len", "256", "--gbs", "2",
+        "--block-size", "32", "--head-split", "2", "--chunks", "2", "--q-heads", "4", "--kv-heads", "2",
+        "--head-dim", "8", "--repeats", "1", "--warmup", "0", "--methods", "ulysses,libra", "--no-progress",
+        "--timeout", "60"]
+
+
+@pytest.mark.distributed
+def test_tiny_spawned_run_and_resume(tmp_path):
+    out = tmp_path / "mb"
+    res = CliRunner().invoke(main, TINY + ["--out", str(out)])
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    df = pd.read_csv(out / "microbench.csv")
+    assert set(df["method"]) == {"ulysses", "libra"}
+    assert len(df) == 2 and df["measured"].all()
+    for col in ("straggler_ms", "compute_ms", "comm_exposed_ms", "mean_worker_ms", "pipeline_chunks",
+                "peak_transient_bytes", "backend", "device"):
+        assert col in df.columns
+    assert (df["straggler_ms"] > 0).all() and (df["straggler_ms"] >= df["mean_worker_ms"] - 1e-9).all()
+    assert df.set_index("method").loc["libra", "pipeline_chunks"] == 2
+    run = json.loads((out / "run.json").read_text())
+    assert run["measured"] and run["kernel_backend"] == "cpu-flash" and run["device"] == "cpu"
+    assert (out / "microbench.png").exists() and (out / "microbench_summary.csv").exists()
+    # a rerun of the same config reuses the finished points (no processes spawned)
+    again = CliRunner().invoke(main, TINY + ["--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "run.json").read_text())["points_reused"] == 2
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--nproc", "3"], "must equal DP*CP=2"),
+    (["--methods", "ulysses,ring"], "unknown method 'ring'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--block-size", "100"], "block size B=100 must divide S/CP=256"),
+    (["--comm", "nccl"], "unknown comm mode 'nccl'"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--device", "cuda"], "torchrun"),
+])
+def test_bad_input_is_rejected_before_spawning(tmp_path, args, message):
+    res = CliRunner().invoke(main, TINY + args + ["--out", str(tmp_path / "x")])
+    assert res.exit_code == 2, res.output
+    assert message in res.output
