@@ -58,7 +58,8 @@ def test_profile_contents_and_roundtrip(tmp_path):
 
 
 def test_heads_factor_is_one_at_reference_and_lower_below():
-    k = load_profile(DEFAULT_PROFILE).kernel
+    assert load_profile(DEFAULT_PROFILE).kernel.heads_efficiency(2) == pytest.approx(1.0)  # default: none
+    k = KernelModel(350.0, 1500.0, 1.0, 0.0, 64, 0.25, 2.9)
     assert k.heads_efficiency(64) == pytest.approx(1.0)
     assert 0.85 < k.heads_efficiency(4) < 1.0
     assert k.heads_efficiency(2) < k.heads_efficiency(4)
