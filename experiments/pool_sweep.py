@@ -82,6 +82,8 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
     keys = []
     for s in settings:
         dp = SETTINGS[s].dp
+        if not any(dp % p == 0 for p in pool_sizes):
+            raise ValueError(f"no pool size in {list(pool_sizes)} divides DP={dp} of setting {s}")
         keys += [[s, 0, "ulysses", w] for w in range(windows)]
         keys += [[s, p, m, w] for p in pool_sizes if dp % p == 0 for m in methods for w in range(windows)]
     df = pd.DataFrame(run.map(keys, point, desc="pool-sweep"))

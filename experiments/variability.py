@@ -117,6 +117,8 @@ def run_variability(workload, profile, setting_name, pool_sizes, windows, seed, 
                 for r in pool_spreads(wins[w], setting, shape, p, speeds, rate)]
 
     keys = [[p, w] for p in pool_sizes if setting.dp % p == 0 for w in range(windows)]
+    if not keys:
+        raise ValueError(f"no pool size in {list(pool_sizes)} divides DP={setting.dp} of setting {setting_name}")
     df = pd.DataFrame(run.map(keys, point, desc="variability"))
     summary = (df.groupby("pool_size", sort=True)
                .agg(workers=("workers", "first"), steps=("spread", "size"), mean_spread=("spread", "mean"),

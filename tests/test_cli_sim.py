@@ -87,6 +87,8 @@ def test_pool_sweep_quick(tmp_path):
     assert (tmp_path / "pool_sweep.png").exists()
     bad = invoke(["pool-sweep", "--quick", "--pool-sizes", "x", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "pool size 'x'" in bad.output
+    bad = invoke(["pool-sweep", "--quick", "--pool-sizes", "64", "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "no pool size in [64] divides DP=32" in bad.output
 
 
 def test_variability_quick(tmp_path):
@@ -98,6 +100,8 @@ def test_variability_quick(tmp_path):
     s = pd.read_csv(tmp_path / "variability_summary.csv").set_index("pool_size")
     assert s.loc[8, "mean_spread"] > s.loc[1, "mean_spread"]  # larger pool, more device-runtime exposure
     assert "paper: 7.01%" in r.output
+    bad = invoke(["variability", "--quick", "--pool-sizes", "3", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "no pool size in [3] divides DP=32" in bad.output
 
 
 def test_wlb_llm_computes_the_same_attention_work_as_ulysses(tmp_path):
