@@ -20,6 +20,7 @@ from experiments.e2e import (
     cached_windows,
     check_profile,
     check_workload,
+    parse_dp,
     price_window,
     resolve_windows,
     sim_options,
@@ -64,21 +65,25 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
 @sim_options(default_windows=4, quick_windows=1)
 @click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), default="qwen3-30b-a3b", show_default=True)
 @click.option("--settings", "setting_names", default="256k,1m", show_default=True)
-def dp_scaling(workload, profile_name, windows, seed, out, quick, force, model_name, setting_names):
+@click.option("--dp", "dp_filter", default=None, help="comma-separated subset of 1,2,4,8,16 (must include 1)")
+def dp_scaling(workload, profile_name, windows, seed, out, quick, force, model_name, setting_names, dp_filter):
     """Figure 13: throughput vs DP (1..16), each method normalized to its own DP = 1."""
     settings = [s.strip() for s in setting_names.split(",") if s.strip()]
     for s in settings:
         if s not in SETTINGS:
             raise click.BadParameter(f"unknown setting {s!r}; known: {', '.join(SETTINGS)}", param_hint="--settings")
+    dps = parse_dp(dp_filter, DPS)
+    if 1 not in dps:
+        raise click.BadParameter("--dp must include 1 (throughput is normalized to DP = 1)", param_hint="--dp")
     profile = check_profile(profile_name)
     n_windows = resolve_windows(windows, quick, 4, 1)
     for s in settings:
         check_workload(workload, SETTINGS[s].seq_len, SETTINGS[s].gbs, n_windows, seed)
     config = {"workload": workload, "profile": profile.to_dict(), "windows": n_windows, "seed": seed,
-              "model": model_name, "settings": {s: SETTINGS[s].__dict__ for s in settings}, "dp": DPS,
+              "model": model_name, "settings": {s: SETTINGS[s].__dict__ for s in settings}, "dp": dps,
               "methods": METHODS, "linear_mfu": 0.5}
     run = ExperimentRun("dp-scaling", config, out_dir=out, force=force)
-    keys = [(s, method, dp) for s in settings for method in METHODS for dp in DPS]
+    keys = [(s, method, dp) for s in settings for method in METHODS for dp in dps]
 
     def point(key):
         s, method, dp = key

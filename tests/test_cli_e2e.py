@@ -1,0 +1,64 @@
+"""CLI tests of the simulated end-to-end experiments (dp-scaling, pp-balance, e2e): outputs and errors."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from experiments.cli import main
+
+
+def _run(args):
+    return CliRunner().invoke(main, args, catch_exceptions=False)
+
+
+def test_dp_scaling_writes_normalized_scaling(tmp_path):
+    res = _run(["dp-scaling", "--settings", "1m", "--dp", "1,4", "--windows", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "dp-scaling.csv")
+    assert set(df.method) == {"ulysses", "libra"} and set(df.dp) == {1, 4}
+    assert (df[df.dp == 1].scaling == 1.0).all()
+    assert ((df.scaling > 0) & (df.scaling <= 4.0 + 1e-9)).all()
+    assert (tmp_path / "dp-scaling.png").stat().st_size > 0
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["config"]["dp"] == [1, 4] and record["profile"] == "h100-roce-v1"
+    # a rerun reuses the finished points
+    again = _run(["dp-scaling", "--settings", "1m", "--dp", "1,4", "--windows", "1", "--out", str(tmp_path)])
+    assert again.exit_code == 0
+    assert json.loads((tmp_path / "run.json").read_text())["points_reused"] == 4
+
+
+def test_pp_balance_normalizes_to_libra_mean(tmp_path):
+    res = _run(["pp-balance", "--settings", "1m", "--windows", "1", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "pp-balance.csv")
+    lib = df[df.method == "libra"]
+    assert lib.normalized_fwd.mean() == pytest.approx(1.0)
+    assert len(lib) == 4 * 8  # DP 4 x GA 8 microbatches on stage 0
+    assert "worst microbatch" in res.output
+
+
+def test_e2e_simulated_subset(tmp_path):
+    res = _run(["e2e", "--models", "qwen3-8b", "--settings", "1m", "--dp", "2", "--windows", "1",
+                "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "e2e.csv")
+    assert set(df.method) == {"ulysses", "wlb-llm", "libra"} and set(df.gpus) == {64}
+    assert (df.tokens_per_gpu_s > 0).all() and (df.source == "simulated").all()
+
+
+@pytest.mark.parametrize("args, match", [
+    (["dp-scaling", "--settings", "2m"], "unknown setting '2m'"),
+    (["dp-scaling", "--dp", "2,4"], "must include 1"),
+    (["dp-scaling", "--dp", "3"], "not in this experiment"),
+    (["pp-balance", "--profile", "no-such-profile"], "no-such-profile"),
+    (["e2e", "--models", "gpt5"], "unknown model 'gpt5'"),
+    (["e2e", "--workload", "no-such-preset"], "no-such-preset"),
+])
+def test_bad_options_fail_with_clear_messages(args, match, tmp_path):
+    res = CliRunner().invoke(main, args + ["--out", str(tmp_path)])
+    assert res.exit_code != 0
+    assert match in res.output
