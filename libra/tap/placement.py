@@ -367,23 +367,38 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
                 w = best[2]
         # record what w now has: the first sample's prefix, the block body, the last sample's prefix
         sf, nf = sf_l[t], nf_l[t]
-        for b in range(b0, b1):
-            d = get(gf + b)
-            if d is None:
-                d = state[gf + b] = {}
-            if d.get(w, sf) < nf:
-                d[w] = nf
+        if b1 - b0 == 1:
+            if gfd is empty:
+                gfd = state[gf + b0] = {}
+            if gfd.get(w, sf) < nf:
+                gfd[w] = nf
             if bd:
-                d = get(-gf - b - 1)
-                if d is None:
-                    d = state[-gf - b - 1] = {}
-                d[w] = True
+                if gbd is empty:
+                    gbd = state[-gf - b0 - 1] = {}
+                gbd[w] = True
             if gl >= 0:
-                d = get(gl + b)
+                if gld is empty:
+                    gld = state[gl + b0] = {}
+                if gld.get(w, -1) < e_l[t]:
+                    gld[w] = e_l[t]
+        else:
+            for b in range(b0, b1):
+                d = get(gf + b)
                 if d is None:
-                    d = state[gl + b] = {}
-                if d.get(w, -1) < e_l[t]:
-                    d[w] = e_l[t]
+                    d = state[gf + b] = {}
+                if d.get(w, sf) < nf:
+                    d[w] = nf
+                if bd:
+                    d = get(-gf - b - 1)
+                    if d is None:
+                        d = state[-gf - b - 1] = {}
+                    d[w] = True
+                if gl >= 0:
+                    d = get(gl + b)
+                    if d is None:
+                        d = state[gl + b] = {}
+                    if d.get(w, -1) < e_l[t]:
+                        d[w] = e_l[t]
         dest[t] = w
         loads[w] += f
         heapq.heappush(heap, (loads[w], w))
