@@ -40,13 +40,31 @@ def merge_intervals(keys: Sequence[np.ndarray], start: np.ndarray, end: np.ndarr
     end = np.asarray(end, dtype=np.int64)
     if len(start) == 0:
         return [np.asarray(k)[:0] for k in keys], start[:0], end[:0]
-    order = np.lexsort((start,) + tuple(reversed([np.asarray(k) for k in keys])))
-    ks = [np.asarray(k)[order] for k in keys]
+    ks = [np.asarray(k, dtype=np.int64) for k in keys]
+    lows = [int(k.min()) for k in ks]
+    spans = [int(k.max()) - lo + 1 for k, lo in zip(ks, lows)]
+    s_lo = int(start.min())
+    s_span = int(start.max()) - s_lo + 1
+    if float(np.prod([float(x) for x in spans])) * s_span < 2.0**62:
+        # one int64 sort key: (keys..., start) packed mixed-radix (much cheaper than a lexsort)
+        group = np.zeros(len(start), dtype=np.int64)
+        for k, lo, sp in zip(ks, lows, spans):
+            group = group * sp + (k - lo)
+        order = np.argsort(group * s_span + (start - s_lo), kind="stable")
+        g = group[order]
+        new_group = np.empty(len(g), dtype=bool)
+        new_group[0] = True
+        np.not_equal(g[1:], g[:-1], out=new_group[1:])
+    else:
+        order = np.lexsort((start,) + tuple(reversed(ks)))
+        g = None
+    ks = [k[order] for k in ks]
     st, en = start[order], end[order]
-    new_group = np.zeros(len(st), dtype=bool)
-    new_group[0] = True
-    for k in ks:
-        new_group[1:] |= k[1:] != k[:-1]
+    if g is None:
+        new_group = np.zeros(len(st), dtype=bool)
+        new_group[0] = True
+        for k in ks:
+            new_group[1:] |= k[1:] != k[:-1]
     gid = np.cumsum(new_group) - 1
     # running max of ends inside each group: offset by group so one accumulate never crosses groups
     span = int(en.max()) + 2
@@ -122,5 +140,7 @@ def build_transfers(sequences: Sequence[SequenceLayout], tiles: TileTable,
         raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
     away = np.nonzero(tiles.dest != tiles.q_home)[0]
     q = _q_like(Q, tiles.q_home, tiles.dest, tiles, away, shape)
-    o = _q_like(O, tiles.dest, tiles.q_home, tiles, away, shape)
+    # O return retraces every Q dispatch in reverse (same pieces, same bytes)
+    o = TransferTable(kind=np.full(len(q), O), src=q.dst, dst=q.src, seq=q.seq, tok_start=q.tok_start,
+                      tok_end=q.tok_end, head_start=q.head_start, head_end=q.head_end, nbytes=q.nbytes)
     return TransferTable.concat([q, kv_fetch_rows(sequences, tiles, shape), o])
