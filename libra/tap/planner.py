@@ -43,10 +43,12 @@ def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Seq
     sequences = tuple(sequences)
     if not sequences:
         raise ValueError(f"pool {pool_index} has no sequences")
+    checked = set()
     for seq in sequences:
-        if _is_standard(seq):
-            cp = len(seq.holder_start)
-            par = ParallelConfig(dp=tap.pool_size, cp=cp, gbs=tap.pool_size, seq_len=seq.num_tokens)
+        key = (len(seq.holder_start), seq.num_tokens)
+        if key not in checked and _is_standard(seq):
+            checked.add(key)
+            par = ParallelConfig(dp=tap.pool_size, cp=key[0], gbs=tap.pool_size, seq_len=key[1])
             check_layout(par, tap, shape)
     # non-standard layouts: make_tiles checks that blocks stay within holder ranges; H and M here
     check_layout(ParallelConfig(dp=tap.pool_size, cp=1, gbs=tap.pool_size, seq_len=tap.block_size),
