@@ -217,24 +217,29 @@ def e2e(workload, profile_name, windows, seed, out, quick, force, models, settin
 
 
 def _measure(workload, seed, out, force, nproc, steps):
-    """Measured Figure 11 on this machine: the real training loop per attention method."""
+    """Measured Figure 11 on this machine: the real training loop (DP x CP = nproc, CP 2) per method.
+
+    Ulysses and Libra run in one set of spawned gloo ranks from the same initialization and data;
+    WLB-LLM has no runtime in this project (its variable-length repacking is simulated only).
+    """
     from experiments.train import TrainConfig, run_training
 
+    methods = ("ulysses", "libra")
+    try:
+        cfgs = [TrainConfig(nproc=nproc, cp=2, steps=steps, attention=m, workload=workload, seed=seed) for m in methods]
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    results = run_training(cfgs)
     rows = []
-    for method in ("reference", "ulysses", "libra"):
-        if method == "reference":
-            continue  # single-process reference is not a parallel method; kept out of Figure 11
-        cfg = TrainConfig(nproc=nproc, cp=2, steps=steps, attention=method, workload=workload, seed=seed)
-        result = run_training(cfg)
+    for method, cfg, result in zip(methods, cfgs, results):
         for r in result["steps"]:
             rows.append({"workload": workload, "setting": f"S={cfg.seq_len}", "model": "qwen3-small",
                          "method": method, "dp": cfg.dp, "cp": cfg.cp, "pp": 1, "gpus": nproc,
                          "window": r["step"], "source": "measured (CPU, gloo)",
                          "tokens_per_gpu_s": r["tokens_per_gpu_s"], "loss": r["loss"], "step_ms": r["step_ms"]})
-    run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps},
-                        out_dir=out, force=force)
+    run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps,
+                                         "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force, quiet=True)
     df = pd.DataFrame(rows)
     paths = run.finish(df, _plot)
     click.echo(df.groupby("method")["tokens_per_gpu_s"].median().round(1).to_string())
     click.echo(f"wrote {paths['csv']}")
-

@@ -20,6 +20,7 @@ Per optimizer step (Libra sec. 1, 5, 6.7):
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -40,6 +41,8 @@ from experiments.training.model import ModelConfig, Qwen3Small
 from libra.sampler import LibraSampler
 
 ATTENTION = ("reference", "ulysses", "libra")
+PLAN_WAIT_S = 300.0
+"""Bound on waiting for a step's plans (planning takes milliseconds at these sizes)."""
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -74,16 +77,26 @@ class RankContext:
     pool_group: object = None
 
 
-def _plans_for_step(cfg: LoopConfig, assignment, shape):
+def step_metadata(assignment) -> dict:
+    """What the planner needs of one step: every packed sequence's sample lengths and the (GA, DP) groups."""
+    return {"step": assignment.step, "groups": assignment.groups,
+            "lengths": [assignment.sample_lengths(i) for i in range(len(assignment.sequences))]}
+
+
+def plan_step(cfg: LoopConfig, shape, metadata: dict):
+    """TAP plans of every GA index from sequence-length metadata (VRSP pools come from the sampler)."""
     from baselines.libra_planners import plan_grouped_window
     from libra.config import ParallelConfig, TapConfig
 
     par = ParallelConfig(dp=cfg.dp, cp=cfg.cp, gbs=cfg.gbs, seq_len=cfg.seq_len)
     tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split,
                     pipeline_chunks=cfg.pipeline_chunks)
-    lengths = [assignment.sample_lengths(i) for i in range(cfg.gbs)]
-    return plan_grouped_window("libra", lengths, assignment.groups, par, tap, shape,
-                               {"source": "LibraSampler", "step": assignment.step})
+    return plan_grouped_window("libra", metadata["lengths"], metadata["groups"], par, tap, shape,
+                               {"source": "LibraSampler", "step": metadata["step"]})
+
+
+def _plans_for_step(cfg: LoopConfig, assignment, shape):
+    return plan_step(cfg, shape, step_metadata(assignment))
 
 
 def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
@@ -95,7 +108,6 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     """
     dtype = DTYPES[cfg.dtype]
     world = cfg.dp * cfg.cp
-    distributed = world > 1
     model = Qwen3Small(cfg.model)
     model.reset_parameters(cfg.seed)
     model = model.to(dtype)
@@ -111,46 +123,67 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     ulysses_op = resolve_ulysses()
     ga = cfg.gbs // cfg.dp
     log = []
-    for step in range(cfg.steps):
-        if distributed:
-            dist.barrier()
-        t0 = time.perf_counter()
-        assignment = sampler.step(step)
-        total_targets = sum(dataset.valid_targets(s) for s in assignment.sequences)
-        plans = None
-        t_plan = time.perf_counter()
-        if cfg.attention == "libra":
-            plans = _plans_for_step(cfg, assignment, cfg.model.attention_shape)
-        t_plan = time.perf_counter() - t_plan
-        loss_sum = torch.zeros((), dtype=torch.float64)
-        for g in range(ga):
-            batch = next(batches)
-            ids, labels, pos = batch.local(ctx.cp_rank, cfg.cp)
-            if cfg.attention == "reference":
-                attn = reference_attention(batch.sample_lengths)
-            elif cfg.attention == "ulysses":
-                attn = (project_ulysses(batch.sample_lengths, ctx.cp_group, ulysses_op) if ulysses_op is not None
-                        else ulysses_attention(batch.sample_lengths, cfg.cp, ctx.cp_group.group))
-            else:
-                attn = libra_core_attention(plans[g], ctx.pool_group, verify_plan=(step == 0))
-            logits = model(ids, pos, attn)
-            loss = F.cross_entropy(logits.float() if dtype == torch.bfloat16 else logits, labels,
-                                   ignore_index=IGNORE, reduction="sum") / total_targets
-            loss.backward()
-            loss_sum += loss.detach().to(torch.float64)
-        if distributed:
-            grads = [p.grad for p in model.parameters()]
-            flat = torch.cat([gr.reshape(-1) for gr in grads])
-            dist.all_reduce(flat)
-            offset = 0
-            for gr in grads:
-                gr.copy_(flat[offset:offset + gr.numel()].view_as(gr))
-                offset += gr.numel()
-            dist.all_reduce(loss_sum)
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-        dt = time.perf_counter() - t0
-        tokens = cfg.gbs * cfg.seq_len
-        log.append({"step": step, "loss": float(loss_sum), "step_ms": dt * 1e3, "tokens": tokens,
-                    "tokens_per_gpu_s": tokens / dt / world, "plan_ms": t_plan * 1e3})
+    planner = None
+    if cfg.attention == "libra":
+        # Libra sec. 5: plans of step s+1 are built on a CPU thread while step s trains
+        from libra.runtime.async_planner import AsyncPlanner
+
+        planner = AsyncPlanner(functools.partial(plan_step, cfg, cfg.model.attention_shape), mode="thread",
+                               max_pending=2)
+        planner.submit(0, step_metadata(sampler.step(0)))
+    try:
+        for step in range(cfg.steps):
+            log.append(_train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ulysses_op, ga,
+                                   ctx, dtype, world))
+    finally:
+        if planner is not None:
+            planner.close()
     return {"steps": log, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ulysses_op, ga, ctx, dtype, world):
+    distributed = world > 1
+    if distributed:
+        dist.barrier()
+    t0 = time.perf_counter()
+    assignment = sampler.step(step)
+    total_targets = sum(dataset.valid_targets(s) for s in assignment.sequences)
+    plans, wait_ms, plan_ms = None, 0.0, 0.0
+    if planner is not None:
+        if step + 1 < cfg.steps:
+            planner.submit(step + 1, step_metadata(sampler.step(step + 1)))
+        plans = planner.get(step, timeout=PLAN_WAIT_S)
+        rec = planner.records[step]
+        wait_ms, plan_ms = rec.wait_s * 1e3, rec.plan_s * 1e3
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    for g in range(ga):
+        batch = next(batches)
+        ids, labels, pos = batch.local(ctx.cp_rank, cfg.cp)
+        if cfg.attention == "reference":
+            attn = reference_attention(batch.sample_lengths)
+        elif cfg.attention == "ulysses":
+            attn = (project_ulysses(batch.sample_lengths, ctx.cp_group, ulysses_op) if ulysses_op is not None
+                    else ulysses_attention(batch.sample_lengths, cfg.cp, ctx.cp_group.group))
+        else:
+            attn = libra_core_attention(plans[g], ctx.pool_group, verify_plan=(step == 0))
+        logits = model(ids, pos, attn)
+        loss = F.cross_entropy(logits.float() if dtype == torch.bfloat16 else logits, labels,
+                               ignore_index=IGNORE, reduction="sum") / total_targets
+        loss.backward()
+        loss_sum += loss.detach().to(torch.float64)
+    if distributed:
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([gr.reshape(-1) for gr in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for gr in grads:
+            gr.copy_(flat[offset:offset + gr.numel()].view_as(gr))
+            offset += gr.numel()
+        dist.all_reduce(loss_sum)
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    dt = time.perf_counter() - t0
+    tokens = cfg.gbs * cfg.seq_len
+    return {"step": step, "loss": float(loss_sum), "step_ms": dt * 1e3, "tokens": tokens,
+            "tokens_per_gpu_s": tokens / dt / world, "plan_ms": plan_ms, "plan_wait_ms": wait_ms}
+
