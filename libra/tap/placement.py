@@ -248,7 +248,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
     state: dict[int, dict] = {}  # sample*A+atom -> {worker: prefix end}; -(...)-1: block-body set
     loads = [0.0] * n_workers
     heap = [(0.0, i) for i in range(n_workers)]
-    dest = np.empty(n_tiles, dtype=np.int64)
+    dest = [0] * n_tiles
     fallback = 0
     (flops_l, widx_l, qo_l, a0_l, a1_l, sf_l, nf_l, sl_l, e_l, body_l, gf_l, gl_l, free_l, gen_l) = (
         tiles.flops.tolist(), np.searchsorted(wsorted, tiles.q_home).tolist(), qo.tolist(), a0.tolist(),
@@ -257,6 +257,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
         (qo + full_kv).tolist())
     empty: dict = {}
     get = state.get
+    rest = list(zip(gf_l, gl_l, body_l, a0_l, a1_l, qo_l, sf_l, nf_l, sl_l, e_l, gen_l))
 
     def least_loaded():
         while True:
@@ -274,7 +275,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
             heapq.heappush(heap, (loads[w], w))
             dest[t] = w
             continue
-        gf, gl, bd, b0, b1 = gf_l[t], gl_l[t], body_l[t], a0_l[t], a1_l[t]
+        gf, gl, bd, b0, b1, qo_t, sf, nf, sl, e, gen = rest[t]
         if b1 - b0 == 1:  # the usual case: one KV atom per tile
             gfd = get(gf + b0, empty)
             gbd = get(-gf - b0 - 1, empty) if bd else empty
@@ -290,7 +291,6 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
             if load + f > cap:
                 fallback += 1
         else:
-            qo_t, sf, nf, sl, e = qo_l[t], sf_l[t], nf_l[t], sl_l[t], e_l[t]
             if free:  # only the (full) Q-home holds any of it: no holder pieces to score
                 pieces = ()
             else:
@@ -362,7 +362,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
                             best = key
             load, wm = least_loaded()
             if load + f <= cap and (best is None or wm not in special):
-                key = (gen_l[t], load, wm)  # every worker outside `special` costs the generic amount
+                key = (gen, load, wm)  # every worker outside `special` costs the generic amount
                 if best is None or key < best:
                     best = key
             if best is None:
@@ -371,7 +371,6 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
             else:
                 w = best[2]
         # record what w now has: the first sample's prefix, the block body, the last sample's prefix
-        sf, nf = sf_l[t], nf_l[t]
         if b1 - b0 == 1:
             if gfd is empty:
                 gfd = state[gf + b0] = {}
@@ -384,8 +383,8 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
             if gl >= 0:
                 if gld is empty:
                     gld = state[gl + b0] = {}
-                if gld.get(w, -1) < e_l[t]:
-                    gld[w] = e_l[t]
+                if gld.get(w, -1) < e:
+                    gld[w] = e
         else:
             for b in range(b0, b1):
                 d = get(gf + b)
@@ -402,9 +401,9 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
                     d = get(gl + b)
                     if d is None:
                         d = state[gl + b] = {}
-                    if d.get(w, -1) < e_l[t]:
-                        d[w] = e_l[t]
+                    if d.get(w, -1) < e:
+                        d[w] = e
         dest[t] = w
         loads[w] += f
         heapq.heappush(heap, (loads[w], w))
-    return dest, fallback
+    return np.asarray(dest, dtype=np.int64), fallback
