@@ -153,6 +153,8 @@ CASES_4 = [
     {**BASE, "B": 64, "H": 1, "M": 4, "comm": "a2a", "dtypes": ["float64"]},
     {**BASE, "B": 32, "H": 4, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
     {"hq": 4, "hkv": 4, "d": 8, "B": 16, "H": 2, "M": 1, "comm": "p2p", "dtypes": ["float64"]},
+    # GQA groups of 3 straddling chunks of 2 heads unevenly: the per-query-head KV expansion path
+    {"hq": 12, "hkv": 4, "d": 8, "B": 32, "H": 3, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64", "float32", "bfloat16"]},
 ]
 
@@ -172,4 +174,21 @@ CASES_8 = [
 def test_parity_pool4_cp2_and_pool2_cp4(tmp_path):
     """(P 4, CP 2) and (P 2, CP 4) on one 8-rank world."""
     results = run_ranks(_parity_rank, 8, tmp_path, [(4, 2, 4), (2, 4, 2)], CASES_8, 256, 11, deadline_s=170)
+    _assert_results(results)
+
+
+CASES_SLOW = [
+    {**BASE, "B": 16, "H": 4, "M": 2, "comm": "a2a", "dtypes": ["float64", "bfloat16"]},
+    {**BASE, "B": 64, "H": 2, "M": 4, "comm": "p2p", "dtypes": ["float64", "float32"]},
+    {"hq": 12, "hkv": 4, "d": 8, "B": 32, "H": 3, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
+    {"hq": 8, "hkv": 8, "d": 8, "B": 32, "H": 1, "M": 8, "comm": "p2p", "dtypes": ["float64"]},
+    {"hq": 12, "hkv": 4, "d": 8, "method": "ulysses", "dtypes": ["float64", "bfloat16"]},
+]
+
+
+@pytest.mark.slow
+def test_parity_larger_grids_more_cases(tmp_path):
+    """(P 4, CP 2), (P 2, CP 4) and (P 8, CP 1) with more B/H/M, dtypes and exchange modes."""
+    results = run_ranks(_parity_rank, 8, tmp_path, [(4, 2, 4), (2, 4, 2), (8, 1, 8)], CASES_SLOW, 512, 13,
+                        deadline_s=900, pg_timeout_s=300)
     _assert_results(results)

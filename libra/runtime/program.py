@@ -91,7 +91,7 @@ class Message:
 
 @dataclass
 class ChunkKernel:
-    """Kernel work of one Pipeliner chunk at this worker (tile pieces in tile order).
+    """Kernel work of one Pipeliner chunk at this worker (tile pieces; adjacent blocks merged).
 
     ``q_pack``/``k_pack``/``v_pack``/``do_pack`` build the packed kernel inputs
     ``(total_q * qh, d)`` / ``(total_k * kvh, d)`` rows from the stores; ``out_local`` copies kernel
@@ -281,6 +281,23 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
         seg_qtok[i] = tiles.q_start[seg_tile[i]] if first else seg_qtok[i - 1] + seg_q[i - 1]
     seg_s0 = seg_qtok - (seg_kv - seg_q)  # sample start in the packed sequence
     seg_seq = tiles.seq[seg_tile].astype(np.int64)
+    seg_hs = tiles.head_start[seg_tile].astype(np.int64)
+    seg_he = tiles.head_end[seg_tile].astype(np.int64)
+    # Merge pieces of one sample and head range whose query rows are contiguous here (adjacent
+    # blocks placed on the same worker): one kernel segment reads the KV prefix once instead of
+    # once per block, which cuts both kernel launches and the packed-KV copy.
+    if len(seg_tile):
+        order = np.lexsort((seg_qtok, seg_he, seg_hs, seg_s0, seg_seq))
+        seg_seq, seg_s0, seg_hs, seg_he, seg_qtok, seg_q, seg_kv = (
+            x[order] for x in (seg_seq, seg_s0, seg_hs, seg_he, seg_qtok, seg_q, seg_kv))
+        cont = np.zeros(len(order), dtype=bool)
+        cont[1:] = ((seg_seq[1:] == seg_seq[:-1]) & (seg_s0[1:] == seg_s0[:-1]) & (seg_hs[1:] == seg_hs[:-1])
+                    & (seg_he[1:] == seg_he[:-1]) & (seg_qtok[1:] == seg_qtok[:-1] + seg_q[:-1]))
+        first = np.nonzero(~cont)[0]
+        last = np.concatenate((first[1:], [len(order)])) - 1
+        seg_q = np.add.reduceat(seg_q, first)
+        seg_kv = seg_kv[last]
+        seg_seq, seg_s0, seg_hs, seg_he, seg_qtok = (x[first] for x in (seg_seq, seg_s0, seg_hs, seg_he, seg_qtok))
 
     messages: dict[str, list[Message]] = {p: [] for p in PHASES}
     kernels, fr_unpack, br_dq, br_dk, br_dv = [], [], [], [], []
@@ -349,10 +366,10 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
 
         # ---------------- kernel pack for chunk m -----------------------------------------
         q_keys, k_keys, kv_heads_all, c0s = [], [], [], []
-        tile_chunks = [chunk_heads(int(tiles.head_start[t]), int(tiles.head_end[t]), M)[m] for t in seg_tile]
-        qh = tile_chunks[0][1] - tile_chunks[0][0] if len(seg_tile) else 0
+        tile_chunks = [chunk_heads(int(a), int(b), M)[m] for a, b in zip(seg_hs, seg_he)]
+        qh = tile_chunks[0][1] - tile_chunks[0][0] if len(seg_seq) else 0
         c0 = np.array([c[0] for c in tile_chunks], dtype=np.int64)
-        if len(seg_tile):
+        if len(seg_seq):
             if np.any(np.array([c[1] - c[0] for c in tile_chunks]) != qh):
                 raise ValueError("all tiles computed on one worker must have the same head width per chunk")
             if qh % g == 0 and np.all(c0 % g == 0):
@@ -366,7 +383,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 kv_heads = (c0[:, None] + np.arange(qh)[None, :]) // g
         else:
             kvh, kv_heads = 0, np.zeros((0, 0), np.int64)
-        for i in range(len(seg_tile)):
+        for i in range(len(seg_seq)):
             q_keys.append(_keys(seg_seq[i], seg_qtok[i], seg_qtok[i] + seg_q[i], np.arange(c0[i], c0[i] + qh),
                                 hq, big))
             k_keys.append(_keys(seg_seq[i], seg_s0[i], seg_s0[i] + seg_kv[i], kv_heads[i], hkv, big))
