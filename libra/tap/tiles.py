@@ -151,5 +151,6 @@ def kv_atoms(shape: AttentionShape, head_start, head_end) -> tuple[np.ndarray, n
         and per range ``atom_start, atom_end`` (``(n,)`` each): the atoms its KV heads cover.
     """
     k0, k1 = kv_head_ranges(shape, head_start, head_end)
-    bounds = np.unique(np.concatenate((k0, k1)))
+    # KV head indices are small (<= hkv): a bincount finds the distinct boundaries in O(n)
+    bounds = np.flatnonzero(np.bincount(np.concatenate((k0, k1)), minlength=1))
     return bounds, np.searchsorted(bounds, k0), np.searchsorted(bounds, k1)
