@@ -148,7 +148,7 @@ class CostModel:
             seg = pool.segments(plan.shape)
             if not len(seg["dest"]):
                 continue
-            dest = self.topology._check(seg["dest"])
+            dest = self.topology.check_ids(seg["dest"])
             heads = seg["heads"].astype(np.int64)
             if np.any(heads % chunks):
                 bad = int(heads[heads % chunks != 0][0])
@@ -227,7 +227,7 @@ class CostModel:
         pool_of = np.full(n, -1, dtype=np.int64)
         src_l, dst_l, nb_l, kind_l = [], [], [], []
         for pi, pool in enumerate(plan.pools):
-            pool_of[self.topology._check(list(pool.workers))] = pi
+            pool_of[self.topology.check_ids(list(pool.workers))] = pi
             tr = pool.transfers
             src_l.append(tr.src.astype(np.int64))
             dst_l.append(tr.dst.astype(np.int64))

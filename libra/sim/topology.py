@@ -42,7 +42,8 @@ class Topology:
         self.supernode = self.node // profile.nodes_per_supernode
         self.class_names = LINK_CLASSES
 
-    def _check(self, ids) -> np.ndarray:
+    def check_ids(self, ids) -> np.ndarray:
+        """``ids`` as int64, after checking each lies in ``[0, DP*CP)`` (ValueError names the first bad one)."""
         ids = np.asarray(ids, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_workers):
             bad = ids[(ids < 0) | (ids >= self.num_workers)][0]
@@ -59,7 +60,7 @@ class Topology:
         Raises:
             ValueError: an id outside ``[0, DP*CP)``.
         """
-        src, dst = self._check(src), self._check(dst)
+        src, dst = self.check_ids(src), self.check_ids(dst)
         same_node = self.node[src] == self.node[dst]
         same_super = self.supernode[src] == self.supernode[dst]
         code = np.where(same_node, 0, np.where(same_super, 1, 2))
