@@ -138,6 +138,9 @@ def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
         if strategy in names:
             mark_reference(ax, p, value, label, color=palette_for([strategy])[strategy])
     ax.set_xscale("log", base=2)
+    sizes = sorted(int(p) for p in df["pool_size"].unique())
+    ax.set_xticks(sizes, [str(p) for p in sizes])
+    ax.minorticks_off()
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("pool size P (DP replicas per pool)")

@@ -24,7 +24,7 @@ lengths_st = st.lists(st.integers(min_value=1, max_value=50), min_size=1, max_si
 
 
 def test_split_example_by_hand():
-    seqs = pack_fixed_tokens([5, 3, 10, 2, 7], 4)
+    seqs = pack_fixed_tokens([5, 3, 10, 2, 7], 4, policy="split")
     assert [s.sample_lengths.tolist() for s in seqs] == [[4], [1, 3], [4], [4], [2, 2], [4]]
     assert [s.sample_ids.tolist() for s in seqs] == [[0], [0, 1], [2], [2], [2, 3], [4]]
     assert [s.seq_id for s in seqs] == list(range(6))
@@ -33,7 +33,7 @@ def test_split_example_by_hand():
 @settings(max_examples=60, deadline=None)
 @given(lengths=lengths_st, seq_len=st.integers(min_value=1, max_value=40))
 def test_split_preserves_tokens_and_sample_multiset(lengths, seq_len):
-    seqs = pack_fixed_tokens(lengths, seq_len)
+    seqs = pack_fixed_tokens(lengths, seq_len, policy="split")
     total = sum(lengths)
     assert len(seqs) == total // seq_len
     assert all(s.num_tokens == seq_len for s in seqs)
@@ -60,7 +60,12 @@ def test_split_preserves_tokens_and_sample_multiset(lengths, seq_len):
 @given(lengths=lengths_st, seq_len=st.integers(min_value=1, max_value=40))
 def test_full_stream_when_total_divisible(lengths, seq_len):
     lengths = list(lengths) + [seq_len - sum(lengths) % seq_len] if sum(lengths) % seq_len else list(lengths)
-    seqs = pack_fixed_tokens(lengths, seq_len)
+    for policy in ("split", "defer"):
+        seqs = pack_fixed_tokens(lengths, seq_len, policy=policy)
+        ids = np.concatenate([s.sample_ids for s in seqs])
+        pieces = np.concatenate([s.sample_lengths for s in seqs])
+        assert np.bincount(ids, weights=pieces).astype(int).tolist() == lengths
+    seqs = pack_fixed_tokens(lengths, seq_len, policy="split")
     ids = np.concatenate([s.sample_ids for s in seqs])
     pieces = np.concatenate([s.sample_lengths for s in seqs])
     assert np.bincount(ids, weights=pieces).astype(int).tolist() == lengths
@@ -68,7 +73,7 @@ def test_full_stream_when_total_divisible(lengths, seq_len):
 
 
 def test_long_sample_split_into_full_sequences():
-    seqs = pack_fixed_tokens([10, 2, 3, 1], 4)
+    seqs = pack_fixed_tokens([10, 2, 3, 1], 4, policy="split")
     assert [s.sample_lengths.tolist() for s in seqs] == [[4], [4], [2, 2], [3, 1]]
     assert seqs[0].workload == 16.0 and seqs[2].workload == 8.0
 
@@ -124,8 +129,9 @@ def test_gbs_windows_shape_determinism_and_prefix():
         assert np.array_equal(window_workloads(wa), window_workloads(wb))
     assert np.array_equal(window_workloads(a[0]), window_workloads(c[0]))
     assert not np.array_equal(window_workloads(a[0]), window_workloads(d[0]))
-    # consecutive windows continue one stream: sample ids keep increasing
-    assert a[1][0].sample_ids[0] >= a[0][-1].sample_ids[-1]
+    # consecutive windows continue one stream (strictly ordered under 'split')
+    s = gbs_windows("libra-prod", 4096, 8, 2, seed=5, policy="split")
+    assert s[1][0].sample_ids[0] >= s[0][-1].sample_ids[-1]
 
 
 @pytest.mark.parametrize("args, match", [((0, 8, 1), "sequence length"), ((64, 0, 1), "GBS must be"),
@@ -138,3 +144,54 @@ def test_gbs_windows_bad_args(args, match):
 def test_gbs_windows_truncate_still_fills():
     windows = gbs_windows("libra-prod-heavy", 1024, 4, 2, seed=0, policy="truncate")
     assert [len(w) for w in windows] == [4, 4]
+
+
+def test_defer_by_hand():
+    # S=10: 4 fits, 8 does not fit the 6 left -> deferred; 3 and 3 fill the room; 8 starts seq 2
+    seqs = pack_fixed_tokens([4, 8, 3, 3, 2], 10, policy="defer")
+    assert [s.sample_lengths.tolist() for s in seqs] == [[4, 3, 3], [8, 2]]
+    assert [s.sample_ids.tolist() for s in seqs] == [[0, 2, 3], [1, 4]]
+    # nothing fits the room: the shortest buffered sample is cut; long samples start at a boundary
+    seqs = pack_fixed_tokens([7, 25, 6, 9], 10, policy="defer")
+    assert [s.sample_lengths.tolist() for s in seqs] == [[7, 3], [10], [10], [5, 3, 2], [4]][:4]
+    assert [s.sample_ids.tolist() for s in seqs] == [[0, 2], [1], [1], [1, 2, 3]]
+    # lookahead 1 is exactly 'split'
+    lengths = [5, 3, 10, 2, 7]
+    one = pack_fixed_tokens(lengths, 4, policy="defer", lookahead=1)
+    split = pack_fixed_tokens(lengths, 4, policy="split")
+    assert [s.sample_lengths.tolist() for s in one] == [s.sample_lengths.tolist() for s in split]
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=lengths_st, seq_len=st.integers(min_value=1, max_value=40), lookahead=st.integers(1, 8))
+def test_defer_preserves_tokens_and_bounds_reordering(lengths, seq_len, lookahead):
+    seqs = pack_fixed_tokens(lengths, seq_len, policy="defer", lookahead=lookahead)
+    assert len(seqs) == sum(lengths) // seq_len
+    assert all(s.num_tokens == seq_len for s in seqs)
+    if not seqs:
+        return
+    ids = np.concatenate([s.sample_ids for s in seqs])
+    pieces = np.concatenate([s.sample_lengths for s in seqs])
+    rejoined = np.bincount(ids, weights=pieces, minlength=len(lengths)).astype(int)
+    assert np.all(rejoined <= np.asarray(lengths))
+    assert sum(lengths) - rejoined.sum() < seq_len  # only the partial tail is missing
+    # placement is bounded: a sample is never placed after one `lookahead` positions newer started
+    first_seen = {}
+    for pos, i in enumerate(ids.tolist()):
+        first_seen.setdefault(i, pos)
+    order = sorted(first_seen, key=first_seen.get)
+    for rank, i in enumerate(order):
+        assert i - rank <= lookahead  # a sample starts at most `lookahead` places early
+
+
+def test_defer_keeps_long_samples_whole_at_boundaries():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 200, 400).tolist()
+    lengths[50] = 900  # shorter than S: never cut under 'defer'
+    seqs = pack_fixed_tokens(lengths, 1000, policy="defer")
+    holders = [s for s in seqs if 50 in s.sample_ids.tolist()]
+    assert len(holders) == 1 and holders[0].sample_ids[0] == 50
+    assert holders[0].sample_lengths[0] == 900
+    # under 'split' the same sample is usually cut in two
+    split = [s for s in pack_fixed_tokens(lengths, 1000, policy="split") if 50 in s.sample_ids.tolist()]
+    assert sum(int(s.sample_lengths[s.sample_ids == 50].sum()) for s in split) == 900

@@ -7,19 +7,35 @@ documents arrive at a steady rate. Everything is drawn from generators seeded by
 
 Presets
 -------
-``libra-prod`` stands in for the paper's private production corpus (Libra sec. 3.1, Fig. 2):
-median sample 644 tokens, longest samples near 1M (``max_len = 2**20``). Its free parameters
-(``sigma``, ``tail_prob``, ``tail_min``, ``tail_alpha``) were **calibrated** against the paper's
-Figure 4 (production-order grouping, Libra sec. 3.2/4.2) by :func:`calibration_error` with
-:func:`production_r_minus_1`: R - 1 is computed per GBS window (fixed-token 'split' packing, pools
-of P consecutive sequences) and averaged over 64 windows, seeds 0 and 1 pooled. Targets:
-R - 1 = 1.08 at P = 8 (S = 256K, GBS = 128), 0.90 at P = 8 (S = 1M, GBS = 32) and 0.09 at P = 64
-(S = 256K, GBS = 128). A coarse grid over (sigma, tail_prob, tail_alpha) with tail_min fixed
-was followed by a local refinement; the frozen values and the numbers they achieve are recorded in
-:data:`LIBRA_PROD_CALIBRATION` (checked by ``tests/test_data_presets.py``).
+``libra-prod`` stands in for the paper's private production corpus (Libra sec. 3.1, Fig. 2): median
+sample 644 tokens (count median of the mixed stream, exact by construction), longest samples near
+1M (``max_len = 2**20``; giants drawn from ``[822K, 1M]``). About 57% of its tokens come from long
+documents (24K-270K tokens, Pareto index 1.17) and 2.9% from giants (about one per 32M tokens, i.e.
+one per GBS window in both paper settings); the rest are short lognormal documents.
 
-``libra-prod-light`` and ``libra-prod-heavy`` keep the body and change the tail (fewer/lighter
-or more/heavier very long samples) for sensitivity studies; they are not calibrated to any figure.
+Calibration. The free parameters (short-source ``sigma``, the long source's share, range and
+index, the giant share and lower bound) were fitted to the paper's Figure 4 numbers for
+production-order grouping (Libra sec. 3.2 and 4.2), :data:`CALIBRATION_TARGETS`: R - 1 = 1.08 at
+P = 8 (S = 256K, GBS = 128, +-20%), 0.90 at P = 8 (S = 1M, GBS = 32, +-20%) and 0.09 at P = 64
+(S = 256K, GBS = 128, +-50%). R - 1 is measured per GBS window on the default packing
+(:mod:`libra.data.packing`, 'defer') with pools of P consecutive sequences, and averaged over the
+windows. Procedure: a coarse manual grid, then :func:`search_parameters` (random local search on
+a log-error loss, 32 windows x seeds 0-1, 60 steps, ``rng_seed=1``) from a hand-picked start,
+then rounding and freezing. Achieved with 64 windows x seeds 0-3 (:data:`LIBRA_PROD_CALIBRATION`):
+1.175 (+8.8%), 0.892 (-0.9%) and 0.0875 (-2.7%). Per-seed values move by a few percent.
+
+Two findings from the calibration, for whoever changes it: (1) under the 'split' packing policy
+none of the few hundred settings we tried reached both P = 8 targets (the 1M value stayed at about
+half the 256K one; the frozen preset gives 1.39 / 0.66 / 0.11 with 'split', 32 windows, seed 0),
+because cutting a ~1M-token sample at a random offset of a 1M sequence removes about a third of its
+quadratic workload; 'defer' starts such samples at a sequence boundary. (2) With independent
+(Poisson) arrival of the giants, windows without a giant pulled the 1M mean down in every setting
+we tried, hence the token-share mixer.
+
+``libra-prod-light`` drops the giants (longest samples about 270K); ``libra-prod-heavy`` keeps them
+but has 40% fewer long-document tokens, so the giants dominate more. Production-order R - 1 at
+P = 8 (16 windows, seed 0): light 0.50 / 0.13, libra-prod 1.14 / 0.88, heavy 1.89 / 1.21
+(256K / 1M). They are for sensitivity studies and are not calibrated to any figure.
 """
 
 from __future__ import annotations
@@ -241,33 +257,100 @@ def calibration_error(dist, n_windows: int = 64, seeds=(0, 1)) -> tuple[float, l
         target. Each row holds the setting, the paper's and the achieved mean R - 1 (mean over
         ``n_windows`` windows of every seed).
     """
+    achieved: dict[tuple[int, int, int], list[float]] = {}
+    settings = sorted({(seq_len, gbs) for seq_len, gbs, *_ in CALIBRATION_TARGETS})
+    for seq_len, gbs in settings:
+        sizes = [p for s_len, g, p, *_ in CALIBRATION_TARGETS if (s_len, g) == (seq_len, gbs)]
+        for seed in seeds:
+            for p, value in production_r_minus_1(dist, seq_len, gbs, sizes, n_windows, seed).items():
+                achieved.setdefault((seq_len, gbs, p), []).append(value)
     rows, worst = [], 0.0
     for seq_len, gbs, p, paper, tol in CALIBRATION_TARGETS:
-        got = float(np.mean([production_r_minus_1(dist, seq_len, gbs, [p], n_windows, s)[p] for s in seeds]))
-        err = abs(got / paper - 1.0) / tol
-        worst = max(worst, err)
+        got = float(np.mean(achieved[(seq_len, gbs, p)]))
+        worst = max(worst, abs(got / paper - 1.0) / tol)
         rows.append({"seq_len": seq_len, "gbs": gbs, "pool_size": p, "paper": paper, "achieved": got,
                      "rel_error": got / paper - 1.0, "tolerance": tol})
     return worst, rows
 
 
+_SEARCH_BOUNDS = {  # parameter: (low, high) of the search (log2 for the two long-source lengths)
+    "sigma": (0.6, 2.0), "long_share": (0.05, 0.9), "log2_long_min": (13.0, 17.5),
+    "log2_long_max": (16.0, 19.9), "long_alpha": (0.2, 3.0), "giant_share": (0.01, 0.08),
+    "giant_min_frac": (0.5, 0.98),
+}
+
+
+def _from_vector(x, name: str, max_len: int) -> LengthDistribution:
+    sigma, long_share, lmin, lmax, alpha, giant_share, gfrac = (float(v) for v in x)
+    long_min = int(2**lmin)
+    return LengthDistribution(name=name, sigma=sigma, long_share=long_share, long_min=long_min,
+                              long_max=max(min(int(2**lmax), max_len), long_min + 1), long_alpha=alpha,
+                              giant_share=giant_share, giant_min=int(gfrac * max_len), max_len=max_len)
+
+
+def search_parameters(start: LengthDistribution, n_iter: int = 200, n_windows: int = 24, seeds=(0, 1),
+                      rng_seed: int = 0, log=None) -> tuple[LengthDistribution, float]:
+    """Random local search for generator parameters that meet :data:`CALIBRATION_TARGETS`.
+
+    The loss is ``sum_t (ln(achieved_t / paper_t) / ln(1 + tol_t))^2``; each step perturbs about
+    half the parameters (Gaussian, 1/8 of the range, shrinking by 0.6 every 50 steps) and keeps
+    the candidate when the loss falls. This is how ``libra-prod`` was calibrated (then frozen).
+
+    Returns:
+        ``(best distribution, its loss)``.
+    """
+    names = list(_SEARCH_BOUNDS)
+    lo = np.array([_SEARCH_BOUNDS[n][0] for n in names])
+    hi = np.array([_SEARCH_BOUNDS[n][1] for n in names])
+    targets = np.array([t[3] for t in CALIBRATION_TARGETS])
+    scale = np.log1p([t[4] for t in CALIBRATION_TARGETS])
+
+    def loss(dist) -> float:
+        _, rows = calibration_error(dist, n_windows, seeds)
+        got = np.maximum([r["achieved"] for r in rows], 1e-9)
+        return float(np.sum((np.log(got / targets) / scale) ** 2))
+
+    x = np.array([start.sigma, start.long_share, math.log2(start.long_min), math.log2(start.long_max),
+                  start.long_alpha, start.giant_share, start.giant_min / start.max_len])
+    best, best_loss = start, loss(start)
+    rng = np.random.default_rng(rng_seed)
+    step = (hi - lo) / 8
+    for it in range(n_iter):
+        cand_x = np.clip(x + rng.normal(0, 1, x.size) * step * (rng.random(x.size) < 0.5), lo, hi)
+        cand = _from_vector(cand_x, start.name, start.max_len)
+        cand_loss = loss(cand)
+        if cand_loss < best_loss:
+            x, best, best_loss = cand_x, cand, cand_loss
+            if log is not None:
+                log(f"step {it}: loss {best_loss:.3f} {best.params()}")
+        if it % 50 == 49:
+            step *= 0.6
+    return best, best_loss
+
+
 # -- presets ----------------------------------------------------------------------------------
 
-LIBRA_PROD = LengthDistribution(name="libra-prod")
+LIBRA_PROD = LengthDistribution(
+    name="libra-prod", median=644.0, sigma=1.09, long_share=0.57, long_min=24576, long_max=276480,
+    long_alpha=1.17, giant_share=0.0286, giant_min=841728, max_len=2**20,
+)
 
-LIBRA_PROD_CALIBRATION: tuple[dict, ...] = ()
-"""Achieved calibration numbers of ``libra-prod`` (filled in when the parameters were frozen)."""
+LIBRA_PROD_CALIBRATION: tuple[dict, ...] = (
+    {"seq_len": 262144, "gbs": 128, "pool_size": 8, "paper": 1.08, "achieved": 1.1754389831007535},
+    {"seq_len": 1048576, "gbs": 32, "pool_size": 8, "paper": 0.90, "achieved": 0.8922420465940264},
+    {"seq_len": 262144, "gbs": 128, "pool_size": 64, "paper": 0.09, "achieved": 0.08754919999449681},
+)
+"""Production-order mean R - 1 of the frozen ``libra-prod``: 64 windows x seeds 0-3, 'defer' packing
+(``calibration_error(LIBRA_PROD, 64, (0, 1, 2, 3))``): +8.8%, -0.9% and -2.7% from the paper."""
 
 PRESETS: dict[str, LengthDistribution] = {
     d.name: d
     for d in (
         LIBRA_PROD,
-        # fewer long and giant tokens: milder skew
-        replace(LIBRA_PROD, name="libra-prod-light", long_share=LIBRA_PROD.long_share / 2,
-                giant_share=LIBRA_PROD.giant_share / 2),
-        # twice the giant tokens and a heavier long tail: stronger skew
-        replace(LIBRA_PROD, name="libra-prod-heavy", giant_share=LIBRA_PROD.giant_share * 2,
-                long_alpha=LIBRA_PROD.long_alpha * 0.5),
+        # no giants: the longest samples are ~270K tokens, so the tail is lighter
+        replace(LIBRA_PROD, name="libra-prod-light", giant_share=0.0),
+        # 40% fewer long-document tokens: the same giants stand out more against the rest
+        replace(LIBRA_PROD, name="libra-prod-heavy", long_share=round(LIBRA_PROD.long_share * 0.6, 4)),
     )
 }
 

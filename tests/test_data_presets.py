@@ -1,0 +1,111 @@
+"""Synthetic length presets and the libra-prod calibration (libra/data/presets.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from libra.data.presets import (
+    CALIBRATION_TARGETS,
+    LIBRA_PROD,
+    LIBRA_PROD_CALIBRATION,
+    PRESETS,
+    LengthDistribution,
+    calibration_error,
+    get_preset,
+    production_r_minus_1,
+    search_parameters,
+)
+
+
+def test_presets_registered_and_unknown_name():
+    assert {"libra-prod", "libra-prod-light", "libra-prod-heavy"} <= set(PRESETS)
+    assert get_preset("libra-prod") is LIBRA_PROD
+    with pytest.raises(ValueError, match=r"unknown preset 'prod'; presets: libra-prod, libra-prod-heavy"):
+        get_preset("prod")
+
+
+def test_libra_prod_shape_median_and_longest():
+    stream = LIBRA_PROD.stream(2**29, seed=0)  # 512M tokens
+    assert abs(np.median(stream) / 644 - 1) < 0.02
+    assert stream.max() <= 2**20 and stream.max() > 0.9e6  # longest samples near 1M
+    assert stream.min() >= 1 and stream.dtype == np.int64
+    # token shares follow the mixer
+    long_tokens = stream[(stream >= LIBRA_PROD.long_min) & (stream <= LIBRA_PROD.long_max)].sum()
+    assert abs(long_tokens / stream.sum() - LIBRA_PROD.long_share) < 0.08
+
+
+def test_stream_deterministic_and_prefix_stable():
+    a = LIBRA_PROD.stream(10**7, seed=3)
+    b = LIBRA_PROD.stream(10**7, seed=3)
+    c = LIBRA_PROD.stream(5 * 10**7, seed=3)
+    d = LIBRA_PROD.stream(10**7, seed=4)
+    assert np.array_equal(a, b)
+    assert np.array_equal(a, c[: a.size])
+    assert not np.array_equal(a[:100], d[:100])
+    assert a.sum() >= 10**7 and a[:-1].sum() < 10**7  # the shortest prefix
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"sigma": 0}, "sigma must be in"),
+    ({"long_share": 0.7, "giant_share": 0.4}, "shares must be >= 0"),
+    ({"giant_share": -0.1}, "shares must be >= 0"),
+    ({"long_min": 100}, "median <= long_min < long_max"),
+    ({"long_max": 2**21}, "median <= long_min < long_max <= max_len"),
+    ({"giant_min": 10}, "giant_min=10 must lie in"),
+    ({"long_alpha": 0}, "long_alpha must be > 0"),
+    ({"max_len": 0}, "max_len must be an integer >= 1"),
+    ({"median": float("nan")}, "median must be a number"),
+    ({"name": ""}, "name must be a non-empty string"),
+])
+def test_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        replace(LIBRA_PROD, **kwargs)
+
+
+def test_stream_bad_args():
+    with pytest.raises(ValueError, match="n_tokens must be an integer >= 1, got 0"):
+        LIBRA_PROD.stream(0)
+    with pytest.raises(ValueError, match="seed must be an integer >= 0, got -1"):
+        LIBRA_PROD.stream(10, seed=-1)
+
+
+def test_variants_order_the_skew():
+    r = {name: production_r_minus_1(PRESETS[name], 262144, 128, [8], 8, seed=0)[8]
+         for name in ("libra-prod-light", "libra-prod", "libra-prod-heavy")}
+    assert r["libra-prod-light"] < r["libra-prod"] < r["libra-prod-heavy"]
+    assert PRESETS["libra-prod-light"].stream(2**27, seed=0).max() < 300_000
+
+
+def test_calibration_targets_cheap():
+    """Figure 4 targets (paper R - 1 +-20% at P = 8, +-50% at P = 64), 32 windows of seed 0."""
+    worst, rows = calibration_error(LIBRA_PROD, n_windows=32, seeds=(0,))
+    for row in rows:
+        assert abs(row["rel_error"]) <= row["tolerance"], row
+    assert worst <= 1.0
+
+
+def test_frozen_calibration_record_matches_targets():
+    assert len(LIBRA_PROD_CALIBRATION) == len(CALIBRATION_TARGETS)
+    for row, (seq_len, gbs, p, paper, tol) in zip(LIBRA_PROD_CALIBRATION, CALIBRATION_TARGETS):
+        assert (row["seq_len"], row["gbs"], row["pool_size"], row["paper"]) == (seq_len, gbs, p, paper)
+        assert abs(row["achieved"] / paper - 1) <= tol
+
+
+@pytest.mark.slow
+def test_calibration_targets_full():
+    """The recorded calibration: 64 windows, seeds 0-3 (about a minute)."""
+    worst, rows = calibration_error(LIBRA_PROD, n_windows=64, seeds=(0, 1, 2, 3))
+    assert worst <= 1.0, rows
+    for row, frozen in zip(rows, LIBRA_PROD_CALIBRATION):
+        assert row["achieved"] == pytest.approx(frozen["achieved"], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_search_improves_a_bad_start():
+    start = LengthDistribution(name="x", sigma=1.8, long_share=0.1, giant_share=0.06)
+    _, start_loss = search_parameters(start, n_iter=0, n_windows=4, seeds=(0,))
+    best, best_loss = search_parameters(start, n_iter=6, n_windows=4, seeds=(0,), rng_seed=0)
+    assert best_loss <= start_loss
