@@ -81,6 +81,15 @@ class LibraAttention:
         self.stats = RuntimeStats()
         self._cache: dict = {}
 
+    def _idx(self, arr, device) -> torch.Tensor:
+        """numpy index array -> cached int64 tensor on ``device`` (index_add_ needs it there)."""
+        key = (id(arr), str(device))
+        got = self._cache.get(key)
+        if got is None:
+            got = (torch.as_tensor(arr, device=device), arr)  # keep arr alive: its id keys the cache
+            self._cache[key] = got
+        return got[0]
+
     # -- checks -------------------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
         s, n = self.program.shape, self.program.num_local
@@ -137,7 +146,7 @@ class LibraAttention:
                 saved[m] = (o, lse, seg)
                 src, dst = kern.out_local
                 if len(dst):
-                    out_rows[torch.as_tensor(dst)] = o_rows[torch.as_tensor(src)]
+                    out_rows[self._idx(dst, q.device)] = o_rows[self._idx(src, q.device)]
             compute_s += time.perf_counter() - tc
             returns.append(ex.issue(prog.messages[FR][m], stores, self._cache, stores["q"], FR, m, meter))
         for m, h in enumerate(returns):
@@ -146,7 +155,7 @@ class LibraAttention:
             wait_s += time.perf_counter() - tw
             r, l_rows = prog.fr_unpack[m]
             if len(r):
-                out_rows[torch.as_tensor(l_rows)] = recv[torch.as_tensor(r)]
+                out_rows[self._idx(l_rows, q.device)] = recv[self._idx(r, q.device)]
             meter.free(recv)
         held = {f"fd{m}": stores[f"fd{m}"] for m in range(M)}
         st = self.stats
@@ -197,11 +206,11 @@ class LibraAttention:
                 stores[f"dq{m}"] = gq_rows
                 src, dst = kern.out_local
                 if len(dst):
-                    dq_rows[torch.as_tensor(dst)] = gq_rows[torch.as_tensor(src)]
+                    dq_rows[self._idx(dst, q.device)] = gq_rows[self._idx(src, q.device)]
                 # dK/dV: scatter-add back onto the rows the kernel inputs were gathered from
                 for parts, gk_rows in ((kern.k_pack, gk.reshape(-1, d)), (kern.v_pack, gv.reshape(-1, d))):
                     for name, idx, pos in parts:
-                        grads[name].index_add_(0, torch.as_tensor(idx), gk_rows[torch.as_tensor(pos)])
+                        grads[name].index_add_(0, self._idx(idx, q.device), gk_rows[self._idx(pos, q.device)])
                 meter.free(gk, gv)
             compute_s += time.perf_counter() - tc
             returns.append(ex.issue(prog.messages[BR][m], stores, self._cache, stores["q"], BR, m, meter))
@@ -214,10 +223,10 @@ class LibraAttention:
             wait_s += time.perf_counter() - tw
             r, rows = prog.br_dq[m]
             if len(r):
-                dq_rows[torch.as_tensor(rows)] = recv[torch.as_tensor(r)]
+                dq_rows[self._idx(rows, q.device)] = recv[self._idx(r, q.device)]
             for (r, rows), target in ((prog.br_dk[m], dk_rows), (prog.br_dv[m], dv_rows)):
                 if len(r):
-                    target.index_add_(0, torch.as_tensor(rows), recv[torch.as_tensor(r)])
+                    target.index_add_(0, self._idx(rows, q.device), recv[self._idx(r, q.device)])
             meter.free(recv)
         for m in range(M):
             meter.free(stores.pop(f"fd{m}"), grads.pop(f"fd{m}"))
