@@ -172,8 +172,16 @@ def kernel_point(key: dict, backend, cfg: CalibrateConfig, device, dtype) -> lis
     length, heads = int(key["length"]), int(key["heads"])
     kvh = kv_heads_per_call(heads, cfg.group)
     seg = Segments([length], [length])
-    res = measure_call(backend, seg, heads, kvh, cfg, device, dtype, seed=cfg.seed + length * 131 + heads)
     area = float(sample_area(length))
+    try:
+        res = measure_call(backend, seg, heads, kvh, cfg, device, dtype, seed=cfg.seed + length * 131 + heads)
+    except torch.OutOfMemoryError:
+        # e.g. the plain-PyTorch fallback materialises (heads, L, L) scores: record the point as
+        # unmeasured (NaN, left out of the fit) instead of losing the whole sweep
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        nan = {"ms": np.nan, "ms_p10": np.nan, "ms_p90": np.nan, "ms_min": np.nan, "repeats": 0}
+        res = {"fwd": nan, "bwd": nan, "rotation": 0}
     rows = []
     for pas in ("fwd", "bwd"):
         flops = float(attention_flops(area, heads, cfg.head_dim, backward=pas == "bwd"))
@@ -245,9 +253,12 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
     Raises:
         ValueError: measurements the model cannot be fitted to (e.g. non-positive times).
     """
+    df = df[~(df.sweep.isin(["length", "heads", "launch"]) & ~np.isfinite(df["ms"]))]  # unmeasured (OOM)
     lf = df[(df.sweep == "length") & (df["pass"] == "fwd")].sort_values("length")
     lb = df[(df.sweep == "length") & (df["pass"] == "bwd")].sort_values("length")
     hf = df[(df.sweep == "heads") & (df["pass"] == "fwd")].sort_values("heads")
+    if len(lf) < 3 or len(lb) != len(lf):
+        raise ValueError(f"only {len(lf)} length points were measured; the fit needs >= 3")
     probe = df[(df.sweep == "launch") & (df["pass"] == "fwd")]
     times = lf["ms"].to_numpy()
     # the probe is a real (tiny) kernel: cap it below the fastest sweep point so the fit's

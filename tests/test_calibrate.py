@@ -1,0 +1,196 @@
+"""`libra-bench calibrate` on CPU (tiny sizes), its fits, the written profile, bad input; GPU run marked."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from experiments.calibrate import CalibrateConfig, calibrate, fit_heads_half, fit_profile
+from experiments.gpu_common import (
+    device_info,
+    kv_heads_per_call,
+    resolve_backend,
+    resolve_device,
+    resolve_dtype,
+    time_calls,
+)
+from libra.sim.kernel import KernelModel
+from libra.sim.profiles import load_profile
+from libra.workload import attention_flops, sample_area
+
+TINY = ["--device", "cpu", "--lengths", "64,128,256", "--heads", "1,2", "--q-heads", "2", "--kv-heads", "1",
+        "--head-dim", "16", "--heads-length", "128", "--warmup", "0", "--repeats", "2", "--rotate", "2",
+        "--copy-mb", "1", "--no-progress"]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when CUDA is absent")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calibrate")
+    res = CliRunner().invoke(calibrate, [*TINY, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out, res.output
+
+
+def test_cli_writes_csv_png_profile_run(tiny_run):
+    out, output = tiny_run
+    for name in ("calibrate.csv", "calibrate.png", "profile.json", "run.json"):
+        assert (out / name).stat().st_size > 0, name
+    df = pd.read_csv(out / "calibrate.csv")
+    counts = df.groupby("sweep").size().to_dict()
+    assert counts == {"launch": 2, "length": 6, "heads": 4, "copy": 1}
+    kern = df[df.sweep.isin(["length", "heads"])]
+    assert np.all(kern["ms"] > 0) and np.all(kern["rotation"] >= 1)
+    # each Figure 5 curve is normalised to its own best point
+    for _, g in kern.groupby(["sweep", "pass"]):
+        assert g["normalized"].max() == pytest.approx(1.0)
+        assert np.all(g["normalized"] > 0)
+    # throughput is FLOPs / time with the FLOPs of libra.workload
+    row = df[(df.sweep == "length") & (df["pass"] == "bwd") & (df.length == 256)].iloc[0]
+    assert row.flops == pytest.approx(attention_flops(sample_area(256), 2, 16, backward=True))
+    assert row.tflops == pytest.approx(row.flops / (row.ms * 1e-3) / 1e12)
+    assert df[df.sweep == "copy"]["gbps"].iloc[0] > 0
+    assert "Figure 5" in output and "fit: rate_inf" in output
+
+
+def test_profile_loads_round_trips_and_keeps_base_links(tiny_run):
+    out, _ = tiny_run
+    data = json.loads((out / "profile.json").read_text())
+    prof = load_profile(out / "profile.json")
+    assert prof.to_dict() == data
+    base = load_profile("h100-roce-v1")
+    assert prof.links == base.links and prof.gpus_per_node == base.gpus_per_node
+    assert prof.kernel.reference_heads == 2 and prof.kernel.launch_ms > 0
+    src = prof.source
+    assert src["kernel_backend"] == "cpu-flash" and src["torch"] == torch.__version__
+    assert src["calibration_table"]["lengths"] == [64, 128, 256]
+    assert "not a link" in src["device_copy"]["meaning"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["summary"]["backend"] == "cpu-flash" and set(run["summary"]["figure5"]) == {"heads", "length"}
+
+
+def test_rerun_reuses_finished_points(tiny_run):
+    out, _ = tiny_run
+    res = CliRunner().invoke(calibrate, [*TINY, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["points_computed"] == 0 and run["points_reused"] == 1 + 3 + 2 + 1
+
+
+def _synthetic_df(model: KernelModel, cfg: CalibrateConfig) -> pd.DataFrame:
+    """Rows calibrate would write if the device followed ``model`` exactly."""
+    rows = [{"sweep": "launch", "pass": "fwd", "length": 128, "heads": 1, "ms": model.launch_ms * 1.5}]
+    for L in cfg.lengths:
+        ms = float(model.document_forward_ms([L], cfg.q_heads, cfg.head_dim)[0])
+        rows += [{"sweep": "length", "pass": "fwd", "length": L, "heads": cfg.q_heads, "ms": ms},
+                 {"sweep": "length", "pass": "bwd", "length": L, "heads": cfg.q_heads,
+                  "ms": ms * model.backward_time_ratio}]
+    for h in cfg.heads:
+        ms = float(model.document_forward_ms([cfg.heads_length], h, cfg.head_dim)[0]) - model.launch_ms
+        fl = float(attention_flops(sample_area(cfg.heads_length), h, cfg.head_dim))
+        rows.append({"sweep": "heads", "pass": "fwd", "length": cfg.heads_length, "heads": h, "ms": ms,
+                     "tflops": fl / (ms * 1e-3) / 1e12})
+    rows.append({"sweep": "copy", "pass": "copy", "ms": 1.0, "gbps": 123.0, "bytes": 1e9})
+    return pd.DataFrame(rows)
+
+
+def test_fit_recovers_a_known_kernel_model():
+    truth = KernelModel(rate_inf_tflops=400.0, half_length=1500.0, exponent=1.2, launch_ms=0.02,
+                        reference_heads=32, heads_half=0.5, backward_time_ratio=2.7)
+    cfg = CalibrateConfig(lengths=(512, 1024, 2048, 4096, 8192, 16384, 32768, 65536))
+    df = _synthetic_df(truth, cfg)
+    info = {"device": "cuda:0", "name": "Fake GPU", "kernel_backend": "torch-varlen", "torch": "x"}
+    prof, fit = fit_profile(df, cfg, load_profile("h100-roce-v1"), info, "bf16")
+    k = prof.kernel
+    assert fit["length_fit_max_rel_err"] < 0.02
+    assert k.rate_inf_tflops == pytest.approx(400.0, rel=0.03)
+    assert k.half_length == pytest.approx(1500.0, rel=0.1)
+    assert k.heads_half == pytest.approx(0.5, rel=0.05)
+    assert k.backward_time_ratio == pytest.approx(2.7)
+    # the probe's time, capped at half the fastest length point so the fit's time - launch stays > 0
+    t_min = float(truth.document_forward_ms([512], 32, 128)[0])
+    assert k.launch_ms == pytest.approx(min(0.03, 0.5 * t_min), rel=1e-4)
+    assert prof.name == "fake-gpu-torch-varlen-measured"
+    assert prof.source["device_copy"]["gbps"] == 123.0
+
+
+def test_fit_heads_half_cases():
+    heads = np.array([1, 2, 4, 8, 16, 32])
+    rates = heads / (heads + 2.0)
+    c, err = fit_heads_half(heads, rates, 32)
+    assert c == pytest.approx(2.0, rel=0.01) and err < 1e-3
+    c0, _ = fit_heads_half(heads, np.ones(6), 32)  # fewer heads not slower: no heads effect
+    assert c0 == 0.0
+    with pytest.raises(ValueError, match="reference heads 64"):
+        fit_heads_half(heads, rates, 64)
+    with pytest.raises(ValueError, match="positive"):
+        fit_heads_half(heads, -rates, 32)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"lengths": (0, 64, 128)}, "lengths must be positive, got 0"),
+    ({"lengths": (64, 64, 128)}, ">= 3 distinct"),
+    ({"heads": (3,), "q_heads": 4, "kv_heads": 2}, "heads per call 3"),
+    ({"q_heads": 6, "kv_heads": 4}, "kv_heads=4 must divide q_heads=6"),
+    ({"repeats": 0}, "repeats must be a positive integer"),
+    ({"warmup": -1}, "warmup"),
+])
+def test_config_rejects_bad_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        CalibrateConfig(**kwargs)
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--backend", "nope"], "unknown attention backend 'nope'"),
+    (["--backend", "torch-varlen"], "needs a CUDA device"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--lengths", "0,64"], "must be >= 1"),
+    (["--heads", "3"], "heads per call 3"),
+    (["--base-profile", "no-such-profile"], "unknown hardware profile"),
+])
+def test_cli_bad_input(args, match, tmp_path):
+    res = CliRunner().invoke(calibrate, [*TINY, *args, "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    assert match in res.output
+
+
+@NO_CUDA
+def test_cuda_requested_without_cuda_is_a_clear_error(tmp_path):
+    res = CliRunner().invoke(calibrate, [*TINY, "--device", "cuda", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "CUDA is not available" in res.output
+    with pytest.raises(ValueError, match="'cuda:0' requested but CUDA is not available"):
+        resolve_device("cuda:0")
+
+
+def test_helpers():
+    assert kv_heads_per_call(16, 8) == 2 and kv_heads_per_call(4, 8) == 1
+    with pytest.raises(ValueError, match="3 query heads"):
+        kv_heads_per_call(3, 2)
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_backend("auto", cpu).name == "cpu-flash"
+    assert device_info(cpu)["device"] == "cpu"
+    calls = []
+    ms = time_calls(calls.append, cpu, warmup=2, repeats=3)
+    assert calls == [0, 1, 2, 3, 4] and ms.shape == (3,) and np.all(ms >= 0)
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        time_calls(calls.append, cpu, warmup=0, repeats=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_calibrate_on_cuda(tmp_path):
+    args = ["--device", "cuda", "--lengths", "512,1024,2048,4096", "--heads", "1,2,4,8", "--q-heads", "8",
+            "--kv-heads", "2", "--head-dim", "128", "--heads-length", "2048", "--repeats", "5", "--copy-mb", "256",
+            "--no-progress", "--out", str(tmp_path)]
+    res = CliRunner().invoke(calibrate, args)
+    assert res.exit_code == 0, res.output
+    prof = load_profile(tmp_path / "profile.json")
+    assert prof.source["kernel_backend"] in ("flash-attn", "torch-varlen", "math")
+    assert prof.kernel.rate_inf_tflops > 1.0 and prof.source["device_copy"]["gbps"] > 10

@@ -1,0 +1,83 @@
+"""scripts/gpu_check.sh: syntax, refusal without CUDA, argument errors, the summary writer; the full
+CPU smoke pipeline is a slow test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments.gpu_common import gpu_summary_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+BASH = shutil.which("bash")
+pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
+
+
+def _run(*args, timeout=60):
+    env = {**os.environ, "PYTHON": sys.executable}
+    env.pop("OUT", None)
+    return subprocess.run([BASH, str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_script_syntax():
+    res = subprocess.run([BASH, "-n", str(SCRIPT)], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal when CUDA is absent")
+def test_script_refuses_without_cuda(tmp_path):
+    out = tmp_path / "gpu"
+    res = _run(str(out))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "CUDA is not available" in res.stderr and "--cpu-smoke" in res.stderr
+    assert not out.exists()  # refused before writing anything
+
+
+def test_script_rejects_unknown_option():
+    res = _run("--bogus")
+    assert res.returncode == 2 and "unknown option --bogus" in res.stderr
+
+
+def _fake_run(folder: Path, summary: dict) -> None:
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"summary": summary, "environment_device": {
+        "name": "NVIDIA H200", "device": "cuda", "torch": "2.11.0", "cuda": "12.8", "driver": "570.1",
+        "kernel_backend": "torch-varlen"}}))
+
+
+def test_summary_markdown_quotes_every_figure(tmp_path):
+    _fake_run(tmp_path / "calibrate", {
+        "backend": "torch-varlen", "dtype": "bf16", "profile": "p.json",
+        "figure5": {"heads": {"fwd": {"1": 0.81, "32": 1.0}, "bwd": {"1": 0.77, "32": 1.0}},
+                    "length": {"fwd": {"1024": 0.38, "65536": 1.0}, "bwd": {"1024": 0.3, "65536": 1.0}}},
+        "fit": {"rate_inf_tflops": 420.0, "half_length": 1500.0, "exponent": 1.1, "length_fit_max_rel_err": 0.02,
+                "heads_half": 0.3, "launch_ms": 0.02, "backward_time_ratio": 3.1, "device_copy_gbps": 2100.0}})
+    _fake_run(tmp_path / "sim-check", {
+        "profile": "nvidia-h200-torch-varlen-measured", "workers": 32, "median_abs_err_total": 0.061,
+        "median_abs_err_fwd": 0.05, "median_abs_err_bwd": 0.07, "worst_abs_err_total": 0.19,
+        "worst_abs_err_fwd": 0.2, "worst_abs_err_bwd": 0.18, "mean_signed_err_total": -0.02,
+        "straggler_worker_agrees": "4/4 windows", "median_within_target": True})
+    text = gpu_summary_markdown(tmp_path, {"calibrate": "ok (40s)"}, "GPU check (nvidia-h200)")
+    assert "| 1 | 0.810 | 0.770 |" in text and "| 65536 | 1.000 | 1.000 |" in text
+    assert "median |error|: 6.1%" in text and "worst |error|: 19.0%" in text and "target <= 10%: met" in text
+    assert "missing (fidelity did not finish)" in text
+    assert "torch: 2.11.0" in text and "driver: 570.1" in text and "calibrate: ok (40s)" in text
+
+
+@pytest.mark.slow
+def test_cpu_smoke_pipeline(tmp_path):
+    res = _run("--cpu-smoke", str(tmp_path), timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    text = (tmp_path / "summary.md").read_text()
+    assert "NOT GPU figures" in text and "median |error|" in text and "All within limits: True" in text
+    for step in ("calibrate", "sim-check", "fidelity"):
+        assert (tmp_path / step / "run.json").exists()

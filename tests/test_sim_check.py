@@ -1,0 +1,134 @@
+"""`libra-bench sim-check` on CPU (tiny sizes): kernel batches from the plan, predictions equal the
+cost model's, summary arithmetic, bad input; the GPU run is marked."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+
+from experiments.gpu_common import sequence_offsets, worker_pieces
+from experiments.sim_check import SimCheckConfig, sim_check, summarize, worker_calls
+from libra.data.packing import gbs_windows
+from libra.sim.cost import CostModel
+from libra.sim.profiles import load_profile
+from libra.sim.topology import Topology
+
+TINY = ["--device", "cpu", "--seq-len", "1024", "--pool-size", "2", "--cp", "2", "--block-size", "128",
+        "--head-split", "2", "--chunks", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "16",
+        "--windows", "1", "--warmup", "0", "--repeats", "2", "--rotate", "1", "--no-progress"]
+CFG = SimCheckConfig(seq_len=1024, pool_size=2, cp=2, block_size=128, head_split=2, chunks=2, q_heads=4,
+                     kv_heads=2, head_dim=16, windows=1)
+
+
+@pytest.fixture(scope="module")
+def plan():
+    window = gbs_windows(CFG.workload, CFG.seq_len, CFG.par().gbs, 1, seed=0)[0]
+    (p,) = CFG.planner().plan_window(window, CFG.par(), CFG.shape())
+    return p
+
+
+def test_worker_pieces_cover_every_query_token_and_head_once(plan):
+    shape = plan.shape
+    (pool,) = plan.pools
+    T = int(sequence_offsets(pool)[-1])
+    cover = np.zeros((T, shape.num_q_heads), dtype=np.int64)
+    for w in pool.workers:
+        p = worker_pieces(pool, shape, w)
+        for qt, ql, h0, h1, kt, kl in zip(p["q_tok"], p["q_len"], p["head_start"], p["head_end"], p["kv_tok"],
+                                          p["kv_len"]):
+            cover[qt:qt + ql, h0:h1] += 1
+            # a piece's keys are its sample's prefix, ending at its last query row
+            assert kt + kl == qt + ql and kt >= 0
+    assert np.all(cover == 1)
+
+
+def test_worker_calls_match_the_cost_model_geometry(plan):
+    (pool,) = plan.pools
+    p = worker_pieces(pool, plan.shape, pool.workers[0])
+    calls = worker_calls(p, plan.shape, plan.pipeline_chunks)
+    assert len(calls) == plan.pipeline_chunks == 2
+    seg, qh, kvh = calls[0]
+    assert qh == 1 and kvh == 1  # tile width hq/H = 2 heads, M = 2 -> 1 query head (and 1 KV head) per call
+    assert seg.total_q == int(p["q_len"].sum()) and seg.total_k == int(p["kv_len"].sum())
+
+
+def test_cli_rows_predictions_equal_cost_model(tmp_path, plan):
+    res = CliRunner().invoke(sim_check, [*TINY, "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    for name in ("sim_check.csv", "sim_check.png", "run.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    df = pd.read_csv(tmp_path / "sim_check.csv")
+    assert sorted(df.worker) == list(range(4))
+    prof = load_profile("h100-roce-v1")
+    cost = CostModel(prof, Topology(prof, CFG.par())).price(plan)
+    for r in df.itertuples():
+        assert r.pred_fwd_ms == pytest.approx(cost.compute_fwd_ms[r.worker])
+        assert r.pred_bwd_ms == pytest.approx(cost.compute_bwd_ms[r.worker])
+        assert r.meas_fwd_ms > 0 and r.meas_bwd_ms > 0
+        assert r.rel_err == pytest.approx(r.pred_ms / r.meas_ms - 1)
+    assert df.flops_fwd.sum() == pytest.approx(cost.flops_fwd.sum())
+    run = json.loads((tmp_path / "run.json").read_text())
+    s = run["summary"]
+    assert s["median_abs_err_total"] == pytest.approx(df.rel_err.abs().median())
+    assert s["worst_abs_err_total"] == pytest.approx(df.rel_err.abs().max())
+    assert "median |err|" in res.output
+
+
+def test_summarize_hand_computed():
+    df = pd.DataFrame({"window": [0, 0, 1, 1], "worker": [0, 1, 0, 1], "pred_ms": [1.0, 2.0, 3.0, 1.0],
+                       "meas_ms": [1.0, 2.5, 2.0, 1.0]})
+    df["rel_err"] = df.pred_ms / df.meas_ms - 1
+    df["rel_err_fwd"] = df["rel_err_bwd"] = df["rel_err"]
+    s = summarize(df)
+    assert s["median_abs_err_total"] == pytest.approx(np.median([0, 0.2, 0.5, 0]))
+    assert s["worst_abs_err_total"] == pytest.approx(0.5)
+    assert s["straggler_worker_agrees"] == "2/2 windows"
+    assert s["median_within_target"] is True
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"method": "nope"}, "unknown method 'nope'"),
+    ({"block_size": 100}, "block size B=100"),
+    ({"chunks": 3}, "M=3"),
+    ({"kv_heads": 3}, "num_kv_heads=3 must divide"),
+    ({"seq_len": 0}, "seq_len must be a positive integer"),
+])
+def test_config_rejects_bad_values(kwargs, match):
+    base = dict(seq_len=1024, pool_size=2, cp=2, block_size=128, head_split=2, chunks=2, q_heads=4, kv_heads=2,
+                head_dim=16)
+    with pytest.raises(ValueError, match=match):
+        SimCheckConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--backend", "nope"], "unknown attention backend 'nope'"),
+    (["--profile", "no-such-profile"], "unknown hardware profile"),
+    (["--workload", "no-such-preset"], "no-such-preset"),
+    (["--block-size", "100"], "block size B=100"),
+])
+def test_cli_bad_input(args, match, tmp_path):
+    res = CliRunner().invoke(sim_check, [*TINY, *args, "--out", str(tmp_path)])
+    assert res.exit_code == 2, res.output
+    assert match in res.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised when CUDA is absent")
+def test_cuda_without_cuda(tmp_path):
+    res = CliRunner().invoke(sim_check, [*TINY, "--device", "cuda", "--out", str(tmp_path)])
+    assert res.exit_code == 2 and "CUDA is not available" in res.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sim_check_on_cuda(tmp_path):
+    args = ["--device", "cuda", "--seq-len", "16384", "--pool-size", "2", "--cp", "2", "--block-size", "2048",
+            "--windows", "1", "--repeats", "3", "--no-progress", "--out", str(tmp_path)]
+    res = CliRunner().invoke(sim_check, args)
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "sim_check.csv")
+    assert len(df) > 0 and np.all(df.meas_ms > 0)
