@@ -119,7 +119,7 @@ def gbs_option(default: int = 128):
 
 def pool_sizes_option(default: str | None = None):
     return click.option("--pool-sizes", type=IntListType(), default=default, show_default=True,
-                        help="comma-separated pool sizes P (default: 1,2,4,... up to min(GBS, 64) dividing GBS)")
+                        help="comma-separated pool sizes P (default: 1,2,4,... up to 64, dividing GBS, at least 2 pools)")
 
 
 def windows_option(default: int = 64):
@@ -146,9 +146,12 @@ def force_option():
 
 
 def default_pool_sizes(gbs: int, largest: int = 64) -> list[int]:
-    """``1, 2, 4, ...`` up to ``min(gbs, largest)``, keeping those that divide ``gbs``."""
+    """``1, 2, 4, ...`` up to ``largest`` that divide ``gbs`` and leave at least two pools.
+
+    ``P = GBS`` (one pool) is left out: its R - 1 is 0 by definition. A GBS of 1 gives ``[1]``.
+    """
     sizes, p = [], 1
-    while p <= min(gbs, largest):
+    while p <= min(gbs // 2 if gbs > 1 else 1, largest):
         if gbs % p == 0:
             sizes.append(p)
         p *= 2

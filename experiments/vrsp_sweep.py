@@ -119,6 +119,13 @@ def print_summary(df: pd.DataFrame, echo=click.echo) -> None:
             echo(f"  {label}: paper {value:g}, here {table.loc[p, strategy]:.4f}")
 
 
+def format_tokens(n: int) -> str:
+    """``1048576 -> '1M'``, ``262144 -> '256K'``, other values unchanged."""
+    if n % 2**20 == 0:
+        return f"{n // 2**20}M"
+    return f"{n // 1024}K" if n % 1024 == 0 else str(n)
+
+
 def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
     """Mean R - 1 (with standard-error band) vs P on log-x / symlog-y axes."""
     import matplotlib.pyplot as plt
@@ -134,18 +141,18 @@ def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
     bound = df.groupby("pool_size")["r_minus_1_lower_bound"].mean()
     ax.plot(bound.index, bound.values, linestyle="--", color="black", linewidth=1.2, label="lower bound")
     seq_len = int(df["seq_len"].iloc[0])
+    sizes = sorted(int(p) for p in df["pool_size"].unique())
     for strategy, p, value, label in PAPER_REFERENCE.get(seq_len, []):
-        if strategy in names:
+        if strategy in names and p in sizes:
             mark_reference(ax, p, value, label, color=palette_for([strategy])[strategy])
     ax.set_xscale("log", base=2)
-    sizes = sorted(int(p) for p in df["pool_size"].unique())
     ax.set_xticks(sizes, [str(p) for p in sizes])
     ax.minorticks_off()
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("pool size P (DP replicas per pool)")
     ax.set_ylabel("R - 1 (max pool / mean pool - 1)")
-    ax.set_title(f"{title}: {df['workload'].iloc[0]}, S={seq_len // 1024}K, GBS={int(df['gbs'].iloc[0])}")
+    ax.set_title(f"{title}: {df['workload'].iloc[0]}, S={format_tokens(seq_len)}, GBS={int(df['gbs'].iloc[0])}")
     ax.legend(fontsize=7, loc="best")
     save_figure(fig, path)
 
