@@ -69,6 +69,14 @@ def _failures_rank(rank, world):
     # 2. NaN in one rank's k -> ValueError on every rank, naming the rank and tensor
     attn = prepare(plan, groups.pool)
     q, k, v = _inputs(shape, attn.program.num_local, rank)
+    # (first: same plan + same inputs => bitwise-identical outputs and gradients)
+    runs = []
+    for _ in range(2):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        o = attn(*leaves)
+        o.backward(torch.ones_like(o))
+        runs.append([o.detach()] + [x.grad for x in leaves])
+    out["deterministic"] = all(torch.equal(a, b) for a, b in zip(*runs))
     if rank == 1:
         k[3, 0, 0] = float("nan")
     out["nan"] = _catch(lambda: attn(q, k, v))
@@ -99,6 +107,7 @@ def test_mismatch_nan_async_and_hung_rank(tmp_path):
         assert r["nan"]["type"] == "ValueError", r["nan"]
         assert "k on pool rank 1" in r["nan"]["msg"], r["nan"]["msg"]
         assert r["async_same_digest"]
+        assert r["deterministic"]
     hung = res[0]["hung"]
     assert hung["type"] == "CollectiveTimeoutError", hung
     assert "timed out" in hung["msg"] or "failed" in hung["msg"]

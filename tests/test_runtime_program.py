@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from dist_utils import long_tail_lengths
 
-from libra.plan import KV, O, Q, PlanValidationError, PoolPlan
+from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
 from libra.runtime.async_planner import AsyncPlanner
 from libra.runtime.groups import RankGrid
 from libra.runtime.program import BD, BR, FD, FR, compile_worker
@@ -171,3 +171,38 @@ def test_async_planner_process_mode_is_deterministic():
     with AsyncPlanner(_slow_plan, mode="process") as ap:
         ap.submit(0, 21)
         assert ap.get(0) == 42
+
+
+def test_pipeliner_issues_next_dispatch_before_computing(monkeypatch):
+    """Event order of one libra_attention call follows libra.tap.pipeline.schedule (Libra sec. 4.4)."""
+    import torch
+
+    from libra.runtime.attention import LibraAttention
+    from libra.runtime.executor import Exchanger
+    from libra.runtime.groups import PoolGroup
+    from libra.runtime.kernels import get_backend
+    from libra.tap.pipeline import schedule
+
+    plan, shape = _plan(M=4, dp=1, cp=1, S=128, B=32, H=2)
+    pool = plan.pools[0]
+    prog = compile_worker(pool, shape, pool.workers[0], 4)
+    events = []
+    monkeypatch.setattr(Exchanger, "start", lambda self, msg, send, recv, phase, chunk:
+                        events.append((f"issue_{phase}", chunk)) or [])
+    backend = get_backend("cpu-flash")
+    real_forward = backend.forward
+
+    def forward(*args, **kwargs):
+        events.append(("compute", len([e for e in events if e[0] == "compute"])))
+        return real_forward(*args, **kwargs)
+
+    backend.forward = forward
+    group = PoolGroup(None, tuple(pool.workers), tuple(pool.workers), pool.workers[0], 5.0)
+    attn = LibraAttention(prog, group, backend, check_finite=False)
+    n = prog.num_local
+    q = torch.randn(n, shape.num_q_heads, shape.head_dim, dtype=torch.float64)
+    k = torch.randn(n, shape.num_kv_heads, shape.head_dim, dtype=torch.float64)
+    attn(q, k, torch.randn_like(k))
+    expected = [({"issue_dispatch": "issue_fd", "issue_return": "issue_fr"}[e], i) if e.startswith("issue")
+                else (e, i) for e, i in schedule(4) if e in ("issue_dispatch", "compute", "issue_return")]
+    assert events == expected
