@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libra.data.packing import POLICIES, pack_fixed_tokens
+from libra.data.packing import DEFAULT_POLICY, POLICIES, pack_fixed_tokens
 from libra.workload import packed_workload
 
 
@@ -138,21 +138,25 @@ def microbatch_groups(pools: np.ndarray, dp: int) -> np.ndarray:
     return pools.reshape(k // per_ga, per_ga * p)
 
 
-def pack_stream(pieces: list[SamplePiece], seq_len: int) -> list[tuple[SamplePiece, ...]]:
-    """Arrival-order fixed-token packing of pieces (``libra.data.packing``, *split* policy).
+def pack_stream(pieces: list[SamplePiece], seq_len: int, policy: str = "split") -> list[tuple[SamplePiece, ...]]:
+    """Fixed-token packing of one step's pieces with :func:`libra.data.packing.pack_fixed_tokens`.
 
-    Runs :func:`libra.data.packing.pack_fixed_tokens` on the piece lengths; a piece that does not
-    fit the remaining room is cut at the sequence boundary and its remainder starts the next
-    sequence. The pieces must total a multiple of ``seq_len`` so nothing is dropped.
+    ``policy`` is ``"split"`` (strict arrival order; a piece that does not fit the remaining room
+    is cut at the sequence boundary and continues in the next sequence) or ``"defer"`` (first-fit
+    with lookahead: a piece that does not fit waits while a later one fills the room). Either way
+    every token of ``pieces`` lands in exactly one packed sequence; the pieces must total a
+    multiple of ``seq_len`` so nothing is dropped.
 
     Raises:
-        ValueError: the total is not a multiple of ``seq_len``.
+        ValueError: the total is not a multiple of ``seq_len``, or another policy is asked for.
     """
+    if policy not in ("split", "defer"):
+        raise ValueError(f"step packing policy must be 'split' or 'defer', got {policy!r}")
     total = sum(p.length for p in pieces)
     if total % seq_len:
         raise ValueError(f"pieces total {total} tokens, not a multiple of S={seq_len}")
-    packed = pack_fixed_tokens([p.length for p in pieces], seq_len, policy="split")
-    consumed = [0] * len(pieces)  # tokens of each input piece already placed (splits are in order)
+    packed = pack_fixed_tokens([p.length for p in pieces], seq_len, policy=policy)
+    consumed = [0] * len(pieces)  # tokens of each input piece already placed (its parts come in order)
     out: list[tuple[SamplePiece, ...]] = []
     for seq in packed:
         row = []
@@ -162,6 +166,8 @@ def pack_stream(pieces: list[SamplePiece], seq_len: int) -> list[tuple[SamplePie
             consumed[i] += n
             row.append(SamplePiece(src.index, start, start + n))
         out.append(tuple(row))
+    if consumed != [p.length for p in pieces] or len(out) != total // seq_len:
+        raise RuntimeError("packing lost or duplicated tokens of the step")  # invariant of pack_fixed_tokens
     return out
 
 
@@ -178,8 +184,13 @@ class LibraSampler:
         seed: permutation seed.
         shuffle: permute samples per epoch (``False``: dataset order every epoch).
         use_vrsp: ``False`` keeps arrival (production) order: pool ``k`` = sequences ``kP..kP+P-1``.
-        policy: treatment of samples longer than ``S`` (``libra.data.packing`` policies):
-            ``"split"`` (pieces), ``"truncate"`` (first ``S`` tokens only) or ``"error"``.
+        policy: a ``libra.data.packing`` policy (default: that module's default). ``"defer"``:
+            first-fit packing of the step's samples (a sample that does not fit the room waits for
+            the next sequence while a later one fills it); ``"split"``: strict arrival order, cut
+            at sequence boundaries; ``"truncate"``: like split, but only the first ``S`` tokens of
+            a longer sample are used; ``"error"``: a sample longer than ``S`` is rejected. In every
+            case a step consumes exactly the next ``GBS * S`` tokens of the epoch's stream (the
+            sample straddling a step boundary is cut there).
 
     Raises:
         ValueError: empty or non-positive lengths, non-positive sizes, ``dp`` not dividing ``gbs``,
@@ -188,7 +199,7 @@ class LibraSampler:
     """
 
     def __init__(self, lengths, seq_len: int, gbs: int, dp: int, pool_size: int = 1, dp_rank: int = 0,
-                 seed: int = 0, shuffle: bool = True, use_vrsp: bool = True, policy: str = "split"):
+                 seed: int = 0, shuffle: bool = True, use_vrsp: bool = True, policy: str = DEFAULT_POLICY):
         for name, value in (("seq_len", seq_len), ("gbs", gbs), ("dp", dp), ("pool_size", pool_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"LibraSampler.{name} must be a positive integer, got {value!r}")
@@ -280,7 +291,8 @@ class LibraSampler:
     def step(self, step: int, epoch: int | None = None) -> StepAssignment:
         """Pack step ``step`` of ``epoch`` (default: current), run VRSP, map pools to GA x DP."""
         epoch = self.epoch if epoch is None else epoch
-        seqs = pack_stream(self.step_pieces(step, epoch), self.seq_len)
+        seqs = pack_stream(self.step_pieces(step, epoch), self.seq_len,
+                           policy="defer" if self.policy == "defer" else "split")
         workloads = [packed_workload([p.length for p in s]) for s in seqs]
         if self.use_vrsp:
             pools = vrsp_pools(workloads, self.pool_size)

@@ -27,8 +27,9 @@ def _token_multiset(pieces):
     return c
 
 
-def test_every_step_preserves_its_sample_multiset_and_each_ga_index_holds_vrsp_pools():
-    s = LibraSampler(_lengths(), seq_len=512, gbs=16, dp=8, pool_size=4, seed=3)
+@pytest.mark.parametrize("policy", ["defer", "split"])
+def test_every_step_preserves_its_sample_multiset_and_each_ga_index_holds_vrsp_pools(policy):
+    s = LibraSampler(_lengths(), seq_len=512, gbs=16, dp=8, pool_size=4, seed=3, policy=policy)
     assert s.steps_per_epoch > 2
     for k in range(s.steps_per_epoch):
         a = s.step(k)
@@ -141,6 +142,12 @@ def test_microbatch_groups_layout():
 def test_pack_stream_splits_and_rejects_ragged_total():
     out = pack_stream([SamplePiece(0, 0, 5), SamplePiece(1, 0, 7)], 4)
     assert [[tuple(p) for p in s] for s in out] == [[(0, 0, 4)], [(0, 4, 5), (1, 0, 3)], [(1, 3, 7)]]
+    # first-fit: the 3-token sample waits while the 1-token one fills the room
+    out = pack_stream([SamplePiece(0, 0, 3), SamplePiece(1, 0, 3), SamplePiece(2, 0, 1), SamplePiece(3, 0, 1)], 4,
+                      policy="defer")
+    assert [[tuple(p) for p in s] for s in out] == [[(0, 0, 3), (2, 0, 1)], [(1, 0, 3), (3, 0, 1)]]
+    with pytest.raises(ValueError, match="must be 'split' or 'defer'"):
+        pack_stream([SamplePiece(0, 0, 4)], 4, policy="truncate")
     with pytest.raises(ValueError, match="not a multiple of S=4"):
         pack_stream([SamplePiece(0, 0, 5)], 4)
 
@@ -177,7 +184,7 @@ def test_step_and_epoch_out_of_range():
 
 def test_long_sample_policies():
     lengths = np.array([10, 3, 2, 9, 4, 4])
-    split = LibraSampler(lengths, 4, gbs=2, dp=1, shuffle=False)
+    split = LibraSampler(lengths, 4, gbs=2, dp=1, shuffle=False, policy="split")
     assert [tuple(p) for p in split.step(0).sequences[0]] == [(0, 0, 4)]
     assert split.steps_per_epoch == 4  # 32 tokens / 8 per step
     trunc = LibraSampler(lengths, 4, gbs=2, dp=1, shuffle=False, policy="truncate")
