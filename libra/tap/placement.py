@@ -42,7 +42,7 @@ from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 
 
 def _check_inputs(tiles: TileTable, sequences, workers, tau) -> np.ndarray:
-    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.floating)) or not tau >= 0:
+    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating)) or not tau >= 0:
         raise ValueError(f"tau must be a number >= 0, got {tau!r}")
     w = np.asarray(list(workers), dtype=np.int64)
     if w.ndim != 1 or len(w) == 0:
@@ -113,7 +113,8 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
 
     Raises:
         ValueError: ``tau < 0`` (or not a number), no/duplicate workers, a Q-home or holder outside
-            the pool, a sequence index out of range, negative or non-finite FLOPs.
+            the pool, a sequence index out of range, negative or non-finite FLOPs, or a tile whose
+            token range is not inside one holder range of its Q-home.
     """
     wsorted = _check_inputs(tiles, sequences, workers, tau)
     n_tiles, n_workers = len(tiles), len(wsorted)
