@@ -98,11 +98,14 @@ def _torchrun(cfg: TrainConfig) -> dict | None:
         if dist.get_world_size() != cfg.nproc:
             raise ValueError(f"--nproc {cfg.nproc} differs from the torchrun world size {dist.get_world_size()}")
         rank = dist.get_rank()
+        device = "cpu"
         if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+            local = int(os.environ.get("LOCAL_RANK", rank % torch.cuda.device_count()))
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
         groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
                               timeout_s=cfg.timeout_s)
-        ctx = RankContext(rank, rank // cfg.cp, rank % cfg.cp, groups.cp, groups.pool)
+        ctx = RankContext(rank, rank // cfg.cp, rank % cfg.cp, groups.cp, groups.pool, device)
         result = train_loop(cfg.loop_config(), sample_lengths(cfg), ctx)
         return result if rank == 0 else None
     finally:

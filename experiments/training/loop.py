@@ -75,6 +75,7 @@ class RankContext:
     cp_rank: int
     cp_group: object = None
     pool_group: object = None
+    device: str = "cpu"
 
 
 def step_metadata(assignment) -> dict:
@@ -110,7 +111,7 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     world = cfg.dp * cfg.cp
     model = Qwen3Small(cfg.model)
     model.reset_parameters(cfg.seed)
-    model = model.to(dtype)
+    model = model.to(device=ctx.device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     use_vrsp = cfg.attention == "libra"
     sampler = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=cfg.pool_size if use_vrsp else 1,
@@ -155,10 +156,10 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ulyss
         plans = planner.get(step, timeout=PLAN_WAIT_S)
         rec = planner.records[step]
         wait_ms, plan_ms = rec.wait_s * 1e3, rec.plan_s * 1e3
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for g in range(ga):
         batch = next(batches)
-        ids, labels, pos = batch.local(ctx.cp_rank, cfg.cp)
+        ids, labels, pos = (t.to(ctx.device) for t in batch.local(ctx.cp_rank, cfg.cp))
         if cfg.attention == "reference":
             attn = reference_attention(batch.sample_lengths)
         elif cfg.attention == "ulysses":

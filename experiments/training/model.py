@@ -107,7 +107,7 @@ def packed_position_ids(sample_lengths) -> torch.Tensor:
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Apply rotary embeddings (half-split layout, as Qwen3/HF) to ``x (T, heads, d)``."""
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     cos = torch.cat((ang.cos(), ang.cos()), -1).to(x.dtype)[:, None, :]
     sin = torch.cat((ang.sin(), ang.sin()), -1).to(x.dtype)[:, None, :]
