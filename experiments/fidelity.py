@@ -23,6 +23,7 @@ level, worker and quantity: errors, ratio, limit, pass), ``fidelity.png`` and ``
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,6 +123,18 @@ def ref_dtype_for(name: str, device: torch.device) -> torch.dtype:
     if name not in ("fp32", "fp64"):
         raise ValueError(f"reference dtype must be auto, fp32 or fp64, got {name!r}")
     return DTYPES[name]
+
+
+@contextlib.contextmanager
+def full_fp32_matmul():
+    """Full-precision fp32 matmuls for the block (restored afterwards): with TF32 enabled the fp32
+    reference would carry ~1e-3 errors and the rule would compare against a poor reference."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 def _rows(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -289,10 +302,11 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
             rows.extend(window_rows(w, plan, cfg, be, low, ref, dev))
         return rows
 
-    with cpu_threads(dev, cpu_threads_n):
+    with cpu_threads(dev, cpu_threads_n), full_fp32_matmul():
         df = pd.DataFrame(run.map(range(cfg.windows), point, desc="fidelity"))
     df.attrs.update({"device": info.get("name"), "backend": be.name})
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype, "ref_dtype": dtype_name(ref),
+               "fp32_matmul": "highest (TF32 off for the reference)",
                "fwd_limit": cfg.fwd_limit, "grad_limit": cfg.grad_limit, **summarize(df)}
     paths = run.finish(df, plot_ratios, extra={"environment_device": info, "summary": summary})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
