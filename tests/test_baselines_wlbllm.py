@@ -27,7 +27,7 @@ def make_window(gbs: int, seq_len: int, seed: int, long_frac: float = 0.01) -> l
     n = 40 * gbs
     lens = np.maximum(1, rng.lognormal(np.log(seq_len / 16), 1.3, n)).astype(np.int64)
     lens[rng.random(n) < long_frac] = int(1.7 * seq_len)
-    seqs = pack_fixed_tokens(lens, seq_len)[:gbs]
+    seqs = pack_fixed_tokens(lens, seq_len, policy="split")[:gbs]   # split pieces to rejoin
     return [PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(seqs)]
 
 
