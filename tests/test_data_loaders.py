@@ -27,6 +27,8 @@ def files(tmp_path):
     out["json"] = tmp_path / "a.json"
     pd.DataFrame({"doc": range(5), "tokens": LENGTHS}).to_csv(tmp_path / "a.csv", index=False)
     out["csv"] = tmp_path / "a.csv"
+    pd.DataFrame({"length": LENGTHS}).to_csv(tmp_path / "b.csv.gz", index=False)
+    out["csv.gz"] = tmp_path / "b.csv.gz"
     pd.DataFrame({"length": LENGTHS}).to_parquet(tmp_path / "a.parquet")
     out["parquet"] = tmp_path / "a.parquet"
     np.save(tmp_path / "a.npy", np.array(LENGTHS, dtype=np.int32))
@@ -34,7 +36,7 @@ def files(tmp_path):
     return out
 
 
-@pytest.mark.parametrize("kind", ["txt", "txt.gz", "json", "csv", "parquet", "npy"])
+@pytest.mark.parametrize("kind", ["txt", "txt.gz", "json", "csv", "csv.gz", "parquet", "npy"])
 def test_every_format_round_trips(files, kind):
     column = "tokens" if kind == "csv" else None
     got = load_lengths(files[kind], column=column)
