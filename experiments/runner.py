@@ -23,8 +23,8 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
@@ -37,20 +37,23 @@ RESULTS_ROOT = Path("results")
 _PACKAGES = ("libra-bench", "torch", "numpy", "pandas", "seaborn", "matplotlib", "click", "flash-attn")
 
 
-def _chmod_default(path) -> None:
-    """Give a ``mkstemp`` file (created 0600) the usual ``0666 & ~umask`` mode of a new file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+def _new_temp(folder: Path, stem: str, suffix: str) -> tuple[int, Path]:
+    """Create a unique temporary file in ``folder`` (mode ``0666 & ~umask``, like any new file;
+    ``mkstemp`` would make it 0600) and return ``(fd, path)``."""
+    while True:
+        tmp = folder / f".{stem}.{os.getpid()}.{uuid.uuid4().hex[:12]}{suffix}"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # pragma: no cover - 48 random bits
+            continue
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp(path.parent, path.name, ".tmp")
     try:
-        _chmod_default(tmp)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -173,9 +176,8 @@ class ExperimentRun:
         paths = {"csv": atomic_write_text(self.csv_path, df.to_csv(index=False))}
         if plot is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.out_dir, prefix=f".{self.name}.", suffix=".png")
+            fd, tmp = _new_temp(self.out_dir, self.name, ".png")
             os.close(fd)
-            _chmod_default(tmp)
             try:
                 plot(df, Path(tmp))
                 os.replace(tmp, self.png_path)
