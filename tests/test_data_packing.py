@@ -195,3 +195,16 @@ def test_defer_keeps_long_samples_whole_at_boundaries():
     # under 'split' the same sample is usually cut in two
     split = [s for s in pack_fixed_tokens(lengths, 1000, policy="split") if 50 in s.sample_ids.tolist()]
     assert sum(int(s.sample_lengths[s.sample_ids == 50].sum()) for s in split) == 900
+
+
+@pytest.mark.parametrize("lookahead", [0, -1, 10**9, 2.5, True])
+def test_bad_lookahead(lookahead):
+    with pytest.raises(ValueError, match="lookahead must be an integer in"):
+        pack_fixed_tokens([1, 2], 4, lookahead=lookahead)
+    with pytest.raises(ValueError, match="lookahead must be an integer in"):
+        gbs_windows("libra-prod", 64, 2, 1, lookahead=lookahead)
+
+
+def test_gbs_windows_unknown_policy():
+    with pytest.raises(ValueError, match="unknown packing policy 'pad'"):
+        gbs_windows("libra-prod", 64, 2, 1, policy="pad")

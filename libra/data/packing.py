@@ -97,6 +97,18 @@ class PackedSequence:
                 f"pieces={self.sample_lengths.size}, max_piece={int(self.sample_lengths.max())})")
 
 
+MAX_LOOKAHEAD = 65536
+
+
+def check_policy(policy, lookahead) -> None:
+    """Raise ``ValueError`` for an unknown policy or a lookahead outside ``[1, MAX_LOOKAHEAD]``."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown packing policy {policy!r}; choose one of {POLICIES}")
+    if (isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer))
+            or not 1 <= lookahead <= MAX_LOOKAHEAD):
+        raise ValueError(f"lookahead must be an integer in [1, {MAX_LOOKAHEAD}], got {lookahead!r}")
+
+
 def check_seq_len(seq_len) -> int:
     """Return ``seq_len`` as int or raise ``ValueError`` when it is not an integer >= 1."""
     if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or seq_len < 1:
@@ -146,10 +158,7 @@ def pack_fixed_tokens(lengths, seq_len: int, policy: str = DEFAULT_POLICY, first
             the bad value.
     """
     seq_len = check_seq_len(seq_len)
-    if policy not in POLICIES:
-        raise ValueError(f"unknown packing policy {policy!r}; choose one of {POLICIES}")
-    if isinstance(lookahead, bool) or not isinstance(lookahead, (int, np.integer)) or lookahead < 1:
-        raise ValueError(f"lookahead must be an integer >= 1, got {lookahead!r}")
+    check_policy(policy, lookahead)
     arr = _check_lengths(lengths)
     if policy == "defer":
         return _pack_defer(arr, seq_len, int(lookahead), first_sample_id, first_seq_id, max_sequences)
@@ -253,11 +262,13 @@ def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: in
         ``n_windows`` lists of ``gbs`` :class:`PackedSequence`.
 
     Raises:
-        ValueError: bad ``seq_len`` / ``gbs`` / ``n_windows`` / ``policy``, or a bad source.
+        ValueError: bad ``seq_len`` / ``gbs`` / ``n_windows`` / ``policy`` / ``lookahead``, or a
+            bad source.
     """
     from libra.data.source import resolve_workload  # deferred: source imports this module
 
     seq_len, gbs, n_windows = check_window_args(seq_len, gbs, n_windows)
+    check_policy(policy, lookahead)
     source = resolve_workload(spec_or_source)
     count = n_windows * gbs
     need = count * seq_len
