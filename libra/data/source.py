@@ -119,7 +119,7 @@ def resolve_workload(spec, column: str | None = None) -> LengthSource:
     path = Path(text).expanduser()
     if file_kind(path) is not None or path.exists():
         if not path.is_file():
-            raise ValueError(f"workload file {text!r} does not exist")
+            raise ValueError(f"workload file {text!r} does not exist or is not a file")
         if file_kind(path) is None:
             raise ValueError(f"workload file {text!r} has an unknown type; supported: "
                              ".txt, .txt.gz, .json, .csv, .csv.gz, .parquet, .npy")
