@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from experiments.gpu_common import sequence_offsets, worker_pieces
 from experiments.sim_check import SimCheckConfig, sim_check, summarize, worker_calls
@@ -132,3 +134,27 @@ def test_sim_check_on_cuda(tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(tmp_path / "sim_check.csv")
     assert len(df) > 0 and np.all(df.meas_ms > 0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), block=st.sampled_from([32, 64, 128, 256]), method=st.sampled_from(
+    ["libra", "libra-tap", "ulysses"]), cp=st.sampled_from([1, 2, 4]))
+def test_property_pieces_partition_the_pool(seed, block, method, cp):
+    """Any plan: each worker's pieces, over all workers, cover every (query token, head) exactly once,
+    and each piece reads exactly its sample's prefix up to its last query row."""
+    cfg = SimCheckConfig(method=method, seq_len=1024, pool_size=2, cp=cp, block_size=block, head_split=2,
+                         chunks=2, q_heads=4, kv_heads=2, head_dim=16, windows=1, seed=seed)
+    window = gbs_windows(cfg.workload, cfg.seq_len, cfg.par().gbs, 1, seed=seed)[0]
+    for plan in cfg.planner().plan_window(window, cfg.par(), cfg.shape()):
+        for pool in plan.pools:
+            T = int(sequence_offsets(pool)[-1])
+            cover = np.zeros((T, 4), dtype=np.int64)
+            starts = set(np.concatenate([sequence_offsets(pool)[i] + s.sample_offsets[:-1]
+                                         for i, s in enumerate(pool.sequences)]).tolist())
+            for w in pool.workers:
+                p = worker_pieces(pool, plan.shape, w)
+                for qt, ql, h0, h1, kt, kl in zip(p["q_tok"], p["q_len"], p["head_start"], p["head_end"],
+                                                  p["kv_tok"], p["kv_len"]):
+                    cover[qt:qt + ql, h0:h1] += 1
+                    assert kt + kl == qt + ql and int(kt) in starts
+            assert np.all(cover == 1)
