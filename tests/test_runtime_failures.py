@@ -77,6 +77,12 @@ def _failures_rank(rank, world):
         o.backward(torch.ones_like(o))
         runs.append([o.detach()] + [x.grad for x in leaves])
     out["deterministic"] = all(torch.equal(a, b) for a, b in zip(*runs))
+    # the one-shot form on a PoolPlan and a raw ProcessGroup (rank i = pool worker i) agrees
+    from libra.runtime.attention import libra_attention  # noqa: PLC0415
+
+    pool = plan.pool_of_worker(groups.pool.worker)
+    raw = libra_attention(q, k, v, pool, groups.pool.group, shape=shape, chunks=2, comm="a2a")
+    out["raw_group_equal"] = torch.equal(raw, runs[0][0])
     if rank == 1:
         k[3, 0, 0] = float("nan")
     out["nan"] = _catch(lambda: attn(q, k, v))
@@ -108,6 +114,7 @@ def test_mismatch_nan_async_and_hung_rank(tmp_path):
         assert "k on pool rank 1" in r["nan"]["msg"], r["nan"]["msg"]
         assert r["async_same_digest"]
         assert r["deterministic"]
+        assert r["raw_group_equal"]
     hung = res[0]["hung"]
     assert hung["type"] == "CollectiveTimeoutError", hung
     assert "timed out" in hung["msg"] or "failed" in hung["msg"]

@@ -77,6 +77,7 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
             entry["plain"] = {n: max_err(a, b) for n, a, b in zip(("out", "dq", "dk", "dv"), got, ref)}
         res[str(dtype)] = entry
     res["peak_transient_bytes"] = attn.stats.peak_transient_bytes
+    res["unreleased_bytes"] = attn.stats.unreleased_bytes
     return res
 
 
@@ -144,6 +145,8 @@ def _assert_results(results):
                         bound = factor * entry["plain"][name] + floor
                         assert err <= bound, f"{case}: {key} {name} error {err:.3g} > {bound:.3g} (plain {entry['plain'][name]:.3g})"
             if case.get("method") != "ulysses":
+                assert res["unreleased_bytes"] == 0, f"{case}: transient buffers outlived the call"
+                assert res["peak_transient_bytes"] > 0
                 assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
 
 

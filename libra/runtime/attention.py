@@ -46,6 +46,7 @@ class RuntimeStats:
     comm_wait_s: float = 0.0
     peak_transient_bytes: int = 0
     held_for_backward_bytes: int = 0
+    unreleased_bytes: int = 0
     sent_bytes: dict = field(default_factory=dict)
     calls: int = 0
 
@@ -236,6 +237,7 @@ class LibraAttention:
         st.comm_wait_s += wait_s
         st.compute_s += compute_s
         st.peak_transient_bytes = max(st.peak_transient_bytes, meter.peak)
+        st.unreleased_bytes = meter.current  # 0 unless a transient buffer outlived the call
         el = q.element_size() * d
         st.sent_bytes = {p: rows * el for p, rows in prog.comm_rows().items()}
         return dq, dk, dv
