@@ -243,6 +243,11 @@ def fit_heads_half(heads, rates, reference_heads: int) -> tuple[float, float]:
     return float(grid[i, 0]), float(err[i])
 
 
+def _sig(x: float, digits: int = 6) -> float:
+    """``x`` to ``digits`` significant digits (a CPU rate of 0.0358 TFLOP/s keeps its precision)."""
+    return float(f"{x:.{digits}g}")
+
+
 def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, info: dict,
                 dtype_label: str) -> tuple[HardwareProfile, dict]:
     """Fit the kernel model to the measured rows and build the measured profile.
@@ -268,9 +273,9 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                                                   launch_ms=launch)
     heads_half, heads_err = fit_heads_half(hf["heads"].to_numpy(), hf["tflops"].to_numpy(), cfg.q_heads)
     bwd_ratio = float(np.median(lb["ms"].to_numpy() / times))
-    kernel = KernelModel(rate_inf_tflops=round(rate, 4), half_length=round(half, 3), exponent=round(expo, 4),
-                         launch_ms=round(launch, 6), reference_heads=cfg.q_heads, heads_half=round(heads_half, 5),
-                         backward_time_ratio=round(bwd_ratio, 4))
+    kernel = KernelModel(rate_inf_tflops=_sig(rate), half_length=_sig(half), exponent=_sig(expo),
+                         launch_ms=_sig(launch), reference_heads=cfg.q_heads, heads_half=_sig(heads_half),
+                         backward_time_ratio=_sig(bwd_ratio))
     copy = df[df.sweep == "copy"]
     copy_gbps = float(copy["gbps"].iloc[0]) if len(copy) else None
     peak = base.peak_tflops
