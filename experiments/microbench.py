@@ -15,7 +15,8 @@ repetitions of the per-repetition maximum). Launch:
   one process per GPU, NCCL (unverified in sessions without GPUs).
 
 Outputs (``results/microbench/`` or ``--out``): ``microbench.csv`` (the straggler CSV schema plus
-``measured = True``, backend, device, dtype and per-step memory), ``microbench_summary.csv``
+``measured = True``, backend, device, dtype and per-step memory; bytes per link class are NaN, the
+measured ``bytes_sent`` replaces them; ``balance_bound_ms`` is the measured mean worker compute), ``microbench_summary.csv``
 (per method: mean / max straggler, speedup over Ulysses), ``microbench.png`` and ``run.json``.
 """
 
@@ -37,6 +38,11 @@ from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 
 METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
 DTYPES = ("fp32", "bf16", "fp64", "fp16")
+# `libra-bench straggler`'s CSV columns, in its order (measured extras follow them)
+STRAGGLER_COLUMNS = ["workload", "setting", "method", "window", "step", "straggler_ms", "compute_ms",
+                     "comm_exposed_ms", "straggler_worker", "straggler_pool", "comm_serial_ms", "mean_worker_ms",
+                     "balance_bound_ms", "bytes_nvlink", "bytes_roce", "bytes_inter_supernode", "pipeline_chunks",
+                     "bound_ratio"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,7 +236,10 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
             "straggler_worker": w, "straggler_pool": int(w // (cfg["cp"] * max(1, int(P[w])))),
             "comm_serial_ms": float("nan"), "comm_wait_ms": float(wait[w, rep] * 1e3),
             "mean_worker_ms": float(times[:, rep].mean() * 1e3), "min_worker_ms": float(times[:, rep].min() * 1e3),
+            # measured analogue of the simulator's perfect-balance bound: mean worker compute
             "balance_bound_ms": float(compute[:, rep].mean() * 1e3),
+            "bytes_nvlink": float("nan"), "bytes_roce": float("nan"), "bytes_inter_supernode": float("nan"),
+            "bound_ratio": float(per_rep_max[rep] / max(compute[:, rep].mean(), 1e-12)),
             "bytes_sent": int(sent.sum()), "peak_transient_bytes": int(peak.max()), "pipeline_chunks": int(chunks),
             "measured": True, "backend": backend, "device": device.split(":")[0], "dtype": cfg["dtype"],
             "repeats": R, "backward": cfg["backward"]}
@@ -415,6 +424,7 @@ def microbench(nproc, dp, cp, pool_size, seq_len, gbs, block_size, head_split, c
             run.record(k, got[stable_hash(k)])
     rows = run.map(keys, _missing_point, desc="microbench")
     df = pd.DataFrame(rows)
+    df = df[STRAGGLER_COLUMNS + [c for c in df.columns if c not in STRAGGLER_COLUMNS]]
     summary = summarize(df)
     extra = {"measured": True, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
              "world_size": world, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],

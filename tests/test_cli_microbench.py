@@ -22,6 +22,9 @@ def test_tiny_spawned_run_and_resume(tmp_path):
     res = CliRunner().invoke(main, TINY + ["--out", str(out)])
     assert res.exit_code == 0, res.output + repr(res.exception)
     df = pd.read_csv(out / "microbench.csv")
+    from experiments.microbench import STRAGGLER_COLUMNS
+
+    assert list(df.columns[:len(STRAGGLER_COLUMNS)]) == STRAGGLER_COLUMNS  # the straggler schema first
     assert set(df["method"]) == {"ulysses", "libra"}
     assert len(df) == 2 and df["measured"].all()
     for col in ("straggler_ms", "compute_ms", "comm_exposed_ms", "mean_worker_ms", "pipeline_chunks",
