@@ -200,10 +200,6 @@ class KernelInputs:
     out: torch.Tensor | None = None
     lse: torch.Tensor | None = None
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.v, self.dout, self.out, self.lse)
-                   if t is not None)
-
 
 def input_set_bytes(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype) -> int:
     """Bytes of one :class:`KernelInputs` set (q, dout, out and k, v; lse in float32)."""
@@ -339,13 +335,6 @@ def device_slug(info: dict) -> str:
         return "cpu"
     slug = re.sub(r"[^a-z0-9]+", "-", str(info.get("name", "cuda")).lower()).strip("-")
     return slug or "cuda"
-
-
-def area_flops(area, heads, head_dim: int) -> float:
-    """Forward FLOPs of causal pieces (delegates to libra.workload; the one formula)."""
-    from libra.workload import attention_flops  # noqa: PLC0415
-
-    return float(np.sum(attention_flops(np.asarray(area, dtype=np.float64), 1, head_dim) * np.asarray(heads)))
 
 
 def device_options(timing: bool = True):
