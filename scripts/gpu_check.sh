@@ -4,13 +4,15 @@
 #   bash scripts/gpu_check.sh [OUTPUT_DIR]        # run from the repository root on a CUDA machine
 #
 # Output folder: the argument, else $OUT, else results/gpu/<device-slug>/ (e.g. results/gpu/nvidia-h200/).
-# Steps and their time boxes (sized for one H200; < 8 minutes in total including setup):
-#   0. environment + install (pip install --no-deps -e . keeps the image's CUDA torch; no network)  ~30 s
+# Steps and their time boxes (sized for one H200; the boxes add up to < 8 minutes including
+# setup, and the expected run is about 2-3 minutes):
+#   0. install (pip install --no-deps -e . keeps the image's CUDA torch; no network) + environment
+#      record (env.txt: versions, varlen_attn's signature)                             ~30 s, box 30 s
 #   1. preflight: the auto kernel backend against plain PyTorch on a tiny batch (falls back to
-#      --backend math, with smaller sizes, if the fast backend is broken, and says so)  box  60 s
-#   2. libra-bench calibrate   (Figure 5 + measured profile.json)                         box 150 s
-#   3. libra-bench sim-check   (cost model with that profile vs measured tile batches)    box 150 s
-#   4. libra-bench fidelity    (bf16 tiles vs fp32 reference, ratio to bf16 PyTorch)       box 100 s
+#      --backend math, with smaller sizes, if the fast backend is broken, and says so)  box  45 s
+#   2. libra-bench calibrate   (Figure 5 + measured profile.json)                         box 120 s
+#   3. libra-bench sim-check   (cost model with that profile vs measured tile batches)    box 120 s
+#   4. libra-bench fidelity    (bf16 tiles vs fp32 reference, ratio to bf16 PyTorch)       box  90 s
 #   5. summary.md              (Figure 5's curves, sim error, fidelity ratios, versions)
 # A failed or timed-out step is recorded and the next one still runs; the script exits non-zero
 # if any step failed. Without CUDA it refuses to run (exit 3) before doing anything.
@@ -68,8 +70,8 @@ say "output folder: $OUT_DIR (device $DEVICE, slug $SLUG)"
 
 # ---- install what is missing (never from the network) ---------------------------------------
 if ! "$PY" -c 'import libra, experiments.cli' 2>/dev/null || ! "$PY" -m pip show libra-bench >/dev/null 2>&1; then
-  say "installing the project: pip install --no-deps --no-build-isolation -e ."
-  "$PY" -m pip install --no-deps --no-build-isolation -e . >>"$LOG" 2>&1 \
+  say "installing the project: pip install --no-deps --no-build-isolation --no-index -e ."
+  timeout 90 "$PY" -m pip install --no-deps --no-build-isolation --no-index -e . >>"$LOG" 2>&1 \
     || say "pip install failed (see log); running from the source tree via PYTHONPATH instead"
 fi
 MISSING="$("$PY" - <<'EOF'
@@ -83,7 +85,7 @@ if [ -n "$MISSING" ]; then
   if [ -n "${WHEELHOUSE:-}" ] && [ -d "$WHEELHOUSE" ]; then
     say "installing them from WHEELHOUSE=$WHEELHOUSE (no index)"
     # shellcheck disable=SC2086
-    "$PY" -m pip install --no-index --find-links "$WHEELHOUSE" $MISSING >>"$LOG" 2>&1 || say "wheelhouse install failed"
+    timeout 90 "$PY" -m pip install --no-index --find-links "$WHEELHOUSE" $MISSING >>"$LOG" 2>&1 || say "wheelhouse install failed"
   fi
   if ! "$PY" -c 'import rich' 2>/dev/null; then
     # rich only draws progress bars (every step runs with --no-progress); a no-op stand-in keeps
@@ -112,7 +114,7 @@ fi
 {
   echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "git: $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  timeout 60 "$PY" - <<'EOF'
+  timeout 30 "$PY" - <<'EOF'
 import inspect, platform, torch
 print("python:", platform.python_version())
 print("torch:", torch.__version__, "cuda:", torch.version.cuda)
@@ -150,7 +152,7 @@ run_step() {  # name, time box (s), command...
 
 # ---- 1. preflight: does the fast backend agree with plain PyTorch? ------------------------------
 BACKEND=auto
-PREFLIGHT="$(timeout 60 "$PY" - "$DEVICE" 2>>"$LOG" <<'EOF' || echo "preflight crashed or timed out"
+PREFLIGHT="$(timeout 45 "$PY" - "$DEVICE" 2>>"$LOG" <<'EOF' || echo "preflight crashed or timed out"
 import sys, torch
 from libra.runtime.kernels import Segments, get_backend, resolve_backend_name
 dev = torch.device(sys.argv[1])
@@ -209,14 +211,14 @@ if [ "$BACKEND" = math ] && [ "$CPU_SMOKE" = 0 ]; then
   SIM_ARGS=(--device cuda --seq-len 32768 --pool-size 2 --cp 4 --block-size 2048 --head-split 2 --chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 2 --warmup 1 --repeats 3 --rotate 1)
 fi
-run_step calibrate 150 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/calibrate"
+run_step calibrate 120 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/calibrate"
 PROFILE="$OUT_DIR/calibrate/profile.json"
 if [ ! -f "$PROFILE" ]; then
   PROFILE=h100-roce-v1
   say "no measured profile: sim-check predicts with the built-in $PROFILE (its errors then say little)"
 fi
-run_step sim-check 150 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --out "$OUT_DIR/sim-check"
-run_step fidelity 100 "${CLI[@]}" fidelity "${FID_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/fidelity"
+run_step sim-check 120 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --out "$OUT_DIR/sim-check"
+run_step fidelity 90 "${CLI[@]}" fidelity "${FID_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/fidelity"
 
 # ---- 5. summary -----------------------------------------------------------------------------------
 STATUS[total]="$(( $(date +%s) - START ))s wall"
