@@ -195,3 +195,36 @@ def test_long_sample_policies():
         LibraSampler(lengths, 4, gbs=2, dp=1, policy="error")
     with pytest.raises(ValueError, match="unknown packing policy 'drop'"):
         LibraSampler(lengths, 4, gbs=2, dp=1, policy="drop")
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=5, max_size=80), st.sampled_from([16, 32, 64]),
+       st.sampled_from([(2, 1, 1), (4, 2, 2), (4, 4, 2), (8, 4, 4)]), st.sampled_from(["defer", "split"]),
+       st.integers(0, 3))
+def test_property_steps_keep_their_tokens_and_fill_every_sequence(lengths, seq_len, layout, policy, seed):
+    gbs, dp, p = layout
+    lengths = np.array(lengths)
+    if lengths.sum() < gbs * seq_len:
+        return
+    s = LibraSampler(lengths, seq_len, gbs, dp, pool_size=p, seed=seed, policy=policy)
+    for k in range(s.steps_per_epoch):
+        a = s.step(k)
+        assert len(a.sequences) == gbs and all(sum(x.length for x in q) == seq_len for q in a.sequences)
+        assert _token_multiset([x for q in a.sequences for x in q]) == _token_multiset(s.step_pieces(k))
+        assert sorted(a.groups.ravel().tolist()) == list(range(gbs))
+
+
+def test_works_as_a_torch_dataloader_batch_sampler():
+    torch = pytest.importorskip("torch")
+
+    class Tokens:
+        def __getitem__(self, piece):
+            return torch.full((piece.length,), piece.index)
+
+    lengths = _lengths(200, seed=9)
+    s = LibraSampler(lengths, 256, gbs=4, dp=2, pool_size=2, dp_rank=1, seed=1)
+    loader = torch.utils.data.DataLoader(Tokens(), batch_sampler=s, collate_fn=torch.cat)
+    got = [b for b in loader]
+    assert len(got) == len(s) and all(b.shape == (256,) for b in got)
+    first = s.step(0, epoch=0).rank_sequences(1)[0]
+    assert got[0].tolist() == [p.index for p in first for _ in range(p.length)]
