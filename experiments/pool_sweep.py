@@ -38,6 +38,7 @@ from experiments.sim_common import (
     parse_list,
     resolve_profile,
     setting_record,
+    workload_record,
 )
 from libra.sim.simulator import simulate_window
 
@@ -58,7 +59,7 @@ PAPER_FIG15 = {
 def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, windows: int, seed: int, shape,
                    out=None, force=False, quiet=False, name: str = "pool_sweep"):
     """Simulate Ulysses once and each Libra variant at every P dividing DP; returns (steps, summary, run)."""
-    config = {"workload": workload, "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
               "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)

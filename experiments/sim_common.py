@@ -117,6 +117,23 @@ def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> 
     return gbs_windows(workload, setting.seq_len, setting.gbs, n_windows, seed=seed)
 
 
+def workload_record(workload: str) -> dict:
+    """The workload's description plus the packing default, recorded in configs so that a changed
+    preset or packing policy hashes to new points (never reuses stale cached ones).
+
+    Raises:
+        ValueError: unknown preset or unreadable file.
+    """
+    import inspect  # noqa: PLC0415
+
+    from libra.data.packing import gbs_windows  # noqa: PLC0415
+    from libra.data.source import resolve_workload  # noqa: PLC0415
+
+    params = inspect.signature(gbs_windows).parameters
+    packing = {k: params[k].default for k in ("policy", "lookahead") if k in params}
+    return {**resolve_workload(workload).describe(), "packing": packing}
+
+
 def build_cost_model(profile: HardwareProfile, par: ParallelConfig) -> CostModel:
     return CostModel(profile, Topology(profile, par))
 

@@ -41,6 +41,7 @@ from experiments.sim_common import (
     planner_options,
     resolve_profile,
     setting_record,
+    workload_record,
 )
 from libra.sim.simulator import simulate_window
 
@@ -69,7 +70,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     Raises:
         ValueError: unknown setting/method, a bad workload or a layout the planners reject.
     """
-    config = {"workload": workload, "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
               "methods": list(methods), "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin,
               "shape": {"num_q_heads": shape.num_q_heads, "num_kv_heads": shape.num_kv_heads,
                         "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},

@@ -45,6 +45,7 @@ from experiments.sim_common import (
     make_shape,
     resolve_profile,
     setting_record,
+    workload_record,
 )
 from libra.sim.variability import DeviceJitter
 
@@ -99,7 +100,7 @@ def pool_spreads(window, setting, shape, pool_size: int, speeds_by_ga, rate_flop
 def run_variability(workload, profile, setting_name, pool_sizes, windows, seed, shape, out=None, force=False,
                     quiet=False, name: str = "variability"):
     setting = SETTINGS[setting_name]
-    config = {"workload": workload, "profile": profile.to_dict(), "setting": setting_record(setting),
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "setting": setting_record(setting),
               "pool_sizes": list(pool_sizes), "windows": windows, "seed": seed,
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
