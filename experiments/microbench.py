@@ -416,6 +416,7 @@ def microbench(nproc, dp, cp, pool_size, seq_len, gbs, block_size, head_split, c
     keys = [[m, w] for m in cfg["methods"] for w in range(windows)]
     todo = [k for k in keys if run.cached(k) is None]
     t0 = time.perf_counter()
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     if todo:
         got = run_torchrun(cfg, todo) if under_torchrun else run_spawned(world, cfg, todo, deadline_s=timeout * 4)
         if got is None:  # non-zero torchrun ranks write nothing
@@ -428,7 +429,9 @@ def microbench(nproc, dp, cp, pool_size, seq_len, gbs, block_size, head_split, c
     summary = summarize(df)
     extra = {"measured": True, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
              "world_size": world, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
-             "bench_wall_s": round(time.perf_counter() - t0, 3)}
+             "bench_wall_s": round(time.perf_counter() - t0, 3),
+             # CPU timings on a shared host are only as quiet as the host: record its load
+             "loadavg_1m": [load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}
     paths = run.finish(df, plot=plot, extra=extra)
     atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
     cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "compute_ms", "comm_exposed_ms", "peak_transient_mib",
