@@ -140,3 +140,27 @@ def test_kinds_cover_q_and_o_symmetrically():
     q, o = pp.transfers.select(pp.transfers.kind == Q), pp.transfers.select(pp.transfers.kind == O)
     assert sorted(zip(q.src, q.dst, q.tok_start)) == sorted(zip(o.dst, o.src, o.tok_start))
     assert len(q) > 0
+
+
+@pytest.mark.parametrize("seq_len, cp, gbs, block", [(262144, 8, 128, 4096), (1048576, 16, 32, 8192)])
+def test_libra_prod_vrsp_pools_meet_target(seq_len, cp, gbs, block):
+    """The issue's check on every VRSP pool of one ``libra-prod`` window (Libra sec. 6.3 layouts):
+    max/mean worker FLOPs <= 1 + tau unless a fallback fired, plans validate, and TAP moves fewer
+    bytes than FLOPs-only placement (the DistCA emulation)."""
+    from libra.data.packing import gbs_windows, window_workloads
+    from libra.vrsp import vrsp
+
+    shape = AttentionShape(32, 4, 128, 2)
+    window = gbs_windows("libra-prod", seq_len, gbs, 1, seed=0)[0]
+    tap = TapConfig(pool_size=8, block_size=block, head_split=2, tau=0.03, pipeline_chunks=4)
+    flops_only = TapConfig(pool_size=8, block_size=block, head_split=2, tau=0.03, pipeline_chunks=4,
+                           comm_aware=False)
+    for k, members in enumerate(vrsp(window_workloads(window), 8)):
+        seqs = [SequenceLayout.contiguous(int(i), j, window[int(i)].sample_lengths, cp)
+                for j, i in enumerate(members)]
+        pp = plan_pool(k, seqs, range(8 * cp), tap, shape)
+        _plan(pp, shape, cp).validate()
+        loads = pp.worker_flops()
+        assert pp.fallback_tiles > 0 or loads.max() / loads.mean() <= 1.03 + 1e-12
+        other = plan_pool(k, seqs, range(8 * cp), flops_only, shape)
+        assert pp.transfers.nbytes.sum() < other.transfers.nbytes.sum()
