@@ -4,7 +4,7 @@ Each optimizer step consumes the next ``GBS * S`` tokens of a seeded, per-epoch 
 dataset's samples. Those tokens are packed in arrival order into ``GBS`` packed sequences of exactly
 ``S`` tokens (a sample crossing a sequence or step boundary is split into *pieces*; the remainder
 starts the next sequence), VRSP (Alg. 1) groups the packed sequences into ``K = GBS / P`` pools of
-``P`` with balanced aggregate workload ``sum l^2``, and :func:`microbatch_groups` maps pool ``k`` to
+``P`` with balanced aggregate workload ``sum l^2``, and :func:`libra.vrsp.microbatch_groups` maps pool ``k`` to
 GA index ``k // (DP / P)`` and DP ranks ``(k % (DP / P)) * P + j``. VRSP only permutes the step's
 packed sequences, so every step's sample multiset is unchanged (Libra sec. 6.7).
 
@@ -26,13 +26,13 @@ The tail of an epoch shorter than one step (``< GBS * S`` tokens) is dropped.
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from libra.data.packing import DEFAULT_POLICY, POLICIES, pack_fixed_tokens
+from libra.vrsp import microbatch_groups, vrsp
 from libra.workload import packed_workload
 
 
@@ -78,64 +78,6 @@ class StepAssignment:
     def rank_sequences(self, dp_rank: int) -> list[tuple[SamplePiece, ...]]:
         """The packed sequences DP rank ``dp_rank`` trains, in GA order."""
         return [self.sequences[int(s)] for s in self.groups[:, dp_rank]]
-
-
-def vrsp_pools(workloads, pool_size: int) -> np.ndarray:
-    """Variance-Reduced Sequence Placement (Libra Alg. 1): exact-cardinality greedy LPT.
-
-    Sort packed sequences by decreasing workload (ties: lower index first); put each into the
-    least-loaded pool with fewer than ``P`` members (ties: lower pool index); full pools leave the
-    heap. O(D log D).
-
-    Args:
-        workloads: float ``(D,)`` packed-sequence workloads ``w(S) = sum l^2``.
-        pool_size: ``P``; must divide ``D``.
-
-    Returns:
-        int64 ``(K, P)`` sequence indices per pool, ``K = D / P``, members in placement order.
-
-    Raises:
-        ValueError: ``P`` not a positive integer dividing ``D``.
-    """
-    w = np.asarray(workloads, dtype=np.float64)
-    d = len(w)
-    if isinstance(pool_size, bool) or not isinstance(pool_size, (int, np.integer)) or pool_size < 1:
-        raise ValueError(f"pool size P must be a positive integer, got {pool_size!r}")
-    if d == 0 or d % pool_size:
-        raise ValueError(f"pool size P={pool_size} must divide the number of packed sequences D={d}")
-    k = d // pool_size
-    order = np.lexsort((np.arange(d), -w))  # heaviest first, ties by original index
-    heap = [(0.0, pool) for pool in range(k)]
-    members: list[list[int]] = [[] for _ in range(k)]
-    for i in order:
-        load, pool = heapq.heappop(heap)
-        members[pool].append(int(i))
-        if len(members[pool]) < pool_size:
-            heapq.heappush(heap, (load + float(w[i]), pool))
-    return np.array(members, dtype=np.int64)
-
-
-def microbatch_groups(pools: np.ndarray, dp: int) -> np.ndarray:
-    """Map pools to (GA index, DP rank): pool ``k`` -> GA ``k // (DP/P)``, ranks ``(k % (DP/P))*P + j``.
-
-    Args:
-        pools: int ``(K, P)`` sequence indices.
-        dp: DP degree; ``P`` must divide it and ``K * P / DP`` must be whole.
-
-    Returns:
-        int64 ``(GA, DP)`` sequence index per GA index and DP rank.
-
-    Raises:
-        ValueError: ``P`` not dividing ``DP`` or ``DP`` not dividing ``K * P``.
-    """
-    pools = np.asarray(pools, dtype=np.int64)
-    k, p = pools.shape
-    if dp % p:
-        raise ValueError(f"pool size P={p} must divide DP={dp}")
-    if (k * p) % dp:
-        raise ValueError(f"DP={dp} must divide the number of packed sequences {k * p}")
-    per_ga = dp // p
-    return pools.reshape(k // per_ga, per_ga * p)
 
 
 def pack_stream(pieces: list[SamplePiece], seq_len: int, policy: str = "split") -> list[tuple[SamplePiece, ...]]:
@@ -295,7 +237,7 @@ class LibraSampler:
                            policy="defer" if self.policy == "defer" else "split")
         workloads = [packed_workload([p.length for p in s]) for s in seqs]
         if self.use_vrsp:
-            pools = vrsp_pools(workloads, self.pool_size)
+            pools = vrsp(workloads, self.pool_size)
         else:
             pools = np.arange(self.gbs, dtype=np.int64).reshape(-1, self.pool_size)
         return StepAssignment(epoch, step, tuple(seqs), pools, microbatch_groups(pools, self.dp))

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.sampler import LibraSampler, SamplePiece, microbatch_groups, pack_stream, vrsp_pools
+from libra.sampler import LibraSampler, SamplePiece, pack_stream
+from libra.vrsp import microbatch_groups
+from libra.vrsp import vrsp as vrsp_pools
 from libra.workload import packed_workload
 
 
