@@ -159,8 +159,12 @@ def setting_record(setting: Setting) -> dict:
     return asdict(setting)
 
 
-def common_options(default_windows: int, default_workload: str | None = "libra-prod"):
-    """Decorator adding the options every simulated experiment shares."""
+def common_options(default_windows: int, default_workload: str | None = "libra-prod", shape: bool = True):
+    """Decorator adding the options every simulated experiment shares.
+
+    ``shape=False`` leaves out ``--q-heads/--kv-heads/--head-dim`` for commands whose head shape
+    defaults differ per setting (grid-search) and that declare them themselves.
+    """
 
     def deco(fn):
         opts = [
@@ -174,11 +178,14 @@ def common_options(default_windows: int, default_workload: str | None = "libra-p
                          help="Output folder (default results/<experiment>)."),
             click.option("--quick", is_flag=True, help="One window, for a smoke run."),
             click.option("--force", is_flag=True, help="Recompute cached points."),
-            click.option("--q-heads", type=int, default=32, show_default=True, help="Query heads."),
-            click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads."),
-            click.option("--head-dim", type=int, default=128, show_default=True, help="Head width."),
             click.option("--no-progress", is_flag=True, help="No progress bar."),
         ]
+        if shape:
+            opts[6:6] = [
+                click.option("--q-heads", type=int, default=32, show_default=True, help="Query heads."),
+                click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads."),
+                click.option("--head-dim", type=int, default=128, show_default=True, help="Head width."),
+            ]
         if default_workload is not None:
             opts.append(click.option("--workload", default=default_workload, show_default=True,
                                      help="Length preset name or a length file (.txt, .txt.gz, .json, ...)."))
@@ -204,3 +211,28 @@ def format_table(df, columns, floatfmt: str = "{:.3f}") -> str:
         rows.append([floatfmt.format(v) if isinstance(v, (float, np.floating)) else str(v) for v in r])
     widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def tiles_per_sequence(seq_len: int, block_size: int, head_split: int) -> int:
+    """SH-Tiles of one packed sequence: ``(S / B) * H`` (Libra sec. 4.3.1; the tile count of sec. 6.6)."""
+    return (int(seq_len) // int(block_size)) * int(head_split)
+
+
+def parse_int_list(text: str, what: str) -> tuple[int, ...]:
+    """Comma-separated positive integers, de-duplicated in order.
+
+    Raises:
+        ValueError: empty list or an entry that is not a positive integer (named in the message).
+    """
+    out: list[int] = []
+    for x in str(text).split(","):
+        x = x.strip()
+        if not x:
+            continue
+        if not x.isdigit() or int(x) < 1:
+            raise ValueError(f"{what} {x!r} is not a positive integer")
+        if int(x) not in out:
+            out.append(int(x))
+    if not out:
+        raise ValueError(f"empty {what} list {text!r}")
+    return tuple(out)
