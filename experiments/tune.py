@@ -1,0 +1,335 @@
+"""`libra-bench tune`: pick Libra's (P, H, B) for your own data and cluster (Libra sec. 5).
+
+Sec. 5: "An offline simulator replays VRSP and TAP on corpus sequence-length metadata to select
+fixed (P, H, B)". This command is that step. Given a length workload (preset or file), a hardware
+profile and the parallel layout (DP, CP, S, GBS, head shape), it enumerates candidates
+
+* pool size P: divisors of DP (``--pool-sizes`` to restrict);
+* head split H: powers of two up to 8 dividing ``hq`` with ``M | hq/H`` (``--head-splits``);
+* block size B: ``S/CP, S/(2 CP), ... , S/(16 CP)``, at least 1024 tokens (``--block-sizes``);
+
+simulates each with the full Libra planner (VRSP + TAP + Pipeliner with ``M`` chunks) over a few
+GBS windows, and Ulysses on the same windows and device jitter as the reference. Explicit values
+that break a layout rule (P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
+hq/H) are errors, not silently dropped.
+
+Recommendation rule (:func:`recommend`): the lowest mean straggler wins; candidates within
+``--tie-tolerance`` (default 1%) of the best are ties, broken by smaller P (fewer replicas exchange
+data, less inter-node traffic and a smaller pool to plan), then fewer tiles per packed sequence
+(cheaper placement), then the lower worst step, then smaller H and B. If even the recommendation
+is slower than Ulysses the command says so.
+
+Outputs (``results/tune/`` or ``--out``): ``tune.csv`` (one row per candidate, ranked),
+``tune_steps.csv`` (every simulated step), ``tune.png`` (ranking) and ``run.json`` (config,
+profile, the recommendation).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+
+from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.sim_common import (
+    build_cost_model,
+    check_counts,
+    common_options,
+    jitter_seed,
+    make_shape,
+    parse_int_list,
+    resolve_profile,
+    tiles_per_sequence,
+    workload_record,
+)
+from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.sim.simulator import simulate_window
+
+TUNE_METHOD = "libra"
+MAX_HEAD_SPLIT = 8
+MIN_BLOCK = 1024
+BLOCK_HALVINGS = 4
+
+
+def default_pool_sizes(dp: int) -> tuple[int, ...]:
+    """Every divisor of DP (P = DP is a cluster-wide pool, DistCA's scope)."""
+    return tuple(p for p in range(1, dp + 1) if dp % p == 0)
+
+
+def default_head_splits(q_heads: int, chunks: int) -> tuple[int, ...]:
+    """Powers of two ``H <= 8`` with ``H | hq`` and ``M | hq/H`` (Libra sec. 4.4)."""
+    return tuple(h for h in (1, 2, 4, 8) if h <= MAX_HEAD_SPLIT and q_heads % h == 0 and (q_heads // h) % chunks == 0)
+
+
+def default_block_sizes(tokens_per_rank: int) -> tuple[int, ...]:
+    """``S/CP`` halved up to four times, keeping integral blocks of at least 1024 tokens."""
+    out = []
+    for k in range(BLOCK_HALVINGS + 1):
+        b = tokens_per_rank >> k
+        if b << k != tokens_per_rank or b < MIN_BLOCK:
+            break
+        out.append(b)
+    return tuple(out) or (tokens_per_rank,)
+
+
+def candidate_grid(par: ParallelConfig, shape, chunks: int, pool_sizes=None, head_splits=None,
+                   block_sizes=None) -> list[tuple[int, int, int]]:
+    """All (P, H, B) to simulate, each checked by :func:`libra.config.check_layout`.
+
+    Raises:
+        ValueError: an explicitly given value breaking a layout rule (the message names it), or no
+            valid candidate at all.
+    """
+    per_rank = par.tokens_per_rank  # raises for CP not dividing S
+    ps = tuple(pool_sizes) if pool_sizes else default_pool_sizes(par.dp)
+    hs = tuple(head_splits) if head_splits else default_head_splits(shape.num_q_heads, chunks)
+    bs = tuple(block_sizes) if block_sizes else default_block_sizes(per_rank)
+    for p in ps:
+        if par.dp % p:
+            raise ValueError(f"pool size P={p} must divide DP={par.dp}")
+    for b in bs:
+        if per_rank % b:
+            raise ValueError(f"block size B={b} must divide S/CP={per_rank} (S={par.seq_len}, CP={par.cp})")
+    for h in hs:
+        if shape.num_q_heads % h:
+            raise ValueError(f"head split H={h} must divide --q-heads={shape.num_q_heads}")
+        if (shape.num_q_heads // h) % chunks:
+            raise ValueError(f"Pipeliner chunks M={chunks} must divide hq/H={shape.num_q_heads // h} "
+                             f"(hq={shape.num_q_heads}, H={h}); lower --pipeline-chunks or H")
+    if not hs:
+        raise ValueError(f"no head split H <= {MAX_HEAD_SPLIT} satisfies H | hq={shape.num_q_heads} and "
+                         f"M={chunks} | hq/H; lower --pipeline-chunks")
+    grid = [(p, h, b) for p in ps for h in hs for b in bs]
+    for p, h, b in grid:
+        check_layout(par, TapConfig(pool_size=p, block_size=b, head_split=h, pipeline_chunks=chunks), shape)
+    return grid
+
+
+OBJECTIVES = ("mean", "max")
+"""``mean``: mean straggler (throughput without PP); ``max``: worst step (the PP bottleneck proxy, sec. 6.3)."""
+
+
+def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str = "mean") -> int:
+    """Index (label) of the recommended candidate of ``table``.
+
+    Rule: the lowest ``<objective>_ms`` wins; every candidate within ``best * (1 + tie_tolerance)``
+    ties and the tie goes to the smaller ``pool_size``, then fewer ``tiles_per_sequence``, then the
+    lower other metric (``max_ms`` for ``mean``), then smaller ``head_split`` and ``block_size``.
+
+    Raises:
+        ValueError: empty table, unknown objective, NaN values, or a negative tolerance.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose from {', '.join(OBJECTIVES)}")
+    if table.empty:
+        raise ValueError("no candidate to recommend")
+    if not (tie_tolerance >= 0):
+        raise ValueError(f"tie tolerance must be >= 0, got {tie_tolerance!r}")
+    col, other = f"{objective}_ms", ("max_ms" if objective == "mean" else "mean_ms")
+    if table[col].isna().any():
+        raise ValueError(f"a candidate has no {col} (NaN)")
+    best = float(table[col].min())
+    ties = table[table[col] <= best * (1.0 + tie_tolerance)]
+    order = ties.sort_values(["pool_size", "tiles_per_sequence", other, "head_split", "block_size"],
+                             kind="mergesort")
+    return order.index[0]
+
+
+def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, chunks: int, tie_tolerance: float,
+                    objective: str = "mean") -> pd.DataFrame:
+    """One row per candidate from the simulated steps, ranked by ``objective``, with speedups over
+    Ulysses (same windows) and the ``recommended`` flag from :func:`recommend`."""
+    u = steps[steps["method"] == "ulysses"]
+    u_mean = u["straggler_ms"].mean()
+    u_max = u.groupby("window")["straggler_ms"].max().mean()
+    rows = []
+    for (p, h, b), g in steps[steps["method"] == TUNE_METHOD].groupby(["pool_size", "head_split", "block_size"]):
+        all_bytes = g["bytes_nvlink"] + g["bytes_roce"] + g["bytes_inter_supernode"]
+        mean_ms = g["straggler_ms"].mean()
+        max_ms = g.groupby("window")["straggler_ms"].max().mean()
+        rows.append({"pool_size": int(p), "head_split": int(h), "block_size": int(b), "pipeline_chunks": chunks,
+                     "tiles_per_sequence": tiles_per_sequence(par.seq_len, b, h), "mean_ms": mean_ms,
+                     "max_ms": max_ms, "speedup": u_mean / mean_ms, "max_speedup": u_max / max_ms,
+                     "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
+                     "comm_gb_per_step": all_bytes.mean() / 1e9,
+                     "inter_node_gb_per_step": (g["bytes_roce"] + g["bytes_inter_supernode"]).mean() / 1e9,
+                     "bound_ratio": (g["straggler_ms"] / g["balance_bound_ms"]).mean(),
+                     "ulysses_mean_ms": u_mean, "ulysses_max_ms": u_max, "steps": len(g)})
+    table = pd.DataFrame(rows)
+    col = f"{objective}_ms"
+    table = table.sort_values([col, "pool_size", "tiles_per_sequence"], kind="mergesort").reset_index(drop=True)
+    table.insert(0, "rank", np.arange(1, len(table) + 1))
+    table["recommended"] = False
+    table.loc[recommend(table, tie_tolerance, objective), "recommended"] = True
+    return table
+
+
+def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, chunks: int, windows: int, seed: int,
+             tie_tolerance: float = 0.01, objective: str = "mean", out=None, force=False, quiet=False,
+             name: str = "tune"):
+    """Simulate Ulysses and every candidate of ``grid``; returns (ranked table, steps, run).
+
+    Raises:
+        ValueError: a bad workload or a layout a planner rejects.
+    """
+    from baselines.registry import get_planner  # noqa: PLC0415  (keeps `--help` fast)
+    from libra.data.packing import gbs_windows  # noqa: PLC0415
+
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
+              "par": {"dp": par.dp, "cp": par.cp, "gbs": par.gbs, "seq_len": par.seq_len},
+              "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes],
+              "method": TUNE_METHOD, "pipeline_chunks": chunks, "candidates": [list(c) for c in grid],
+              "windows": windows, "seed": seed, "tie_tolerance": tie_tolerance,
+              "objective": objective}
+    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
+    wins = gbs_windows(workload, par.seq_len, par.gbs, windows, seed=seed)
+    cost_model = build_cost_model(profile, par)
+    label = Path(workload).name if Path(workload).exists() else workload
+
+    def point(key):
+        method, p, h, b, w = key
+        opts = {} if method == "ulysses" else {"pool_size": p, "head_split": h, "block_size": b,
+                                               "pipeline_chunks": chunks}
+        steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
+                                seed=jitter_seed(seed, w))
+        return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
+                 "window": w, **r.to_row()} for r in steps]
+
+    keys = [["ulysses", 0, 0, 0, w] for w in range(windows)]
+    keys += [[TUNE_METHOD, p, h, b, w] for p, h, b in grid for w in range(windows)]
+    steps = pd.DataFrame(run.map(keys, point, desc="tune"))
+    return rank_candidates(steps, par, chunks, tie_tolerance, objective), steps, run
+
+
+def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "mean") -> None:
+    """Left: the ``top`` candidates' mean-straggler speedup over Ulysses (recommended one outlined).
+    Right: speedup vs communication volume per step of every candidate, coloured by P."""
+    import seaborn as sns  # noqa: PLC0415
+
+    from experiments.plotting import plt, save_figure, setup_style  # noqa: PLC0415  (Agg backend)
+
+    setup_style()
+    t = table.copy()
+    t["candidate"] = [f"P{p} H{h} B{b}" for p, h, b in zip(t["pool_size"], t["head_split"], t["block_size"])]
+    t["P"] = t["pool_size"].astype(str)
+    p_order = [str(p) for p in sorted(set(t["pool_size"]))]
+    head = t.head(top)
+    fig, axes = plt.subplots(1, 2, figsize=(13, max(4.0, 0.32 * len(head) + 1.5)))
+    sns.barplot(data=head, y="candidate", x="speedup", hue="P", hue_order=p_order, dodge=False, ax=axes[0],
+                orient="h")
+    axes[0].axvline(1.0, color="black", lw=1, ls="--")
+    for i, rec in enumerate(head["recommended"]):
+        if rec:
+            axes[0].annotate("recommended", (float(head["speedup"].iloc[i]), i), xytext=(4, 0),
+                             textcoords="offset points", va="center", fontsize=8, fontweight="bold")
+    axes[0].set_xlabel("mean-straggler speedup over Ulysses (dashed: parity)")
+    axes[0].set_ylabel("")
+    axes[0].set_title(f"top {len(head)} candidates (ranked by {objective} straggler)")
+    sns.scatterplot(data=t, x="comm_gb_per_step", y="speedup", hue="P", hue_order=p_order, style="head_split", s=55,
+                    ax=axes[1])
+    rec = t[t["recommended"]]
+    axes[1].scatter(rec["comm_gb_per_step"], rec["speedup"], s=260, facecolors="none", edgecolors="black",
+                    linewidths=1.6, label="recommended")
+    axes[1].axhline(1.0, color="black", lw=1, ls="--")
+    axes[1].set_xlabel("communication per step, all links, fwd + bwd (GB)")
+    axes[1].set_ylabel("speedup over Ulysses")
+    axes[1].set_title("speedup vs traffic (marker: H)")
+    axes[1].legend(fontsize=7, ncol=2)
+    save_figure(fig, path)
+
+
+def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: str) -> None:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    console = Console(width=None if sys.stdout.isatty() else 170, highlight=False)
+    shown = table.head(top)
+    if not shown["recommended"].any():
+        shown = pd.concat([shown, table[table["recommended"]]])
+    t = Table(title=f"Libra candidates ranked by predicted {objective} straggler (profile {profile_name})")
+    for col, justify in (("rank", "right"), ("P", "right"), ("H", "right"), ("B", "right"), ("M", "right"),
+                         ("tiles/seq", "right"), ("mean ms", "right"), ("max ms", "right"),
+                         ("speedup", "right"), ("max speedup", "right"), ("comm GB/step", "right"),
+                         ("inter-node GB", "right"), ("exposed comm ms", "right"), ("/ bound", "right"),
+                         ("", "left")):
+        t.add_column(col, justify=justify)
+    for r in shown.itertuples():
+        t.add_row(str(r.rank), str(r.pool_size), str(r.head_split), str(r.block_size), str(r.pipeline_chunks),
+                  str(r.tiles_per_sequence), f"{r.mean_ms:.1f}", f"{r.max_ms:.1f}", f"{r.speedup:.2f}x",
+                  f"{r.max_speedup:.2f}x", f"{r.comm_gb_per_step:.1f}", f"{r.inter_node_gb_per_step:.1f}",
+                  f"{r.comm_exposed_ms:.1f}", f"{r.bound_ratio:.2f}", "<- recommended" if r.recommended else "",
+                  style="bold green" if r.recommended else None)
+    console.print(t)
+
+
+@click.command("tune")
+@common_options(default_windows=2)
+@click.option("--dp", type=int, required=True, help="Data-parallel degree (CP groups).")
+@click.option("--cp", type=int, required=True, help="Context-parallel degree.")
+@click.option("--seq-len", type=int, required=True, help="Tokens per packed sequence S.")
+@click.option("--gbs", type=int, required=True, help="Global batch in packed sequences (multiple of DP).")
+@click.option("--pool-sizes", default=None, help="Comma list of P (default: every divisor of DP).")
+@click.option("--head-splits", default=None, help="Comma list of H (default: 1, 2, 4, 8 where valid).")
+@click.option("--block-sizes", default=None, help="Comma list of B (default: S/CP halved up to 4 times, >= 1024).")
+@click.option("--pipeline-chunks", "chunks", type=int, default=4, show_default=True,
+              help="Pipeliner chunks M (1 = no overlap).")
+@click.option("--tie-tolerance", type=float, default=0.01, show_default=True,
+              help="Candidates within this fraction of the best mean straggler count as ties.")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default="mean", show_default=True,
+              help="Rank by mean straggler (throughput without PP) or worst step (PP bottleneck).")
+@click.option("--top", type=int, default=15, show_default=True, help="Rows of the printed ranking.")
+def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, dp, cp,
+         seq_len, gbs, pool_sizes, head_splits, block_sizes, chunks, tie_tolerance, objective, top):
+    """Search Libra's (P, H, B) for your workload and cluster and recommend one configuration."""
+    check_counts(windows, seed)
+    if top < 1:
+        raise click.BadParameter(f"must be >= 1, got {top}", param_hint="--top")
+    if not (tie_tolerance >= 0):
+        raise click.BadParameter(f"must be >= 0, got {tie_tolerance}", param_hint="--tie-tolerance")
+    if chunks < 1:
+        raise click.BadParameter(f"must be >= 1, got {chunks}", param_hint="--pipeline-chunks")
+    prof = resolve_profile(profile)
+    try:
+        par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)
+        shape = make_shape(q_heads, kv_heads, head_dim)
+        grid = candidate_grid(par, shape, chunks,
+                              parse_int_list(pool_sizes, "pool size") if pool_sizes else None,
+                              parse_int_list(head_splits, "head split") if head_splits else None,
+                              parse_int_list(block_sizes, "block size") if block_sizes else None)
+        n_windows = 1 if quick else windows
+        click.echo(f"simulating Ulysses + {len(grid)} Libra candidates x {n_windows} window(s) "
+                   f"(DP {dp}, CP {cp}, S {seq_len}, GBS {gbs}, GA {par.ga}; hq {q_heads}, h_kv {kv_heads}, "
+                   f"d {head_dim}; M {chunks}) ...")
+        t0 = time.perf_counter()
+        table, steps, run = run_tune(workload, prof, par, shape, grid, chunks, n_windows, seed, tie_tolerance,
+                                     objective, out=out, force=force, quiet=no_progress)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    rec = table[table["recommended"]].iloc[0]
+    recommendation = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
+    atomic_write_text(run.out_dir / f"{run.name}_steps.csv", steps.to_csv(index=False))
+    paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective),
+                       extra={"profile": prof.to_dict(), "recommendation": recommendation})
+    _print_table(table, top, prof.name, objective)
+    click.echo(f"Ulysses on the same windows: mean straggler {rec['ulysses_mean_ms']:.1f} ms, "
+               f"worst step {rec['ulysses_max_ms']:.1f} ms.")
+    click.echo(f"Recommended: P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={chunks} "
+               f"({rec['tiles_per_sequence']} tiles per packed sequence): predicted mean straggler "
+               f"{rec['mean_ms']:.1f} ms ({rec['speedup']:.2f}x over Ulysses), worst step {rec['max_ms']:.1f} ms "
+               f"({rec['max_speedup']:.2f}x), {rec['comm_gb_per_step']:.1f} GB moved per step.")
+    click.echo(f"Rule: lowest {objective} straggler (--objective); candidates within {tie_tolerance:.0%} of the "
+               "best tie and go to the smaller P (less traffic, smaller pool to plan), then fewer tiles per "
+               f"sequence (cheaper placement), then the lower {'worst step' if objective == 'mean' else 'mean'}.")
+    if rec["speedup"] < 1.0:
+        click.echo("Warning: no candidate beats Ulysses on this workload and cluster; Libra is not predicted "
+                   "to help here.")
+    click.echo("Columns: straggler = slowest worker's forward + backward core-attention time of one layer in "
+               "one step (compute + exposed communication) as the cost model predicts it; max = worst step "
+               "per window; speedup = Ulysses / candidate on the same windows and device jitter; comm GB = "
+               "bytes over all links per step; / bound = straggler over the perfect-balance bound.")
+    click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}, "
+               f"{run.out_dir / (run.name + '_steps.csv')}, {paths['run']}")
