@@ -1,15 +1,17 @@
-"""Progress bars for long sweeps (rich), silent when disabled or when stderr is not a terminal."""
+"""Progress bars for long sweeps (rich), silent when disabled or when stderr is not a terminal.
+
+rich is imported lazily: on a machine without it (e.g. a GPU image where the project was installed
+with ``--no-deps``) sweeps still run, just without a bar.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
 
 class _Bar:
-    def __init__(self, prog: Progress | None, task):
+    def __init__(self, prog, task):
         self._prog, self._task = prog, task
 
     def advance(self, n: int = 1) -> None:
@@ -20,6 +22,10 @@ class _Bar:
 @contextlib.contextmanager
 def progress(total: int, desc: str, disable: bool = False):
     """Context manager yielding an object with ``advance()``; a rich bar on stderr."""
+    try:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:
+        disable = True
     if disable:
         yield _Bar(None, None)
         return

@@ -5,10 +5,11 @@ Contract:
   ``<name>.png`` (seaborn) and ``run.json`` (resolved config, seed, git SHA, package versions,
   host, hardware profile when one is used, command line, wall time);
 * every file is written atomically (temporary file in the same folder, then ``os.replace``);
-* each finished point of a sweep is stored under ``.points/<config-hash>/`` as soon as it is
-  computed, so an interrupted sweep resumes where it stopped and a rerun of the same config reuses
-  finished points unless ``force=True`` (``--force``) is given. A different config hashes to a
-  different folder, so stale points are never mixed into a new run.
+* each finished point of a sweep is stored under ``.points/<key>/`` as soon as it is computed, so
+  an interrupted sweep resumes where it stopped and a rerun of the same config reuses finished
+  points unless ``force=True`` (``--force``) is given. The key hashes the resolved config *and* a
+  fingerprint of the project's source (:func:`code_fingerprint`), so neither a different config nor
+  a code change (a new preset, a fixed cost model) can mix stale points into a new run.
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ def stable_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+_SOURCE_PACKAGES = ("libra", "baselines", "experiments")
+
+
+def code_fingerprint() -> str:
+    """Short sha256 over every ``.py``/``.json`` file of the project's packages (content + path).
+
+    Part of the point-cache key: points computed by other code are never reused. Reading ~150
+    small files costs a few milliseconds.
+    """
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for pkg in _SOURCE_PACKAGES:
+        for path in sorted((root / pkg).rglob("*")):
+            if path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(root)).encode())
+                h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
@@ -118,7 +138,8 @@ class ExperimentRun:
         self.config = json.loads(json.dumps(config, sort_keys=True, default=str))
         self.out_dir = Path(out_dir) if out_dir is not None else RESULTS_ROOT / name
         self.config_hash = stable_hash(self.config)
-        self.points_dir = self.out_dir / ".points" / self.config_hash
+        self.code_hash = code_fingerprint()
+        self.points_dir = self.out_dir / ".points" / f"{self.config_hash}-{self.code_hash}"
         self.quiet = quiet
         self.started = time.time()
         self.reused = 0
@@ -187,6 +208,7 @@ class ExperimentRun:
             paths["png"] = self.png_path
         record = {
             "experiment": self.name, "config": self.config, "config_hash": self.config_hash,
+            "code_fingerprint": self.code_hash,
             "command": " ".join(sys.argv), "finished_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "wall_s": round(time.time() - self.started, 3), "points_computed": self.computed,
             "points_reused": self.reused, "rows": len(df), "environment": environment(),
