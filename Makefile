@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig13 fig14 fig15 fig16 \
-        plan-cost figures reproduction gpu-check clean
+        plan-cost microbench figures reproduction gpu-check gpu-smoke clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -30,48 +30,54 @@ test-all: $(STAMP)  ## the default suite plus the slow tests
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
 
-bench: $(STAMP)  ## pytest-benchmark suites (VRSP, TAP placement)
-	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-columns=median,iqr,rounds -p no:cacheprovider
+bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP planning per pool); prints medians
+	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-min-rounds=30 --benchmark-columns=min,median,iqr,rounds -p no:cacheprovider -p no:hypothesispytest
 
 fig4: $(STAMP)  ## Figure 4: production-order R-1 vs P (256K and 1M, libra-prod)
-	$(BENCH) lln --workload libra-prod --seq-len 262144 --gbs 128 --out results/fig4/256k
-	$(BENCH) lln --workload libra-prod --seq-len 1048576 --gbs 32 --out results/fig4/1m
+	$(BENCH) lln --workload libra-prod --seq-len 262144 --gbs 128 --out results/lln/256k
+	$(BENCH) lln --workload libra-prod --seq-len 1048576 --gbs 32 --out results/lln/1m
 
 fig8: $(STAMP)  ## Figure 8: R-1 vs P for each grouping strategy and VRSP
-	$(BENCH) vrsp --workload libra-prod --seq-len 262144 --gbs 128 --out results/fig8/256k
-	$(BENCH) vrsp --workload libra-prod --seq-len 1048576 --gbs 32 --out results/fig8/1m
+	$(BENCH) vrsp --workload libra-prod --seq-len 262144 --gbs 128 --out results/vrsp/256k
+	$(BENCH) vrsp --workload libra-prod --seq-len 1048576 --gbs 32 --out results/vrsp/1m
 
 plan-cost: $(STAMP)  ## planning time per optimizer step / microbatch (sec. 5)
 	$(BENCH) plan-cost --out results/plan-cost
 
 fig12: $(STAMP)  ## Figure 12: straggler comparison of all methods (the main job)
-	$(BENCH) straggler --workload libra-prod --out results/fig12
+	$(BENCH) straggler --workload libra-prod --out results/straggler
 
 fig3: $(STAMP)  ## Figure 3: FLOPs- vs time-balanced spread as the pool grows
-	$(BENCH) variability --out results/fig3
+	$(BENCH) variability --out results/variability
 
 fig15: $(STAMP)  ## Figure 15: pool-size sweep, compute vs communication
-	$(BENCH) pool-sweep --workload libra-prod --out results/fig15
+	$(BENCH) pool-sweep --workload libra-prod --out results/pool-sweep
 
 fig16: $(STAMP)  ## Figure 16: TAP B x H grid search
-	$(BENCH) grid-search --workload libra-prod --out results/fig16
+	$(BENCH) grid-search --workload libra-prod --out results/grid-search
 
 fig11: $(STAMP)  ## Figure 11: simulated end-to-end throughput
-	$(BENCH) e2e --workload libra-prod --out results/fig11
+	$(BENCH) e2e --workload libra-prod --out results/e2e
 
 fig13: $(STAMP)  ## Figure 13: simulated DP scaling
-	$(BENCH) dp-scaling --workload libra-prod --out results/fig13
+	$(BENCH) dp-scaling --workload libra-prod --out results/dp-scaling
 
 fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
-	$(BENCH) pp-balance --workload libra-prod --out results/fig14
+	$(BENCH) pp-balance --workload libra-prod --out results/pp-balance
+
+microbench: $(STAMP)  ## measured core attention on 4 local gloo processes (CPU, small sizes)
+	$(BENCH) microbench --nproc 4 --methods ulysses,wlb-llm,distca,libra-tap,libra-tap-vrsp,libra --windows 2 --repeats 5 --out results/microbench-cpu
 
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
 figures: fig4 fig8 plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 reproduction  ## every simulated figure
 
-gpu-check:  ## on a CUDA machine: calibrate, validate the simulator, check fidelity
+gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh
+
+gpu-smoke: $(STAMP)  ## the same pipeline on CPU with tiny sizes (checks the script, not the GPU)
+	PYTHON=$(BIN)/python bash scripts/gpu_check.sh --cpu-smoke results/gpu/cpu-smoke
 
 clean:  ## remove the environment and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .benchmarks *.egg-info
