@@ -120,7 +120,7 @@ def _pick_column(columns: list[str], column: str | None, path: Path) -> str:
         return DEFAULT_COLUMN
     if len(columns) == 1:
         return columns[0]
-    raise ValueError(f"{path}: several columns {columns}; name the length column (column=...)")
+    raise ValueError(f"{path}: several columns {columns}; name the length column (column=..., or PATH#COLUMN on the command line)")
 
 
 def _load_table(path: Path, kind: str, column: str | None) -> np.ndarray:

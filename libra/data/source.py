@@ -103,6 +103,9 @@ class FileSource(LengthSource):
 def resolve_workload(spec, column: str | None = None) -> LengthSource:
     """A :class:`LengthSource` for a preset name, a length-file path, or an existing source.
 
+    A path may end in ``#COLUMN`` to name the length column of a CSV/Parquet file (or the key of a
+    JSON list of records), e.g. ``lengths.parquet#num_tokens``; ``column=`` does the same.
+
     Raises:
         ValueError: ``spec`` is neither a registered preset nor an existing file of a supported
             type; the message lists the presets and the supported suffixes.
@@ -116,6 +119,12 @@ def resolve_workload(spec, column: str | None = None) -> LengthSource:
     text = str(spec)
     if isinstance(spec, str) and text in PRESETS:
         return PresetSource(get_preset(text))
+    if column is None and "#" in text and not Path(text).expanduser().exists():
+        # ``lengths.csv#num_tokens``: the column of a CSV/Parquet/JSON-records file, so a CLI
+        # ``--workload`` string alone can name it
+        text, column = text.rsplit("#", 1)
+        if not column:
+            raise ValueError(f"workload {spec!r}: empty column name after '#'")
     path = Path(text).expanduser()
     if file_kind(path) is not None or path.exists():
         if not path.is_file():
