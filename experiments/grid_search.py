@@ -220,6 +220,8 @@ def summarize(df: pd.DataFrame, shapes: dict, skipped: list[dict], settings, hea
     lead = ["setting", "head_split", "block_size", "tiles_per_sequence", "status", "speedup", "paper_speedup_low",
             "paper_speedup_high", "max_speedup", "mean_ms", "max_ms", "ulysses_mean_ms"]
     out = pd.DataFrame(rows)
+    for col in ("tiles_per_sequence", "tiles_per_pool"):  # NaN only where B does not divide S
+        out[col] = out[col].astype("Int64")
     return out[lead + [c for c in out.columns if c not in lead]]
 
 
