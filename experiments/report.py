@@ -191,17 +191,17 @@ PAPER = {
 
 # command that produces each row's source when it is missing (Makefile targets in parentheses)
 COMMANDS = {
-    "fig4": "libra-bench lln --workload libra-prod --seq-len {seq} --gbs {gbs} --out results/fig4/{s} (make fig4)",
-    "fig8": "libra-bench vrsp --workload libra-prod --seq-len {seq} --gbs {gbs} --out results/fig8/{s} (make fig8)",
+    "fig4": "libra-bench lln --workload libra-prod --seq-len {seq} --gbs {gbs} --out results/lln/{s} (make fig4)",
+    "fig8": "libra-bench vrsp --workload libra-prod --seq-len {seq} --gbs {gbs} --out results/vrsp/{s} (make fig8)",
     "sec4.2": "pytest benchmarks/test_bench_vrsp.py --benchmark-only --benchmark-json results/bench/vrsp.json",
     "sec5": "libra-bench plan-cost --out results/plan-cost (make plan-cost)",
-    "fig12": "libra-bench straggler --workload libra-prod --out results/fig12 (make fig12)",
-    "fig13": "libra-bench dp-scaling --workload libra-prod --out results/fig13 (make fig13)",
-    "fig14": "libra-bench pp-balance --workload libra-prod --out results/fig14 (make fig14)",
-    "fig15": "libra-bench pool-sweep --workload libra-prod --out results/fig15 (make fig15)",
+    "fig12": "libra-bench straggler --workload libra-prod --out results/straggler (make fig12)",
+    "fig13": "libra-bench dp-scaling --workload libra-prod --out results/dp-scaling (make fig13)",
+    "fig14": "libra-bench pp-balance --workload libra-prod --out results/pp-balance (make fig14)",
+    "fig15": "libra-bench pool-sweep --workload libra-prod --out results/pool-sweep (make fig15)",
     "fig16": "libra-bench grid-search --workload libra-prod --out results/grid-search (make fig16)",
-    "fig3": "libra-bench variability --out results/fig3 (make fig3)",
-    "fig11": "libra-bench e2e --workload libra-prod --out results/fig11 (make fig11)",
+    "fig3": "libra-bench variability --out results/variability (make fig3)",
+    "fig11": "libra-bench e2e --workload libra-prod --out results/e2e (make fig11)",
     "sec6.7": "bash scripts/gpu_check.sh (on a CUDA machine; writes results/gpu/<device>/fidelity)",
 }
 SEQ_GBS = {"256K": (262144, 128), "1M": (1048576, 32)}
