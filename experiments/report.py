@@ -437,7 +437,9 @@ def rows_fig12(sources) -> list[Row]:
                 command=COMMANDS["fig12"], facts=facts)
         if has("ulysses", "libra"):
             ms, xs = get("libra", "mean_speedup"), get("libra", "max_speedup")
-            r.source, r.ours = src, f"{ms:.2f}x; worst step {xs:.2f}x (bound ratio {get('libra', 'bound_ratio'):.2f})"
+            bal = get("libra", "balanced_ratio")
+            bal_text = f", balanced-compute ratio {bal:.2f}" if np.isfinite(bal) else ""
+            r.source, r.ours = src, f"{ms:.2f}x; worst step {xs:.2f}x (bound ratio {get('libra', 'bound_ratio'):.2f}{bal_text})"
             r.pairs = [(ms, p["mean"], "rel"), (xs, p["max"], "rel")]
             r.facts = {**facts, "over": ms > p["mean"] * (1 + REL_TOL), "u_bound": get("ulysses", "bound_ratio")}
         rows.append(r)

@@ -102,7 +102,9 @@ def git_sha() -> str | None:
         sha = out.stdout.strip()
         if not sha:
             return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+        # results/ is excluded: regenerating committed outputs must not mark the code as dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
+                               capture_output=True,
                                text=True, timeout=5, cwd=Path(__file__).resolve().parent).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -8,7 +8,9 @@ all methods. A step's straggler is its slowest worker's forward + backward core-
 worst step of a window (averaged over windows), both normalised to Ulysses' mean, the speedups
 over Ulysses, the paper's speedups where sec. 6.3 gives them, and the ratio of the straggler to
 the perfect-balance bound (total attention compute of the step spread over all workers at the
-kernel's best rate).
+kernel's best rate, ``bound_ratio``) and to the step's own kernel time spread evenly
+(``balanced_ratio``: the same segments at their real efficiency, so it isolates placement and
+communication from the short-segment kernel penalty every method pays).
 
 Outputs (``results/straggler/`` or ``--out``): ``straggler.csv`` (one row per setting, method,
 window, step), ``straggler_summary.csv``, ``straggler.png`` and ``run.json`` (with the profile).
@@ -98,6 +100,8 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
             row = {"workload": Path(workload).name if Path(workload).exists() else workload,
                    "setting": setting_name, "method": method, "window": w, **r.to_row()}
             row["bound_ratio"] = r.straggler_ms / r.balance_bound_ms if r.balance_bound_ms > 0 else float("nan")
+            row["balanced_ratio"] = (r.straggler_ms / r.balanced_compute_ms if r.balanced_compute_ms > 0
+                                     else float("nan"))
             rows.append(row)
         return rows
 
@@ -118,7 +122,10 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                      "mean_ms": g["straggler_ms"].mean(), "max_ms": per_window_max.mean(),
                      "max_overall_ms": g["straggler_ms"].max(),
                      "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
-                     "bound_ms": g["balance_bound_ms"].mean(), "bound_ratio": g["bound_ratio"].mean()})
+                     "bound_ms": g["balance_bound_ms"].mean(), "bound_ratio": g["bound_ratio"].mean(),
+                     # absent from CSVs written before this column existed
+                     "balanced_compute_ms": g["balanced_compute_ms"].mean() if "balanced_compute_ms" in g else np.nan,
+                     "balanced_ratio": g["balanced_ratio"].mean() if "balanced_ratio" in g else np.nan})
     out = pd.DataFrame(rows)
     for _setting, g in out.groupby("setting", sort=False):
         base = g[g["method"] == "ulysses"]
@@ -211,6 +218,6 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
                               "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}})
     click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "mean_norm", "max_norm",
                                       "mean_speedup", "paper_mean_speedup", "max_speedup", "paper_max_speedup",
-                                      "bound_ratio"], "{:.2f}"))
+                                      "bound_ratio", "balanced_ratio"], "{:.2f}"))
     click.echo(f"simulation seconds per setting (computed points only): {per_setting}; wall {wall:.1f} s")
     click.echo(f"wrote {paths['csv']}, {paths.get('png')}, {run.out_dir / 'straggler_summary.csv'}")

@@ -83,6 +83,8 @@ def test_serial_communication_hand_computed(model):
     assert c.straggler_worker == 4 and c.straggler_ms == pytest.approx(101.12, rel=1e-6)
     # perfect balance: 17408 forward FLOPs over 8 workers at the best rate, fwd + bwd
     assert c.balance_bound_ms == pytest.approx(17408 / 8 / 1e3 * 3)
+    # the plan's own kernel time spread evenly: (13.824 + 19.2 + 19.2) ms over the 8 pool workers
+    assert c.balanced_compute_ms == pytest.approx((13.824 + 19.2 + 19.2) / 8, rel=1e-6)
 
 
 def test_pipeliner_overlap_hand_computed(model):

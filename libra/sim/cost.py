@@ -57,6 +57,17 @@ class PlanCost:
             workers at the kernel's best rate (Libra's perfect-balance limit for this step).
     """
 
+    @property
+    def balanced_compute_ms(self) -> float:
+        """The plan's own kernel time spread evenly over its workers (mean worker compute).
+
+        Unlike :attr:`balance_bound_ms` this keeps each segment's real kernel efficiency (short
+        segments run below the best rate), so ``straggler / balanced_compute`` isolates what
+        placement and communication cost from what the data's short samples cost any method.
+        """
+        active = self.pool >= 0
+        return float(self.compute_ms[active].mean()) if active.any() else 0.0
+
     method: str
     ga_index: int
     pipeline_chunks: int

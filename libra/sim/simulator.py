@@ -30,7 +30,8 @@ class StepResult:
         compute_ms, comm_exposed_ms, comm_serial_ms: the straggler's compute, exposed
             communication (with the plan's overlap) and unoverlapped communication time.
         mean_worker_ms: mean total over the plan's workers.
-        balance_bound_ms: perfect-balance limit of the step (see :class:`PlanCost`).
+        balance_bound_ms: perfect-balance limit of the step at the kernel's best rate (see
+            :class:`PlanCost`); ``balanced_compute_ms``: the step's own kernel time spread evenly.
         bytes_<class>: bytes moved over that link class in the whole step (fwd + bwd).
         pipeline_chunks: M the step was priced with.
     """
@@ -45,6 +46,7 @@ class StepResult:
     comm_serial_ms: float
     mean_worker_ms: float
     balance_bound_ms: float
+    balanced_compute_ms: float
     bytes_nvlink: int
     bytes_roce: int
     bytes_inter_supernode: int
@@ -64,7 +66,7 @@ def step_result(cost: PlanCost) -> StepResult:
         straggler_pool=int(cost.pool[w]), compute_ms=float(cost.compute_ms[w]),
         comm_exposed_ms=float(cost.exposed_comm_ms[w]), comm_serial_ms=float(cost.comm_ms[w]),
         mean_worker_ms=float(cost.total_ms[active].mean()) if active.any() else 0.0,
-        balance_bound_ms=cost.balance_bound_ms, bytes_nvlink=totals["nvlink"], bytes_roce=totals["roce"],
+        balance_bound_ms=cost.balance_bound_ms, balanced_compute_ms=cost.balanced_compute_ms, bytes_nvlink=totals["nvlink"], bytes_roce=totals["roce"],
         bytes_inter_supernode=totals["inter_supernode"], pipeline_chunks=cost.pipeline_chunks)
 
 
