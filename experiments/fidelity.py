@@ -34,6 +34,7 @@ import torch
 
 from experiments.gpu_common import (
     DTYPES,
+    OnePoolLayout,
     cpu_threads,
     device_info,
     device_options,
@@ -45,7 +46,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import SizeType
 from experiments.runner import ExperimentRun
-from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.config import TapConfig, check_layout
 from libra.runtime.kernels import Segments, get_backend
 from libra.workload import AttentionShape
 
@@ -54,7 +55,7 @@ QUANTITIES = ("out", "dq", "dk", "dv")
 
 
 @dataclass(frozen=True)
-class FidelityConfig:
+class FidelityConfig(OnePoolLayout):
     """One pool (DP = GBS = P) of the scaled setting, limits of the tolerance rule.
 
     Raises:
@@ -97,23 +98,10 @@ class FidelityConfig:
         check_layout(self.par(), TapConfig(pool_size=self.pool_size, block_size=self.block_size,
                                            head_split=self.head_split, pipeline_chunks=1), self.shape())
 
-    def par(self) -> ParallelConfig:
-        return ParallelConfig(dp=self.pool_size, cp=self.cp, gbs=self.pool_size, seq_len=self.seq_len)
-
-    def shape(self) -> AttentionShape:
-        return AttentionShape(num_q_heads=self.q_heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim)
-
     def planner(self):
-        from baselines.registry import get_planner  # noqa: PLC0415
-
-        if self.method == "ulysses":
-            return get_planner("ulysses")
-        opts = {"pool_size": self.pool_size, "block_size": self.block_size, "head_split": self.head_split}
-        if self.method == "libra":
-            # the Pipeliner's head chunks split calls along heads only; each head's arithmetic is
-            # the same whatever M is, so M = 1 checks the same numbers for any tile width
-            opts["pipeline_chunks"] = 1
-        return get_planner(self.method, **opts)
+        # the Pipeliner's head chunks split calls along heads only; each head's arithmetic is
+        # the same whatever M is, so M = 1 checks the same numbers for any tile width
+        return self.make_planner(1)
 
 
 def ref_dtype_for(name: str, device: torch.device) -> torch.dtype:

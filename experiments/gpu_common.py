@@ -28,6 +28,7 @@ import click
 import numpy as np
 import torch
 
+from libra.config import ParallelConfig
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend, resolve_backend_name
 from libra.workload import AttentionShape
 
@@ -245,6 +246,32 @@ def make_inputs(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, de
 # --------------------------------------------------------------------------------------------
 # a worker's tile pieces
 # --------------------------------------------------------------------------------------------
+
+
+class OnePoolLayout:
+    """Mixin for the configs of the one-device checks (sim-check, fidelity): one pool of
+    ``pool_size`` replicas x ``cp`` workers planned by ``method``.
+
+    Expects the fields ``pool_size, cp, seq_len, q_heads, kv_heads, head_dim, block_size,
+    head_split, method``.
+    """
+
+    def par(self) -> ParallelConfig:
+        return ParallelConfig(dp=self.pool_size, cp=self.cp, gbs=self.pool_size, seq_len=self.seq_len)
+
+    def shape(self) -> AttentionShape:
+        return AttentionShape(num_q_heads=self.q_heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim)
+
+    def make_planner(self, chunks: int):
+        """The registry planner of ``method``; ``chunks`` is Libra's Pipeliner M."""
+        from baselines.registry import get_planner  # noqa: PLC0415
+
+        if self.method == "ulysses":
+            return get_planner("ulysses")
+        opts = {"pool_size": self.pool_size, "block_size": self.block_size, "head_split": self.head_split}
+        if self.method == "libra":
+            opts["pipeline_chunks"] = chunks
+        return get_planner(self.method, **opts)
 
 
 def sequence_offsets(pool) -> np.ndarray:

@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from experiments.gpu_common import (
+    OnePoolLayout,
     cpu_threads,
     device_info,
     device_options,
@@ -48,7 +49,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import SizeType
 from experiments.runner import ExperimentRun
-from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.config import TapConfig, check_layout
 from libra.runtime.kernels import Segments
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
@@ -60,7 +61,7 @@ TARGET_MEDIAN_ERR = 0.10
 
 
 @dataclass(frozen=True)
-class SimCheckConfig:
+class SimCheckConfig(OnePoolLayout):
     """The scaled-down pool setting (one pool: DP = GBS = P, so one Plan per window).
 
     Raises:
@@ -101,21 +102,8 @@ class SimCheckConfig:
         check_layout(self.par(), TapConfig(pool_size=self.pool_size, block_size=self.block_size,
                                            head_split=self.head_split, pipeline_chunks=chunks), self.shape())
 
-    def par(self) -> ParallelConfig:
-        return ParallelConfig(dp=self.pool_size, cp=self.cp, gbs=self.pool_size, seq_len=self.seq_len)
-
-    def shape(self) -> AttentionShape:
-        return AttentionShape(num_q_heads=self.q_heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim)
-
     def planner(self):
-        from baselines.registry import get_planner  # noqa: PLC0415
-
-        if self.method == "ulysses":
-            return get_planner("ulysses")
-        opts = {"pool_size": self.pool_size, "block_size": self.block_size, "head_split": self.head_split}
-        if self.method == "libra":
-            opts["pipeline_chunks"] = self.chunks
-        return get_planner(self.method, **opts)
+        return self.make_planner(self.chunks)
 
 
 def worker_calls(pieces: dict, shape: AttentionShape, chunks: int) -> list[tuple[Segments, int, int]]:
