@@ -31,7 +31,8 @@ lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
 
 bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP planning per pool); prints medians
-	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-min-rounds=30 --benchmark-columns=min,median,iqr,rounds -p no:cacheprovider -p no:hypothesispytest
+	mkdir -p results/bench
+	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-min-rounds=30 --benchmark-columns=min,median,iqr,rounds -p no:cacheprovider -p no:hypothesispytest --benchmark-json=results/bench/benchmarks.json
 
 fig4: $(STAMP)  ## Figure 4: production-order R-1 vs P (256K and 1M, libra-prod)
 	$(BENCH) lln --workload libra-prod --seq-len 262144 --gbs 128 --out results/lln/256k
@@ -71,7 +72,7 @@ microbench: $(STAMP)  ## measured core attention on 4 local gloo processes (CPU,
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh
