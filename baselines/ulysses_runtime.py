@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from libra.runtime.attention import RunnerFunction
 from libra.runtime.executor import MemoryMeter
 from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend
@@ -157,24 +158,7 @@ class UlyssesAttention:
         if q.shape[1] != self.hq or k.shape[1] != self.hkv or k.shape != v.shape:
             raise ValueError(f"expected q (n, {self.hq}, d), k/v (n, {self.hkv}, d); got {tuple(q.shape)}, "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
-        return _UlyssesFn.apply(q, k, v, self)
-
-
-class _UlyssesFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, runner: UlyssesAttention):
-        q, k, v = (x.detach().contiguous() for x in (q, k, v))
-        out, state = runner.forward(q, k, v)
-        ctx.runner, ctx.state = runner, state
-        ctx.save_for_backward(q, k, v)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
-        grads = ctx.runner.backward(dout.contiguous(), q, k, v, ctx.state)
-        ctx.state = None
-        return (*grads, None)
+        return RunnerFunction.apply(q, k, v, self)
 
 
 def ulysses_attention(q, k, v, sample_lengths, group: PoolGroup, **kwargs) -> torch.Tensor:

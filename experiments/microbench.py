@@ -24,10 +24,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import pickle
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import click
@@ -250,48 +247,19 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _spawn_entry(rank, world, init_file, out_dir, cfg, keys):
-    import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
-
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=_dt.timedelta(seconds=cfg["timeout"]))
-        res = {"ok": bench_rank(rank, world, cfg, keys)}
-    except BaseException as exc:  # noqa: BLE001  (reported by the parent)
-        res = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(res))
-    os._exit(0)
-
-
 def run_spawned(nproc: int, cfg: dict, keys: list, deadline_s: float) -> dict:
     """Spawn ``nproc`` gloo ranks locally; returns rank 0's rows per point.
 
     Raises:
         RuntimeError: a rank failed (its traceback included) or the run passed its deadline.
     """
-    import torch.multiprocessing as mp  # noqa: PLC0415
+    from libra.runtime.launch import RankDeadlineError, run_local_ranks  # noqa: PLC0415
 
-    with tempfile.TemporaryDirectory(prefix="libra-microbench-") as tmp:
-        ctx = mp.start_processes(_spawn_entry, args=(nproc, str(Path(tmp) / "store"), tmp, cfg, keys), nprocs=nproc,
-                                 join=False, start_method="spawn")
-        end = time.monotonic() + deadline_s
-        try:
-            while any(p.is_alive() for p in ctx.processes):
-                if time.monotonic() > end:
-                    raise RuntimeError(f"microbench ranks still running after {deadline_s:.0f}s; killed")
-                time.sleep(0.1)
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-        results = []
-        for r in range(nproc):
-            path = Path(tmp) / f"rank{r}.pkl"
-            if not path.exists():
-                raise RuntimeError(f"microbench rank {r} died without a result")
-            results.append(pickle.loads(path.read_bytes()))
+    try:
+        results = run_local_ranks(bench_rank, nproc, cfg, keys, deadline_s=deadline_s, pg_timeout_s=cfg["timeout"],
+                                  what="microbench ranks")
+    except RankDeadlineError as exc:
+        raise RuntimeError(str(exc)) from exc
     for r, res in enumerate(results):
         if "error" in res:
             raise RuntimeError(f"microbench rank {r} failed: {res['error']}\n{res['traceback']}")

@@ -1,10 +1,9 @@
 """Spawn helper for multi-process gloo tests (DESIGN.md sec. 7).
 
-``run_ranks(fn, world, tmp_path, *args)`` starts ``world`` processes with the ``spawn`` method,
-initialises gloo through a ``file://`` store in ``tmp_path``, pins each rank to one thread, calls
-``fn(rank, world, *args)`` and returns every rank's return value. A join deadline kills all ranks
-so a hang fails the test instead of blocking the suite; an exception in a rank is re-raised in the
-parent with the rank's traceback.
+``run_ranks(fn, world, tmp_path, *args)`` runs ``fn(rank, world, *args)`` on ``world`` spawned gloo
+ranks through :func:`libra.runtime.launch.run_local_ranks` and returns every rank's return value.
+A deadline kills all ranks so a hang fails the test instead of blocking the suite; an exception in a
+rank is re-raised in the parent with the rank's traceback.
 
 Also: data and reference helpers shared by the runtime tests (float64 references over full packed
 sequences, independent of libra's kernels: plain autograd over per-sample causal attention).
@@ -12,77 +11,32 @@ sequences, independent of libra's kernels: plain autograd over per-sample causal
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
-import os
-import pickle
-import time
-import traceback
-from pathlib import Path
 
 import numpy as np
 import torch
-
-
-def _entry(rank, fn, world, init_file, out_dir, timeout_s, args):
-    torch.set_num_threads(1)
-    import torch.distributed as dist  # noqa: PLC0415
-
-    result: dict
-    try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=_dt.timedelta(seconds=timeout_s))
-        result = {"ok": fn(rank, world, *args)}
-    except BaseException as exc:  # report to the parent; it decides whether that is a failure
-        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
-    try:
-        if "error" not in result:
-            dist.destroy_process_group()
-    except Exception:  # noqa: BLE001  (a peer may be gone already)
-        pass
-    # ranks that failed exit without the shutdown barrier, so peers cannot hang on them
-    os._exit(0)
 
 
 def run_ranks(fn, world: int, tmp_path, *args, deadline_s: float = 120.0, pg_timeout_s: float = 60.0,
               allow_errors: bool = False):
     """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; return per-rank results.
 
-    With ``allow_errors`` the result of a failed rank is ``{"error": msg, "traceback": tb}``;
-    otherwise the first error is raised as AssertionError.
+    A thin test wrapper of :func:`libra.runtime.launch.run_local_ranks` (``tmp_path`` is kept for
+    the callers' signature; the launcher uses its own private folder). With ``allow_errors`` the
+    result of a failed rank is ``{"error": msg, "traceback": tb}``; otherwise the first error is
+    raised as AssertionError, and a hang past ``deadline_s`` fails the test.
     """
-    import torch.multiprocessing as mp  # noqa: PLC0415
+    from libra.runtime.launch import RankDeadlineError, run_local_ranks  # noqa: PLC0415
 
-    tmp = Path(tmp_path) / f"spawn-{time.monotonic_ns()}"
-    tmp.mkdir(parents=True)
-    init_file = tmp / "store"
-    ctx = mp.start_processes(_entry, args=(fn, world, str(init_file), str(tmp), pg_timeout_s, args), nprocs=world,
-                             join=False, start_method="spawn")
-    end = time.monotonic() + deadline_s
     try:
-        # poll instead of ctx.join(): join kills the other ranks as soon as one exits non-zero,
-        # and the dead-rank tests need the survivors to report their own timeout errors
-        while any(p.is_alive() for p in ctx.processes):
-            if time.monotonic() > end:
-                raise AssertionError(f"ranks still running after {deadline_s}s: killed (hang)")
-            time.sleep(0.1)
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+        records = run_local_ranks(fn, world, *args, deadline_s=deadline_s, pg_timeout_s=pg_timeout_s)
+    except RankDeadlineError as exc:
+        raise AssertionError(str(exc)) from exc
     results = []
-    for r in range(world):
-        path = tmp / f"rank{r}.pkl"
-        if not path.exists():
-            if not allow_errors:
-                raise AssertionError(f"rank {r} died without a result")
-            results.append({"error": "died without a result", "traceback": ""})
-            continue
-        res = pickle.loads(path.read_bytes())
+    for r, res in enumerate(records):
         if "error" in res and not allow_errors:
             raise AssertionError(f"rank {r} failed: {res['error']}\n{res['traceback']}")
-        results.append(res.get("ok", res) if "error" not in res else res)
+        results.append(res["ok"] if "error" not in res else res)
     return results
 
 

@@ -244,10 +244,17 @@ class LibraAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check(q, k, v)
-        return _LibraAttentionFn.apply(q, k, v, self)
+        return RunnerFunction.apply(q, k, v, self)
 
 
-class _LibraAttentionFn(torch.autograd.Function):
+class RunnerFunction(torch.autograd.Function):
+    """Autograd bridge for a core-attention runner with an explicit backward.
+
+    The runner has ``forward(q, k, v) -> (out, state)`` and ``backward(dout, q, k, v, state) ->
+    (dq, dk, dv)``; the state (fetched tensors, lse) lives until backward and is then dropped.
+    Used by :class:`LibraAttention` and by the Ulysses runtime in ``baselines/``.
+    """
+
     @staticmethod
     def forward(ctx, q, k, v, runner: LibraAttention):
         q, k, v = (x.contiguous() for x in (q, k, v))
