@@ -7,8 +7,6 @@ start-up of a multi-process run short.
 from __future__ import annotations
 
 import os
-import tempfile
-import time
 
 from experiments.training.config import TrainConfig, sample_lengths
 from experiments.training.loop import RankContext, train_loop
@@ -16,33 +14,21 @@ from experiments.training.loop import RankContext, train_loop
 # --------------------------------------------------------------------------------------------
 
 
-def _rank_main(rank: int, cfgs: list[TrainConfig], world: int, init: str, out_file: str, backend: str) -> None:
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-
+def _rank_main(rank: int, world: int, cfgs: list[TrainConfig]) -> list[dict] | None:
+    """One spawned rank (process group already initialised by the launcher); results on rank 0."""
     from libra.runtime.groups import RankGrid, build_groups
 
-    torch.set_num_threads(1)
-    timeout = max(c.timeout_s for c in cfgs)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout))
-    try:
-        results, built = [], {}
-        for cfg in cfgs:
-            key = (cfg.dp, cfg.cp, cfg.pool_size, cfg.timeout_s)
-            if key not in built:  # creating groups is collective and slow under gloo: reuse them
-                built[key] = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
-                                          timeout_s=cfg.timeout_s)
-            groups = built[key]
-            ctx = RankContext(rank=rank, dp_rank=rank // cfg.cp, cp_rank=rank % cfg.cp,
-                              cp_group=groups.cp, pool_group=groups.pool)
-            results.append(train_loop(cfg.loop_config(), sample_lengths(cfg), ctx))
-        if rank == 0:
-            torch.save(results, out_file)
-    finally:
-        dist.destroy_process_group()
+    results, built = [], {}
+    for cfg in cfgs:
+        key = (cfg.dp, cfg.cp, cfg.pool_size, cfg.timeout_s)
+        if key not in built:  # creating groups is collective and slow under gloo: reuse them
+            built[key] = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
+                                      timeout_s=cfg.timeout_s)
+        groups = built[key]
+        ctx = RankContext(rank=rank, dp_rank=rank // cfg.cp, cp_rank=rank % cfg.cp,
+                          cp_group=groups.cp, pool_group=groups.pool)
+        results.append(train_loop(cfg.loop_config(), sample_lengths(cfg), ctx))
+    return results if rank == 0 else None
 
 
 def run_training(cfgs, join_timeout_s: float | None = None) -> list[dict]:
@@ -62,25 +48,18 @@ def run_training(cfgs, join_timeout_s: float | None = None) -> list[dict]:
     world = nprocs.pop()
     if world == 1:
         return [train_loop(c.loop_config(), sample_lengths(c), RankContext(0, 0, 0)) for c in cfgs]
-    import torch
-    import torch.multiprocessing as mp
+    from libra.runtime.launch import RankDeadlineError, run_local_ranks
 
-    with tempfile.TemporaryDirectory(prefix="libra-train-") as tmp:
-        out_file = os.path.join(tmp, "result.pt")
-        ctx = mp.start_processes(_rank_main, args=(cfgs, world, f"file://{tmp}/store", out_file, "gloo"),
-                                 nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + (join_timeout_s or sum(c.timeout_s for c in cfgs) + 60)
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"training ranks did not finish within {join_timeout_s or 'the deadline'} s")
-        except mp.ProcessException as exc:
-            raise RuntimeError(f"a training rank failed: {exc}") from exc
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-        return torch.load(out_file)
+    deadline = join_timeout_s or sum(c.timeout_s for c in cfgs) + 60
+    try:
+        records = run_local_ranks(_rank_main, world, cfgs, deadline_s=deadline,
+                                  pg_timeout_s=max(c.timeout_s for c in cfgs), what="training ranks")
+    except RankDeadlineError as exc:
+        raise RuntimeError(str(exc)) from exc
+    for r, rec in enumerate(records):
+        if "error" in rec:
+            raise RuntimeError(f"training rank {r} failed: {rec['error']}\n{rec['traceback']}")
+    return records[0]["ok"]
 
 
 def _torchrun(cfg: TrainConfig) -> dict | None:
