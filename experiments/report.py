@@ -315,7 +315,9 @@ def common_reasons(src: Source | Bench | None) -> list[str]:
     prof = src.profile
     if prof:
         desc = str(prof.get("description", "")) + json.dumps(prof.get("source", ""))
-        if "not a measurement" in desc or "public" in desc.lower():
+        if "inferred" in str(prof.get("description", "")).lower():
+            out.append(f"profile {prof.get('name')} is partly fitted to the paper's own numbers (see its source)")
+        elif "not a measurement" in desc or "public" in desc.lower():
             out.append(f"profile {prof.get('name')} is public-fact based (not measured)")
         elif prof.get("name"):
             out.append(f"profile {prof.get('name')}")
@@ -655,8 +657,24 @@ def source_cell(src) -> str:
     return f"`{src.label}` ({src.profile_name}, {src.git_sha})"
 
 
-def render(rows: list[Row], sources: list[Source], benches: list[Bench], problems: list[str], root: str) -> str:
-    """The markdown document."""
+DEFAULT_PROFILE = "h100-roce-v1"
+
+
+def with_profile(sources: list[Source], profile: str, only: bool = False) -> list[Source]:
+    """Sources run with ``profile``; sources without a profile (data-only experiments) are kept
+    unless ``only``. Keeps a sensitivity run under another profile out of the main table."""
+    return [s for s in sources if s.profile_name == profile or (not only and s.profile is None)]
+
+
+def sensitivity_rows(sources: list[Source], profile: str) -> list[Row]:
+    """The profile-dependent rows (Fig. 12, Fig. 15) recomputed from runs with another profile."""
+    picked = with_profile(sources, profile, only=True)
+    return rows_fig12(picked) + rows_fig15(picked)
+
+
+def render(rows: list[Row], sources: list[Source], benches: list[Bench], problems: list[str], root: str,
+           sensitivity: dict[str, list[Row]] | None = None) -> str:
+    """The markdown document (``sensitivity``: extra tables per other profile)."""
     lines = [
         "# Reproduction of the paper's numbers",
         "",
@@ -673,6 +691,19 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
         ours = r.ours if r.source is not None else f"not run: `{r.command}`"
         lines.append("| " + " | ".join(_cell(c) for c in (r.where, r.setting or "-", r.paper, ours,
                                                             source_cell(r.source), reason(r))) + " |")
+    for prof, prow in (sensitivity or {}).items():
+        prow = [r for r in prow if r.source is not None]
+        if not prow:
+            continue
+        lines += ["", f"## Profile sensitivity: `{prof}`", "",
+                  f"The same rows recomputed from runs with the `{prof}` profile instead of the default; see its "
+                  "JSON's `source` for what it changes and why. Not part of the main comparison.", "",
+                  "| where | setting | paper | ours | source (profile, git SHA) | why they differ |",
+                  "|---|---|---|---|---|---|"]
+        for r in prow:
+            lines.append("| " + " | ".join(_cell(c) for c in (r.where, r.setting or "-", r.paper, r.ours,
+                                                                source_cell(r.source), reason(r))) + " |")
+        rows = rows + prow
     used = {id(r.source): r.source for r in rows if isinstance(r.source, Source)}
     lines += ["", "## Sources", "", "| folder | experiment | workload | profile | windows | git SHA | finished (UTC) |",
               "|---|---|---|---|---|---|---|"]
@@ -690,18 +721,23 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
     return "\n".join(lines) + "\n"
 
 
-def generate(results: str | Path, out: str | Path) -> tuple[Path, list[Row]]:
+def generate(results: str | Path, out: str | Path, profile: str = DEFAULT_PROFILE) -> tuple[Path, list[Row]]:
     """Discover, compute, render and atomically write the report; returns (path, rows).
+
+    The main table uses runs with ``profile`` (and runs that need none); runs with other profiles
+    get their own "profile sensitivity" tables.
 
     Raises:
         ValueError: ``results`` is not a directory, or a source's CSV lacks the columns a row needs.
     """
     sources, benches, problems = discover(results)
+    others = sorted({s.profile_name for s in sources if s.profile is not None} - {profile})
     try:
-        rows = build_rows(sources, benches)
+        rows = build_rows(with_profile(sources, profile), benches)
+        sensitivity = {p: sensitivity_rows(sources, p) for p in others}
     except (KeyError, FileNotFoundError) as exc:
         raise ValueError(f"a result CSV under {results} lacks what the report needs: {exc}") from exc
-    text = render(rows, sources, benches, problems, str(results))
+    text = render(rows, sources, benches, problems, str(results), sensitivity)
     return atomic_write_text(Path(out), text), rows
 
 
@@ -710,10 +746,13 @@ def generate(results: str | Path, out: str | Path) -> tuple[Path, list[Row]]:
               help="Folder searched (recursively) for run.json result folders and benchmark JSON.")
 @click.option("--out", type=click.Path(dir_okay=False), default="results/REPRODUCTION.md", show_default=True,
               help="Markdown file to write.")
-def report(results_dir, out):
+@click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
+              help="Profile whose simulated runs fill the main table; runs with other profiles are reported "
+                   "as profile sensitivity.")
+def report(results_dir, out, profile):
     """Write REPRODUCTION.md: the paper's numbers beside ours (from the result CSVs) and why they differ."""
     try:
-        path, rows = generate(results_dir, out)
+        path, rows = generate(results_dir, out, profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     covered = sum(r.source is not None for r in rows)

@@ -130,3 +130,21 @@ def test_verdict_rules():
     assert verdict([(0.01, 0.007, "below")]).startswith("differs (0.01 above the bound")
     assert verdict([(0.005, 0.007, "below")]) == "agrees (within the bound)"
     assert verdict([(float("nan"), 1.0, "rel")]) == "no comparable number"
+
+
+def test_runs_with_another_profile_go_to_a_sensitivity_table(tmp_path):
+    """A sensitivity run (other profile, finished later) never replaces the default-profile source."""
+    straggler_fixture(tmp_path / "default")
+    straggler_fixture(tmp_path / "other")
+    other = {"name": "paper-inferred-v1", "description": "PAPER-INFERRED, not public facts"}
+    record = json.loads((tmp_path / "other" / "run.json").read_text())
+    record.update(profile=other, finished_utc="2026-02-01T00:00:00+00:00")
+    record["config"]["profile"] = other
+    (tmp_path / "other" / "run.json").write_text(json.dumps(record))
+    path, _rows = generate(tmp_path, tmp_path / "R.md")
+    main_part, _, extra = path.read_text().partition("## Profile sensitivity: `paper-inferred-v1`")
+    assert extra, "no sensitivity section"
+    main_rows = [line for line in main_part.splitlines() if line.startswith("| Fig. 12")]
+    assert main_rows and all("`default`" in line or "not run" in line for line in main_rows)
+    assert any("`default`" in line for line in main_rows)
+    assert "`other`" in extra and "partly fitted to the paper" in extra
