@@ -145,6 +145,6 @@ def test_runs_with_another_profile_go_to_a_sensitivity_table(tmp_path):
     main_part, _, extra = path.read_text().partition("## Profile sensitivity: `paper-inferred-v1`")
     assert extra, "no sensitivity section"
     main_rows = [line for line in main_part.splitlines() if line.startswith("| Fig. 12")]
-    assert main_rows and all("`default`" in line or "not run" in line for line in main_rows)
-    assert any("`default`" in line for line in main_rows)
-    assert "`other`" in extra and "partly fitted to the paper" in extra
+    assert main_rows and all("/default`" in line or "not run" in line for line in main_rows)
+    assert any("/default`" in line for line in main_rows)
+    assert "/other`" in extra and "partly fitted to the paper" in extra
