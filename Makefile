@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig13 fig14 fig15 fig16 \
-        plan-cost microbench figures reproduction gpu-check gpu-smoke clean
+        plan-cost microbench paper-inferred figures reproduction gpu-check gpu-smoke clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -69,10 +69,15 @@ fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
 microbench: $(STAMP)  ## measured core attention on 4 local gloo processes (CPU, small sizes)
 	$(BENCH) microbench --nproc 4 --methods ulysses,wlb-llm,distca,libra-tap,libra-tap-vrsp,libra --windows 2 --repeats 5 --out results/microbench-cpu
 
+paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link to Fig. 15, rerun Figs. 15 and 12 with it
+	$(BENCH) fit-links --out results/fit-links
+	$(BENCH) pool-sweep --workload libra-prod --profile paper-inferred-v1 --out results/pool-sweep-paper-inferred
+	$(BENCH) straggler --workload libra-prod --profile paper-inferred-v1 --out results/straggler-paper-inferred
+
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh

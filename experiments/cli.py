@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "calibrate": "experiments.calibrate:calibrate",
     "sim-check": "experiments.sim_check:sim_check",
     "fidelity": "experiments.fidelity:fidelity",
+    "fit-links": "experiments.fit_links:fit_links",
 }
 
 
