@@ -697,7 +697,8 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
             continue
         lines += ["", f"## Profile sensitivity: `{prof}`", "",
                   f"The same rows recomputed from runs with the `{prof}` profile instead of the default; see its "
-                  "JSON's `source` for what it changes and why. Not part of the main comparison.", "",
+                  "JSON's `source` for what it changes and why. A number the profile was fitted to agrees by construction and is "
+                  "no evidence; the other rows are the check. Not part of the main comparison.", "",
                   "| where | setting | paper | ours | source (profile, git SHA) | why they differ |",
                   "|---|---|---|---|---|---|"]
         for r in prow:
