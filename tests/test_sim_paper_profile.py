@@ -53,7 +53,7 @@ def planned():
 def test_paper_profile_loads_and_differs_only_in_the_fitted_bandwidth():
     assert "paper-inferred-v1" in available_profiles()
     paper, base = load_profile("paper-inferred-v1"), load_profile("h100-roce-v1")
-    assert paper.name == "paper-inferred-v1" and "PAPER-INFERRED" in paper.description
+    assert paper.name == "paper-inferred-v1" and "INFERRED, not public facts" in paper.description
     fitted = paper.links["inter_supernode"].bandwidth_gbps
     assert 0.5 < fitted < base.links["inter_supernode"].bandwidth_gbps
     assert "0.77" in paper.source["inter_supernode_fit"]
