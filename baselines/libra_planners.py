@@ -8,6 +8,12 @@
 * ``libra``: adds the TAP Pipeliner (sec. 4.4, default ``M = 4``). The Pipeliner changes how a
   Plan is executed (``Plan.pipeline_chunks``), never the placement, so ``libra`` and
   ``libra-tap-vrsp`` produce the same tiles and transfers for the same options.
+* ``libra-kt``: ``libra`` with kernel-time-aware TAP placement (an extension, not in the paper):
+  Algorithm 2 balances each tile's estimated kernel time under the ``profile``'s kernel model
+  (:func:`libra.tap.weights.kernel_time_weights`) instead of its FLOPs, so pools of short
+  samples, which the kernel runs below its best rate, are balanced in time. Same VRSP pools and
+  Pipeliner as ``libra``. It needs the profile the cluster will run with -- ideally a measured
+  one from ``libra-bench calibrate`` -- since a wrong kernel curve mis-weights short segments.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 from baselines.registry import Planner, pool_workers, production_groups, window_lengths
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.plan import Plan, SequenceLayout
+from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.tap.planner import plan_pool
 from libra.vrsp import microbatch_groups, pool_imbalance, vrsp
 from libra.workload import AttentionShape, packed_workloads
@@ -64,8 +71,37 @@ class LibraOptions(LibraTapOptions):
                          tau=self.tau, pipeline_chunks=self.pipeline_chunks, comm_aware=self.comm_aware)
 
 
+@dataclass(frozen=True)
+class LibraKtOptions(LibraOptions):
+    """Options of ``libra-kt``: full ``libra``'s options plus the hardware profile whose kernel
+    model prices the tiles (kernel-time-aware placement).
+
+    Attributes:
+        profile: a built-in profile name, a profile ``.json`` path (e.g. written by ``libra-bench
+            calibrate``) or a loaded :class:`libra.sim.profiles.HardwareProfile`. Use the profile
+            the cluster runs with; the estimate is only as good as its kernel curve.
+
+    Raises:
+        ValueError: any value :class:`TapConfig` rejects, or a profile that cannot be loaded.
+    """
+
+    profile: str | HardwareProfile = DEFAULT_PROFILE
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.profile, (str, HardwareProfile)) or isinstance(self.profile, bool):
+            raise ValueError(f"libra-kt profile must be a profile name, a .json path or a HardwareProfile, "
+                             f"got {self.profile!r}")
+        load_profile(self.profile)  # fail here, at construction, on an unknown name or a bad file
+
+    def tap(self) -> TapConfig:
+        return TapConfig(pool_size=self.pool_size, block_size=self.block_size, head_split=self.head_split,
+                         tau=self.tau, pipeline_chunks=self.pipeline_chunks, comm_aware=self.comm_aware,
+                         load_estimate="kernel-time")
+
+
 def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig,
-                        tap: TapConfig, shape: AttentionShape, meta: dict) -> list[Plan]:
+                        tap: TapConfig, shape: AttentionShape, meta: dict, kernel=None) -> list[Plan]:
     """Run TAP on every pool of every GA index.
 
     Args:
@@ -74,6 +110,7 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
         groups: ``(GA, DP)`` window indices: ``groups[g, d]`` runs at GA ``g`` on DP rank ``d``.
         par, tap, shape: layout; ``tap.pool_size`` must divide DP.
         meta: method parameters copied into every Plan.
+        kernel: the KernelModel for ``tap.load_estimate == "kernel-time"`` (None for FLOPs).
 
     Returns:
         ``par.ga`` Plans with ``DP / P`` pools each; pool ``k`` spans DP ranks ``[k*P, (k+1)*P)``.
@@ -93,7 +130,7 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
             p0 = k * P
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
-            pools.append(plan_pool(k, seqs, pool_workers(p0, P, par.cp), tap, shape))
+            pools.append(plan_pool(k, seqs, pool_workers(p0, P, par.cp), tap, shape, kernel=kernel))
         plans.append(Plan(method=method, ga_index=g, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                           pools=tuple(pools), meta=dict(meta)))
     return plans
@@ -146,3 +183,28 @@ class LibraPlanner(LibraTapVrspPlanner):
     @property
     def pipeline_chunks(self) -> int:
         return self.config.pipeline_chunks
+
+
+class LibraKtPlanner(LibraTapVrspPlanner):
+    """``libra-kt``: ``libra`` (VRSP + TAP + Pipeliner) with tiles balanced by estimated kernel time
+    under ``profile``'s kernel model instead of FLOPs. An extension, not in the paper."""
+
+    name = "libra-kt"
+    Config = LibraKtOptions
+
+    @property
+    def pipeline_chunks(self) -> int:
+        return self.config.pipeline_chunks
+
+    def plan_window(self, window, par: ParallelConfig, shape: AttentionShape) -> list[Plan]:
+        """See :class:`Planner`. Raises ValueError for P not dividing DP, B not dividing S/CP, ..."""
+        tap = self.config.tap()
+        check_layout(par, tap, shape)
+        profile = load_profile(self.config.profile)
+        lengths = window_lengths(window, par)
+        groups, extra = self.groups(lengths, par)
+        # the estimate's profile goes into the plan (and its hash): a plan made for another
+        # cluster's kernel curve is a different plan
+        meta = {"grouping": self.grouping, **asdict(tap), **extra, "kernel_profile": profile.name,
+                "kernel": profile.kernel.to_dict()}
+        return plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, kernel=profile.kernel)

@@ -37,6 +37,8 @@ PLANNERS: dict[str, str] = {
     "libra-tap": "baselines.libra_planners:LibraTapPlanner",
     "libra-tap-vrsp": "baselines.libra_planners:LibraTapVrspPlanner",
     "libra": "baselines.libra_planners:LibraPlanner",
+    # Libra full + kernel-time-aware TAP; an extension, not in the paper (option ``profile``)
+    "libra-kt": "baselines.libra_planners:LibraKtPlanner",
 }
 
 

@@ -14,6 +14,12 @@ communication from the short-segment kernel penalty every method pays).
 
 Outputs (``results/straggler/`` or ``--out``): ``straggler.csv`` (one row per setting, method,
 window, step), ``straggler_summary.csv``, ``straggler.png`` and ``run.json`` (with the profile).
+
+``--methods`` may also name :data:`experiments.sim_common.OPTIONAL_METHODS` (``libra-kt``, which
+gets the run's ``--profile`` so its kernel-time estimate uses the curve the cost model prices
+with). Such a run is recorded as experiment ``straggler-extension`` (files
+``straggler-extension.csv/.png``, default folder ``results/straggler-extension``) so that the
+report's Figure 12 rows keep reading the paper-methods run.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     LABELS,
     METHODS,
+    OPTIONAL_METHODS,
     SETTINGS,
     WLB_REJOIN_DEFAULT,
     build_cost_model,
@@ -78,6 +85,10 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
                         "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},
               "planner_options": {s: {m: planner_options(m, SETTINGS[s], wlb_rejoin=wlb_rejoin) for m in methods}
                                   for s in settings}}
+    for s in settings:  # libra-kt's estimate must use the profile the cost model prices with
+        for m in methods:
+            if m == "libra-kt":
+                config["planner_options"][s][m]["profile"] = profile.name
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
     cache: dict = {}
     timings: dict = {}
@@ -91,7 +102,12 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     def point(key):
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
-        planner = make_planner(method, st, wlb_rejoin=wlb_rejoin)
+        if method == "libra-kt":
+            from baselines.registry import get_planner  # noqa: PLC0415
+
+            planner = get_planner(method, **planner_options(method, st, wlb_rejoin=wlb_rejoin), profile=profile)
+        else:
+            planner = make_planner(method, st, wlb_rejoin=wlb_rejoin)
         t0 = time.perf_counter()
         steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w))
         timings[(setting_name, method)] = timings.get((setting_name, method), 0.0) + time.perf_counter() - t0
@@ -189,7 +205,8 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
 @click.command("straggler")
 @common_options(default_windows=8)
 @click.option("--settings", "settings_", default="256k,1m", show_default=True, help="Comma list: 256k, 1m.")
-@click.option("--methods", default=",".join(METHODS), show_default=True, help="Comma list of planner names.")
+@click.option("--methods", default=",".join(METHODS), show_default=True,
+              help=f"Comma list of planner names; also {', '.join(OPTIONAL_METHODS)} (not in the paper).")
 @click.option("--wlb-rejoin", type=click.Choice(["none", "context", "full"]), default=WLB_REJOIN_DEFAULT,
               show_default=True,
               help="WLB-LLM's rejoin option; anything but 'none' gives it more attention work than the others.")
@@ -200,14 +217,16 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     prof = resolve_profile(profile)
     try:
         settings = parse_list(settings_, tuple(SETTINGS), "setting")
-        method_list = parse_list(methods, METHODS, "method")
+        method_list = parse_list(methods, METHODS + OPTIONAL_METHODS, "method")
         shape = make_shape(q_heads, kv_heads, head_dim)
         if "ulysses" not in method_list:
             method_list = ("ulysses",) + method_list  # the normalisation needs it
         t0 = time.perf_counter()
         df, summary, run, timings = run_straggler(workload, prof, settings, method_list, 1 if quick else windows,
                                                   seed, shape, out=out, force=force, quiet=no_progress,
-                                                  wlb_rejoin=wlb_rejoin)
+                                                  wlb_rejoin=wlb_rejoin,
+                                                  name="straggler-extension" if set(method_list) - set(METHODS)
+                                                  else "straggler")
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     wall = time.perf_counter() - t0

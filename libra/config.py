@@ -61,6 +61,10 @@ class ParallelConfig:
         return self.seq_len // self.cp
 
 
+LOAD_ESTIMATES = ("flops", "kernel-time")
+"""Per-tile loads TAP placement can balance (:attr:`TapConfig.load_estimate`)."""
+
+
 @dataclass(frozen=True)
 class TapConfig:
     """Libra's pool and tiling knobs (Libra sec. 4.1, 4.3, 4.4).
@@ -73,6 +77,10 @@ class TapConfig:
         pipeline_chunks: Pipeliner chunks ``M`` along the head axis; 1 disables overlap.
         comm_aware: score destinations by incremental communication (Alg. 2); False gives the
             FLOPs-only placement used to emulate DistCA.
+        load_estimate: what Alg. 2 balances: ``"flops"`` (the paper) or ``"kernel-time"`` (each
+            tile's estimated kernel time under a :class:`libra.sim.kernel.KernelModel`, so short
+            segments' lower kernel rate counts; an extension, not in the paper; see
+            :mod:`libra.tap.weights`).
     """
 
     pool_size: int = 8
@@ -81,12 +89,15 @@ class TapConfig:
     tau: float = 0.03
     pipeline_chunks: int = 4
     comm_aware: bool = True
+    load_estimate: str = "flops"
 
     def __post_init__(self) -> None:
         for name in ("pool_size", "block_size", "head_split", "pipeline_chunks"):
             _positive_int("TapConfig", name, getattr(self, name))
         if not isinstance(self.tau, (int, float)) or self.tau != self.tau or self.tau < 0:
             raise ValueError(f"TapConfig.tau must be a number >= 0, got {self.tau!r}")
+        if self.load_estimate not in LOAD_ESTIMATES:
+            raise ValueError(f"TapConfig.load_estimate must be one of {LOAD_ESTIMATES}, got {self.load_estimate!r}")
 
 
 def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> None:

@@ -5,6 +5,7 @@ from libra.tap.pipeline import chunk_heads, chunk_kv_heads, chunk_kv_sends, sche
 from libra.tap.placement import place_tiles
 from libra.tap.planner import plan_pool
 from libra.tap.tiles import kv_atoms, kv_need_start, make_tiles
+from libra.tap.weights import kernel_time_weights
 
-__all__ = ["build_transfers", "chunk_heads", "chunk_kv_heads", "chunk_kv_sends", "kv_atoms",
+__all__ = ["build_transfers", "chunk_heads", "chunk_kv_heads", "chunk_kv_sends", "kernel_time_weights", "kv_atoms",
            "kv_need_start", "make_tiles", "place_tiles", "plan_pool", "schedule"]

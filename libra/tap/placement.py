@@ -3,6 +3,8 @@
 Tiles are taken heaviest first (ties: lower tile index first). Each goes to a *candidate* worker,
 one whose load stays within the soft target ``C = (1 + tau) * mean`` (``mean`` = total tile FLOPs /
 W), choosing the least incremental communication, then the least load, then the lowest worker id.
+The load of a tile is its FLOPs (the paper) or, optionally, a caller's per-tile estimate such as
+its kernel time (``weights=``, :mod:`libra.tap.weights`; an extension, not in the paper).
 If no worker is a candidate, the least-loaded worker (ties: lowest id) takes the tile and the
 fallback is counted. ``comm_aware=False`` drops the communication term (FLOPs-only placement, used
 to emulate DistCA).
@@ -96,7 +98,8 @@ def _place_flops_only(flops, order, n_workers, cap):
 
 
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-                shape: AttentionShape, tau: float = 0.03, comm_aware: bool = True) -> tuple[TileTable, int]:
+                shape: AttentionShape, tau: float = 0.03, comm_aware: bool = True,
+                weights=None) -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -106,6 +109,10 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         shape: head geometry; bytes come from :mod:`libra.workload`.
         tau: soft-target slack, ``C = (1 + tau) * mean``.
         comm_aware: score by incremental communication first (False: FLOPs only).
+        weights: optional ``(T,)`` float per-tile load estimates used instead of ``tiles.flops``
+            for the heaviest-first order, the worker loads and ``C = (1 + tau) * sum(weights) / W``
+            (e.g. :func:`libra.tap.weights.kernel_time_weights`: estimated kernel ms, an
+            extension beyond the paper). ``None`` (default) balances FLOPs as Algorithm 2 does.
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -113,32 +120,48 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
 
     Raises:
         ValueError: ``tau < 0`` (or not a number), no/duplicate workers, a Q-home or holder outside
-            the pool, a sequence index out of range, negative or non-finite FLOPs, or a tile whose
-            token range is not inside one holder range of its Q-home.
+            the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
+            token range is not inside one holder range of its Q-home, or ``weights`` that are not
+            ``(T,)`` finite numbers >= 0.
     """
     wsorted = _check_inputs(tiles, sequences, workers, tau)
+    load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles, n_workers = len(tiles), len(wsorted)
     if n_tiles == 0:
         return tiles, 0
-    flops = tiles.flops
-    cap = (1.0 + float(tau)) * (float(flops.sum()) / n_workers)
-    order = np.argsort(-flops, kind="stable")  # heaviest first, ties by tile index
+    cap = (1.0 + float(tau)) * (float(load.sum()) / n_workers)
+    order = np.argsort(-load, kind="stable")  # heaviest first, ties by tile index
     if comm_aware:
         impl = _place_grouped if is_block_partition(tiles) else _place_dense
-        dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap)
+        dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap, load)
     else:
-        dest_idx, fallback = _place_flops_only(flops.tolist(), order, n_workers, cap)
+        dest_idx, fallback = _place_flops_only(load.tolist(), order, n_workers, cap)
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
     cols["dest"] = wsorted[dest_idx]
     return TileTable(**cols), fallback
 
 
-def _place_dense(tiles, sequences, wsorted, shape, order, cap):
+def _check_weights(weights, n_tiles: int) -> np.ndarray:
+    """``weights`` as a float64 ``(T,)`` array of finite values >= 0 (ValueError otherwise)."""
+    try:
+        w = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tile weights must be numbers, got {weights!r:.80}") from exc
+    if w.shape != (n_tiles,):
+        raise ValueError(f"tile weights must have shape ({n_tiles},) (one per tile), got {w.shape}")
+    bad = np.nonzero(~np.isfinite(w) | (w < 0))[0]
+    if len(bad):
+        raise ValueError(f"tile weights must be finite and >= 0; tile {int(bad[0])} has {float(w[bad[0]])!r}")
+    return w
+
+
+def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None):
     """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
 
     Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
     tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes of atom
-    ``b`` that worker ``w`` lacks in token segment ``k`` of sequence ``s``.
+    ``b`` that worker ``w`` lacks in token segment ``k`` of sequence ``s``. ``tile_load``:
+    ``(T,)`` per-tile load (default ``tiles.flops``).
     """
     n_workers = len(wsorted)
     widx = np.searchsorted(wsorted, tiles.q_home)
@@ -171,7 +194,7 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap):
     loads = np.zeros(n_workers)
     dest = np.empty(len(tiles), dtype=np.int64)
     fallback = 0
-    flops = tiles.flops
+    flops = tiles.flops if tile_load is None else tile_load
     seq_l, widx_l, qo_l = tiles.seq.tolist(), widx.tolist(), qo.astype(np.float64).tolist()
     s0_l, s1_l, a0_l, a1_l = seg0.tolist(), seg1.tolist(), a0.tolist(), a1.tolist()
     flops_l = flops.tolist()
@@ -209,7 +232,7 @@ def is_block_partition(tiles: TileTable) -> bool:
     return bool(np.all((seq[1:] != seq[:-1]) | same | (qe[:-1] <= qs[1:])))
 
 
-def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
+def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None):
     """Algorithm 2 on per-KV-group state (exact for block-partitioned tiles, the SH-tile case).
 
     A tile's KV need splits into its *first* sample's prefix ``[s_f, n_f)`` (which may reach back
@@ -221,7 +244,8 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
     Q-home can cost less than ``Q + O + all KV bytes``; every other worker costs exactly that, so
     among them only the least-loaded one (a lazy heap) can win. The Q-home wins outright when it
     has room and lacks fewer KV bytes than the tile's Q + O bytes (everyone else pays at least
-    Q + O). All positions are on the pool's global token axis (:func:`pool_index`).
+    Q + O). All positions are on the pool's global token axis (:func:`pool_index`). ``tile_load``:
+    ``(T,)`` per-tile load (default ``tiles.flops``).
     """
     n_workers, n_tiles = len(wsorted), len(tiles)
     idx = pool_index(sequences)
@@ -252,7 +276,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap):
     dest = [0] * n_tiles
     fallback = 0
     (flops_l, widx_l, qo_l, a0_l, a1_l, sf_l, nf_l, sl_l, e_l, body_l, gf_l, gl_l, free_l, gen_l) = (
-        tiles.flops.tolist(), np.searchsorted(wsorted, tiles.q_home).tolist(), qo.tolist(), a0.tolist(),
+        (tiles.flops if tile_load is None else tile_load).tolist(), np.searchsorted(wsorted, tiles.q_home).tolist(), qo.tolist(), a0.tolist(),
         a1.tolist(), s_f.tolist(), n_f.tolist(), s_l.tolist(), qe.tolist(), body.tolist(),
         (first * n_atoms).tolist(), np.where(g_l >= 0, g_l * n_atoms, -1).tolist(), home_free.tolist(),
         (qo + full_kv).tolist())

@@ -11,6 +11,7 @@ from libra.plan import PoolPlan, SequenceLayout
 from libra.tap.exchange import build_transfers
 from libra.tap.placement import place_tiles
 from libra.tap.tiles import make_tiles
+from libra.tap.weights import kernel_time_weights
 from libra.workload import AttentionShape
 
 
@@ -23,7 +24,7 @@ def _is_standard(seq: SequenceLayout) -> bool:
 
 
 def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-              tap: TapConfig, shape: AttentionShape) -> PoolPlan:
+              tap: TapConfig, shape: AttentionShape, kernel=None) -> PoolPlan:
     """Plan one pool with TAP: make SH-tiles, place them (Alg. 2), derive the transfers.
 
     Args:
@@ -32,14 +33,24 @@ def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Seq
         workers: the pool's ``W = P * CP`` global worker ids in pool-rank order.
         tap: block size, head split, tau, Pipeliner chunks and the comm-aware switch.
         shape: attention head geometry.
+        kernel: a :class:`libra.sim.kernel.KernelModel`, required when ``tap.load_estimate ==
+            "kernel-time"`` (tiles are then balanced by :func:`kernel_time_weights` under it, with
+            the plan's ``M``); must be None for ``"flops"``.
 
     Raises:
         ValueError: the layout errors of :func:`libra.config.check_layout` (``B`` not dividing
-            ``S/CP``, ``H`` not dividing ``hq``, ``M`` not dividing ``hq/H``) and those of
-            :func:`make_tiles` / :func:`place_tiles`.
+            ``S/CP``, ``H`` not dividing ``hq``, ``M`` not dividing ``hq/H``), a missing kernel for
+            ``"kernel-time"`` or one given for ``"flops"``, and those of :func:`make_tiles` /
+            :func:`place_tiles` / :func:`kernel_time_weights`.
     """
     if not isinstance(tap, TapConfig):
         raise ValueError(f"tap must be a TapConfig, got {type(tap).__name__}")
+    if tap.load_estimate == "kernel-time" and kernel is None:
+        raise ValueError("tap.load_estimate='kernel-time' needs a kernel (a libra.sim.kernel.KernelModel, "
+                         "e.g. load_profile(name).kernel)")
+    if tap.load_estimate == "flops" and kernel is not None:
+        raise ValueError("a kernel was given but tap.load_estimate='flops' would ignore it; "
+                         "set load_estimate='kernel-time' or pass kernel=None")
     sequences = tuple(sequences)
     if not sequences:
         raise ValueError(f"pool {pool_index} has no sequences")
@@ -54,6 +65,9 @@ def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Seq
     check_layout(ParallelConfig(dp=tap.pool_size, cp=1, gbs=tap.pool_size, seq_len=tap.block_size),
                  tap, shape)
     tiles = make_tiles(sequences, tap.block_size, tap.head_split, shape)
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware)
+    weights = (kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks)
+               if tap.load_estimate == "kernel-time" else None)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware,
+                                   weights=weights)
     return PoolPlan(pool_index=pool_index, workers=tuple(workers), sequences=sequences, tiles=placed,
                     transfers=build_transfers(sequences, placed, shape), fallback_tiles=fallback)

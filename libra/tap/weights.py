@@ -1,0 +1,80 @@
+"""Kernel-time load estimates for TAP placement (an extension beyond Libra sec. 4.3.2).
+
+Algorithm 2 balances tile FLOPs. A FlashAttention varlen call runs short segments below its best
+rate (Libra sec. 3.3, Figure 5; :class:`libra.sim.kernel.KernelModel`), so a tile made of many
+short sample pieces costs more time per FLOP than one inside a long sample, and a FLOPs-balanced
+pool is not time-balanced. :func:`kernel_time_weights` prices each tile as the cost model
+(:mod:`libra.sim.cost`) prices its compute: the tile is split into the kernel segments of
+:meth:`libra.plan.PoolPlan.segments` (per sample: query rows, key prefix) and each segment costs
+``M * KernelModel.segment_forward_ms(area, heads / M, head_dim)`` (the Pipeliner runs ``M`` calls
+of ``heads / M`` heads, Libra sec. 4.4). Per-call launch cost is left out: it is paid once per
+worker per call, not per tile, so it does not move the balance. Backward time is
+``backward_time_ratio`` x forward for every segment, so forward time alone orders and balances the
+tiles the same way.
+
+numpy only (no torch): data-loader workers can plan with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from libra.plan import PoolPlan, SequenceLayout, TileTable, TransferTable
+from libra.sim.kernel import KernelModel
+from libra.workload import AttentionShape
+
+
+def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], shape: AttentionShape,
+                        kernel: KernelModel, pipeline_chunks: int = 1) -> np.ndarray:
+    """Estimated forward kernel time of every tile (ms, launch excluded).
+
+    Args:
+        tiles: ``(T,)`` tiles (``dest`` ignored), e.g. from :func:`libra.tap.tiles.make_tiles`.
+        sequences: the pool's sequences; ``tiles.seq`` indexes them.
+        shape: head geometry (``head_dim`` sets the FLOPs per causal pair).
+        kernel: the kernel timing model the cost model will price the plan with (the profile's
+            ``kernel``; ideally a measured one from ``libra-bench calibrate``).
+        pipeline_chunks: Pipeliner chunks ``M``; each tile runs as ``M`` calls of ``heads / M``
+            heads, as :meth:`libra.sim.cost.CostModel.price` prices it.
+
+    Returns:
+        ``(T,)`` float64 milliseconds; a worker's estimated forward compute is the sum over its
+        tiles plus ``M`` launches.
+
+    Raises:
+        ValueError: ``kernel`` not a KernelModel, ``M`` not a positive integer or not dividing a
+            tile's head width, a tile whose sequence index is out of range or whose token range
+            lies outside its sequence.
+    """
+    if not isinstance(kernel, KernelModel):
+        raise ValueError(f"kernel must be a libra.sim.kernel.KernelModel, got {type(kernel).__name__}")
+    if isinstance(pipeline_chunks, bool) or not isinstance(pipeline_chunks, (int, np.integer)) or pipeline_chunks < 1:
+        raise ValueError(f"pipeline_chunks M must be a positive integer, got {pipeline_chunks!r}")
+    if not isinstance(tiles, TileTable):
+        raise ValueError(f"tiles must be a TileTable, got {type(tiles).__name__}")
+    sequences = tuple(sequences)
+    n = len(tiles)
+    if n == 0:
+        return np.zeros(0)
+    if not 0 <= int(tiles.seq.min()) <= int(tiles.seq.max()) < len(sequences):
+        raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
+    lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)[tiles.seq]
+    bad = np.nonzero((tiles.q_start < 0) | (tiles.q_end <= tiles.q_start) | (tiles.q_end > lengths))[0]
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(f"tile {i} has token range [{tiles.q_start[i]}, {tiles.q_end[i]}) outside its "
+                         f"sequence of {lengths[i]} tokens")
+    heads = (tiles.head_end - tiles.head_start).astype(np.int64)
+    if np.any(heads % pipeline_chunks) or np.any(heads < 1):
+        w = int(heads[(heads % pipeline_chunks != 0) | (heads < 1)][0])
+        raise ValueError(f"Pipeliner chunks M={pipeline_chunks} must divide every tile's head width; "
+                         f"a tile has {w} heads")
+    # the same piece split the cost model and the runtime use (one place: PoolPlan.segments); the
+    # pool plan is a throwaway carrier, its workers and (empty) transfers play no part
+    carrier = PoolPlan(pool_index=0, workers=(), sequences=sequences, tiles=tiles, transfers=TransferTable.empty())
+    seg = carrier.segments(shape)
+    per_call = seg["heads"].astype(np.int64) // pipeline_chunks
+    t = pipeline_chunks * kernel.segment_forward_ms(seg["area"], per_call, shape.head_dim)
+    return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
