@@ -7,7 +7,7 @@ from libra.config import ParallelConfig
 from libra.data.packing import PackedSequence
 from libra.workload import AttentionShape
 
-NAMES = ["ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra"]
+NAMES = ["ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt"]
 
 
 def test_registry_lists_every_method():
@@ -19,7 +19,7 @@ def test_each_planner_has_the_interface(name):
     planner = get_planner(name)
     assert isinstance(planner, Planner)
     assert planner.name == name
-    assert planner.pipeline_chunks == (4 if name in ("distca", "libra") else 1)
+    assert planner.pipeline_chunks == (4 if name in ("distca", "libra", "libra-kt") else 1)
     assert callable(planner.plan_window)
 
 

@@ -161,13 +161,10 @@ class CostModel:
                 continue
             dest = self.topology.check_ids(seg["dest"])
             heads = seg["heads"].astype(np.int64)
-            if np.any(heads % chunks):
-                bad = int(heads[heads % chunks != 0][0])
-                raise ValueError(f"Pipeliner chunks M={chunks} must divide every tile's head width; "
-                                 f"plan {plan.method!r} has a tile of {bad} heads")
-            per_call = heads // chunks
-            # M calls of heads/M heads each: M * t(heads/M) (the FLOPs are the same, the rate is not)
-            t = chunks * self.kernel.segment_forward_ms(seg["area"], per_call, d)
+            try:
+                t = self.kernel.chunked_forward_ms(seg["area"], heads, d, chunks)
+            except ValueError as exc:
+                raise ValueError(f"plan {plan.method!r}: {exc}") from None
             fwd += np.bincount(dest, weights=t, minlength=n)
             flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * heads, minlength=n)
             calls[np.unique(dest)] = chunks

@@ -87,6 +87,23 @@ class KernelModel:
         rate = rate * self.heads_efficiency(heads)
         return np.where(area > 0, flops / rate * 1e3, 0.0)
 
+    def chunked_forward_ms(self, area, heads, head_dim: int, chunks: int = 1) -> np.ndarray:
+        """Forward time (ms, launch excluded) of segments run by the Pipeliner as ``chunks`` calls of
+        ``heads / chunks`` heads each (Libra sec. 4.4): ``M * t(heads / M)`` -- the same FLOPs at the
+        rate of fewer heads per call. The cost model and TAP's kernel-time weights both use this.
+
+        Raises:
+            ValueError: ``chunks`` not a positive integer dividing every segment's ``heads``.
+        """
+        if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
+            raise ValueError(f"pipeline chunks M must be a positive integer, got {chunks!r}")
+        heads = np.asarray(heads, dtype=np.int64)
+        if np.any(heads % chunks) or np.any(heads < 1):
+            bad = int(heads[(heads % chunks != 0) | (heads < 1)].reshape(-1)[0])
+            raise ValueError(f"Pipeliner chunks M={chunks} must divide every tile's head width; "
+                             f"a tile has {bad} heads")
+        return chunks * self.segment_forward_ms(area, heads // chunks, head_dim)
+
     def document_forward_ms(self, lengths, heads: int, head_dim: int) -> np.ndarray:
         """Forward time of whole causal documents, one kernel call each (the calibration geometry)."""
         area = sample_area(np.asarray(lengths, dtype=np.int64))

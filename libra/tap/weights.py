@@ -6,7 +6,7 @@ short sample pieces costs more time per FLOP than one inside a long sample, and 
 pool is not time-balanced. :func:`kernel_time_weights` prices each tile as the cost model
 (:mod:`libra.sim.cost`) prices its compute: the tile is split into the kernel segments of
 :meth:`libra.plan.PoolPlan.segments` (per sample: query rows, key prefix) and each segment costs
-``M * KernelModel.segment_forward_ms(area, heads / M, head_dim)`` (the Pipeliner runs ``M`` calls
+``KernelModel.chunked_forward_ms(area, heads, head_dim, M)`` (the Pipeliner runs ``M`` calls
 of ``heads / M`` heads, Libra sec. 4.4). Per-call launch cost is left out: it is paid once per
 worker per call, not per tile, so it does not move the balance. Backward time is
 ``backward_time_ratio`` x forward for every segment, so forward time alone orders and balances the
@@ -67,14 +67,10 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
         raise ValueError(f"tile {i} has token range [{tiles.q_start[i]}, {tiles.q_end[i]}) outside its "
                          f"sequence of {lengths[i]} tokens")
     heads = (tiles.head_end - tiles.head_start).astype(np.int64)
-    if np.any(heads % pipeline_chunks) or np.any(heads < 1):
-        w = int(heads[(heads % pipeline_chunks != 0) | (heads < 1)][0])
-        raise ValueError(f"Pipeliner chunks M={pipeline_chunks} must divide every tile's head width; "
-                         f"a tile has {w} heads")
+    kernel.chunked_forward_ms(np.zeros(len(heads)), heads, shape.head_dim, pipeline_chunks)  # checks M | heads first
     # the same piece split the cost model and the runtime use (one place: PoolPlan.segments); the
     # pool plan is a throwaway carrier, its workers and (empty) transfers play no part
     carrier = PoolPlan(pool_index=0, workers=(), sequences=sequences, tiles=tiles, transfers=TransferTable.empty())
     seg = carrier.segments(shape)
-    per_call = seg["heads"].astype(np.int64) // pipeline_chunks
-    t = pipeline_chunks * kernel.segment_forward_ms(seg["area"], per_call, shape.head_dim)
+    t = kernel.chunked_forward_ms(seg["area"], seg["heads"], shape.head_dim, pipeline_chunks)
     return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
