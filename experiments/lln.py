@@ -12,30 +12,12 @@ from __future__ import annotations
 
 import click
 
-from experiments.options import (
-    force_option,
-    gbs_option,
-    out_option,
-    pool_sizes_option,
-    quick_option,
-    seed_option,
-    seq_len_option,
-    windows_option,
-    workload_option,
-)
+from experiments.options import grouping_sweep_options
 from experiments.vrsp_sweep import print_summary, run_grouping_sweep
 
 
 @click.command("lln")
-@workload_option()
-@seq_len_option()
-@gbs_option()
-@pool_sizes_option()
-@windows_option()
-@seed_option()
-@out_option()
-@quick_option()
-@force_option()
+@grouping_sweep_options()
 def lln(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force):
     """Figure 4: production-order R - 1 vs pool size P (1, 2, 4, ..., 64)."""
     df, paths = run_grouping_sweep("lln", ["production"], workload, seq_len, gbs, pool_sizes, windows, seed,

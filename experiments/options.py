@@ -3,16 +3,10 @@
 Usage::
 
     @click.command()
-    @workload_option()
-    @seq_len_option()
-    @gbs_option()
-    @pool_sizes_option()
-    @windows_option()
-    @seed_option()
-    @out_option()
-    @quick_option()
-    @force_option()
+    @grouping_sweep_options()
     def my_command(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force): ...
+
+or any subset of the single-option factories below.
 
 Every option turns bad input into a ``click.BadParameter`` (exit code 2, message naming the value);
 ``--workload`` is resolved here, so a typo fails before any work starts.
@@ -143,6 +137,19 @@ def quick_option():
 
 def force_option():
     return click.option("--force", is_flag=True, help="recompute every point instead of reusing finished ones")
+
+
+def grouping_sweep_options():
+    """All the options of a pool-grouping sweep (``lln``, ``vrsp``), in their CLI order."""
+    opts = (workload_option(), seq_len_option(), gbs_option(), pool_sizes_option(), windows_option(),
+            seed_option(), out_option(), quick_option(), force_option())
+
+    def deco(fn):
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return deco
 
 
 def default_pool_sizes(gbs: int, largest: int = 64) -> list[int]:

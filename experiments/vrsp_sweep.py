@@ -25,15 +25,7 @@ from baselines.grouping import GROUPINGS, lower_bound_r_minus_1
 from experiments.options import (
     check_pool_sizes,
     default_pool_sizes,
-    force_option,
-    gbs_option,
-    out_option,
-    pool_sizes_option,
-    quick_option,
-    seed_option,
-    seq_len_option,
-    windows_option,
-    workload_option,
+    grouping_sweep_options,
 )
 from experiments.runner import ExperimentRun
 from libra.data.packing import gbs_windows, window_workloads
@@ -158,15 +150,7 @@ def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
 
 
 @click.command("vrsp")
-@workload_option()
-@seq_len_option()
-@gbs_option()
-@pool_sizes_option()
-@windows_option()
-@seed_option()
-@out_option()
-@quick_option()
-@force_option()
+@grouping_sweep_options()
 def vrsp(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force):
     """Figure 8: R - 1 vs pool size for production, random, zigzag, zigzag-swap and VRSP."""
     df, paths = run_grouping_sweep("vrsp", list(GROUPINGS), workload, seq_len, gbs, pool_sizes, windows,
