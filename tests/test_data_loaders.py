@@ -100,6 +100,13 @@ def test_npy_bad(tmp_path):
         load_lengths(tmp_path / "c.npy")
 
 
+def test_empty_npy(tmp_path):
+    # the only format whose emptiness reaches the shared value check (the others fail while parsing)
+    np.save(tmp_path / "e.npy", np.array([], dtype=np.int64))
+    with pytest.raises(ValueError, match="e.npy: no sample lengths found"):
+        load_lengths(tmp_path / "e.npy")
+
+
 @pytest.mark.parametrize("name, content", [("e.txt", ""), ("e2.txt", "\n\n"), ("e.json", "[]"), ("e.csv", ""),
                                            ("e3.json", "")])
 def test_empty_files(tmp_path, name, content):
