@@ -37,8 +37,8 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
     """Fit ``link``'s bandwidth; returns ``(profile dict, log dict)``.
 
     Raises:
-        ValueError: unknown setting or link, a pool size not dividing DP, or a target the bracket
-            cannot reach (from :func:`libra.sim.fit_links.bisect_bandwidth`).
+        ValueError: unknown setting or link, a pool size not dividing DP (from the planner's layout
+            check), or a target the bracket cannot reach (:func:`libra.sim.fit_links.bisect_bandwidth`).
     """
     from libra.sim.cost import CostModel  # noqa: PLC0415
     from libra.sim.fit_links import bisect_bandwidth, comm_share, crossing_traffic, with_link_bandwidth  # noqa: PLC0415
@@ -51,8 +51,6 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
         raise ValueError(f"profile {base.name!r} has no link class {link!r}; it has {sorted(base.links)}")
     st = SETTINGS[setting]
     par = st.par()
-    if par.dp % pool_size:
-        raise ValueError(f"pool size P={pool_size} must divide DP={par.dp} of setting {setting}")
     shape = make_shape(32, 4, 128)
     wins = load_windows(workload, st, windows, seed)
     method_plans = [make_planner("libra-tap-vrsp", st, pool_size=pool_size).plan_window(w, par, shape) for w in wins]
