@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from libra.data.packing import gbs_windows, window_workloads
+from libra.data.windows import gbs_windows, window_workloads
 from libra.vrsp import vrsp
 
 PAPER_US = {128: 48.0, 256: 106.0}

@@ -1,4 +1,4 @@
-"""Fixed-token packing and GBS windows (libra/data/packing.py)."""
+"""Fixed-token packing of sample lengths (libra/data/packing.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.data.packing import PackedSequence, gbs_windows, pack_fixed_tokens, window_workloads
+from libra.data.packing import PackedSequence, pack_fixed_tokens
 
 
 def rejoined_before(seqs, upto, sample_id) -> int:
@@ -117,35 +117,6 @@ def test_packed_sequence_validation():
         PackedSequence(0, np.array([0]), np.array([0]))
 
 
-def test_gbs_windows_shape_determinism_and_prefix():
-    a = gbs_windows("libra-prod", 4096, 8, 3, seed=5)
-    b = gbs_windows("libra-prod", 4096, 8, 3, seed=5)
-    c = gbs_windows("libra-prod", 4096, 8, 1, seed=5)
-    d = gbs_windows("libra-prod", 4096, 8, 3, seed=6)
-    assert len(a) == 3 and all(len(w) == 8 for w in a)
-    assert all(s.num_tokens == 4096 for w in a for s in w)
-    assert [s.seq_id for s in a[1]] == list(range(8))
-    for wa, wb in zip(a, b):
-        assert np.array_equal(window_workloads(wa), window_workloads(wb))
-    assert np.array_equal(window_workloads(a[0]), window_workloads(c[0]))
-    assert not np.array_equal(window_workloads(a[0]), window_workloads(d[0]))
-    # consecutive windows continue one stream (strictly ordered under 'split')
-    s = gbs_windows("libra-prod", 4096, 8, 2, seed=5, policy="split")
-    assert s[1][0].sample_ids[0] >= s[0][-1].sample_ids[-1]
-
-
-@pytest.mark.parametrize("args, match", [((0, 8, 1), "sequence length"), ((64, 0, 1), "GBS must be"),
-                                         ((64, 8, 0), "number of windows")])
-def test_gbs_windows_bad_args(args, match):
-    with pytest.raises(ValueError, match=match):
-        gbs_windows("libra-prod", *args)
-
-
-def test_gbs_windows_truncate_still_fills():
-    windows = gbs_windows("libra-prod-heavy", 1024, 4, 2, seed=0, policy="truncate")
-    assert [len(w) for w in windows] == [4, 4]
-
-
 def test_defer_by_hand():
     # S=10: 4 fits, 8 does not fit the 6 left -> deferred; 3 and 3 fill the room; 8 starts seq 2
     seqs = pack_fixed_tokens([4, 8, 3, 3, 2], 10, policy="defer")
@@ -201,10 +172,3 @@ def test_defer_keeps_long_samples_whole_at_boundaries():
 def test_bad_lookahead(lookahead):
     with pytest.raises(ValueError, match="lookahead must be an integer in"):
         pack_fixed_tokens([1, 2], 4, lookahead=lookahead)
-    with pytest.raises(ValueError, match="lookahead must be an integer in"):
-        gbs_windows("libra-prod", 64, 2, 1, lookahead=lookahead)
-
-
-def test_gbs_windows_unknown_policy():
-    with pytest.raises(ValueError, match="unknown packing policy 'pad'"):
-        gbs_windows("libra-prod", 64, 2, 1, policy="pad")

@@ -1,9 +1,10 @@
-"""Sample-length workloads: synthetic presets, file loaders, arrival streams, fixed-token packing."""
+"""Sample-length workloads: presets, file loaders, arrival streams, packing and GBS windows."""
 
 from libra.data.loaders import load_lengths
-from libra.data.packing import PackedSequence, gbs_windows, pack_fixed_tokens, window_workloads
+from libra.data.packing import PackedSequence, pack_fixed_tokens
 from libra.data.presets import PRESETS, LengthDistribution, get_preset
 from libra.data.source import FileSource, LengthSource, PresetSource, resolve_workload
+from libra.data.windows import gbs_windows, window_workloads
 
 __all__ = [
     "PRESETS", "FileSource", "LengthDistribution", "LengthSource", "PackedSequence", "PresetSource",

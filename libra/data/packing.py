@@ -1,4 +1,4 @@
-"""Fixed-token packing of samples into packed sequences, and GBS windows (Libra sec. 2.3).
+"""Fixed-token packing of sample lengths into packed sequences (Libra sec. 2.3).
 
 Libra defaults to *fixed-token* packing: samples are concatenated in arrival order into packed
 sequences of exactly ``S`` tokens each, with a block-diagonal causal mask (each sample, or piece of
@@ -28,8 +28,11 @@ sample its own causal segment (pieces of one sample never attend to each other).
 * ``"error"``: like ``"split"``, but a sample longer than ``S`` raises ``ValueError`` naming it.
 
 The tokens after the last full sequence (a partial sequence) are not returned: every
-:class:`PackedSequence` has exactly ``S`` tokens. :func:`gbs_windows` asks its source for enough
-tokens that this never removes a window's data.
+:class:`PackedSequence` has exactly ``S`` tokens. :func:`libra.data.windows.gbs_windows` asks its
+source for enough tokens that this never removes a window's data.
+
+This module is pure: lengths in, packed sequences out. Turning a workload name into GBS windows
+of packed sequences lives in :mod:`libra.data.windows`.
 """
 
 from __future__ import annotations
@@ -235,62 +238,3 @@ def _pack_defer(arr: np.ndarray, seq_len: int, lookahead: int, first_sample_id: 
         out.append(PackedSequence(first_seq_id + len(out), np.array(seg_len, dtype=np.int64),
                                   np.array(seg_id, dtype=np.int64)))
     return out
-
-
-def check_window_args(seq_len, gbs, n_windows) -> tuple[int, int, int]:
-    """Validate ``(S, GBS, n_windows)``; each must be an integer >= 1."""
-    seq_len = check_seq_len(seq_len)
-    for name, value in (("GBS", gbs), ("number of windows", n_windows)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    return seq_len, int(gbs), int(n_windows)
-
-
-def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: int = 0,
-                policy: str = DEFAULT_POLICY, lookahead: int = DEFAULT_LOOKAHEAD) -> list[list[PackedSequence]]:
-    """Consecutive GBS windows of fixed-token packed sequences from one arrival-order stream.
-
-    The source (a preset name, a length-file path, or a :class:`~libra.data.source.LengthSource`)
-    yields ``seed``-determined samples in arrival order; they are packed with
-    :func:`pack_fixed_tokens` (``policy``, ``lookahead``) and cut into ``n_windows`` windows of
-    exactly ``gbs`` sequences.
-    Window ``w`` holds stream sequences ``[w*gbs, (w+1)*gbs)`` with ``seq_id`` renumbered
-    ``0..gbs-1``; ``sample_ids`` stay stream-global. A longer request extends a shorter one
-    (window ``w`` does not depend on ``n_windows``).
-
-    Returns:
-        ``n_windows`` lists of ``gbs`` :class:`PackedSequence`.
-
-    Raises:
-        ValueError: bad ``seq_len`` / ``gbs`` / ``n_windows`` / ``policy`` / ``lookahead``, or a
-            bad source.
-    """
-    from libra.data.source import resolve_workload  # deferred: source imports this module
-
-    seq_len, gbs, n_windows = check_window_args(seq_len, gbs, n_windows)
-    check_policy(policy, lookahead)
-    source = resolve_workload(spec_or_source)
-    count = n_windows * gbs
-    need = count * seq_len
-    # 'defer' buffers up to `lookahead` samples past the last sequence; ask for some slack
-    extra = seq_len
-    while True:
-        lengths = source.take(need + extra, seed=seed)
-        beyond = lengths.size - int(np.searchsorted(np.cumsum(lengths), need)) - 1
-        if policy == "defer" and beyond < lookahead:  # a full buffer at the end keeps windows prefix-stable
-            extra *= 2
-            continue
-        seqs = pack_fixed_tokens(lengths, seq_len, policy=policy, lookahead=lookahead, max_sequences=count)
-        if len(seqs) == count:
-            break
-        extra = 2 * extra + need  # 'truncate' drops tokens: ask for more until enough
-    windows = []
-    for w in range(n_windows):
-        chunk = seqs[w * gbs:(w + 1) * gbs]
-        windows.append([PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(chunk)])
-    return windows
-
-
-def window_workloads(window: list[PackedSequence]) -> np.ndarray:
-    """float64 ``(len(window),)`` workload proxies ``w = sum l^2`` of a window's sequences."""
-    return np.array([s.workload for s in window], dtype=np.float64)

@@ -1,0 +1,80 @@
+"""GBS windows: a workload's arrival stream, packed and cut into optimizer-step windows.
+
+This is where a workload *name* (a preset, a length file, or a
+:class:`~libra.data.source.LengthSource`) becomes packed sequences: :func:`gbs_windows` resolves
+the source (:mod:`libra.data.source`), takes enough of its seeded stream, packs it with
+:func:`~libra.data.packing.pack_fixed_tokens` and cuts the packed stream into windows of ``GBS``
+sequences (Libra sec. 2.3). :mod:`libra.data.packing` itself only turns lengths into packed
+sequences and knows nothing about workloads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from libra.data.packing import (
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_POLICY,
+    PackedSequence,
+    check_policy,
+    check_seq_len,
+    pack_fixed_tokens,
+)
+from libra.data.source import resolve_workload
+
+
+def check_window_args(seq_len, gbs, n_windows) -> tuple[int, int, int]:
+    """Validate ``(S, GBS, n_windows)``; each must be an integer >= 1."""
+    seq_len = check_seq_len(seq_len)
+    for name, value in (("GBS", gbs), ("number of windows", n_windows)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return seq_len, int(gbs), int(n_windows)
+
+
+def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: int = 0,
+                policy: str = DEFAULT_POLICY, lookahead: int = DEFAULT_LOOKAHEAD) -> list[list[PackedSequence]]:
+    """Consecutive GBS windows of fixed-token packed sequences from one arrival-order stream.
+
+    The source (a preset name, a length-file path, or a :class:`~libra.data.source.LengthSource`)
+    yields ``seed``-determined samples in arrival order; they are packed with
+    :func:`~libra.data.packing.pack_fixed_tokens` (``policy``, ``lookahead``) and cut into
+    ``n_windows`` windows of exactly ``gbs`` sequences.
+    Window ``w`` holds stream sequences ``[w*gbs, (w+1)*gbs)`` with ``seq_id`` renumbered
+    ``0..gbs-1``; ``sample_ids`` stay stream-global. A longer request extends a shorter one
+    (window ``w`` does not depend on ``n_windows``).
+
+    Returns:
+        ``n_windows`` lists of ``gbs`` :class:`~libra.data.packing.PackedSequence`.
+
+    Raises:
+        ValueError: bad ``seq_len`` / ``gbs`` / ``n_windows`` / ``policy`` / ``lookahead``, or a
+            bad source.
+    """
+    seq_len, gbs, n_windows = check_window_args(seq_len, gbs, n_windows)
+    check_policy(policy, lookahead)
+    source = resolve_workload(spec_or_source)
+    count = n_windows * gbs
+    need = count * seq_len
+    # 'defer' buffers up to `lookahead` samples past the last sequence; ask for some slack
+    extra = seq_len
+    while True:
+        lengths = source.take(need + extra, seed=seed)
+        beyond = lengths.size - int(np.searchsorted(np.cumsum(lengths), need)) - 1
+        if policy == "defer" and beyond < lookahead:  # a full buffer at the end keeps windows prefix-stable
+            extra *= 2
+            continue
+        seqs = pack_fixed_tokens(lengths, seq_len, policy=policy, lookahead=lookahead, max_sequences=count)
+        if len(seqs) == count:
+            break
+        extra = 2 * extra + need  # 'truncate' drops tokens: ask for more until enough
+    windows = []
+    for w in range(n_windows):
+        chunk = seqs[w * gbs:(w + 1) * gbs]
+        windows.append([PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(chunk)])
+    return windows
+
+
+def window_workloads(window: list[PackedSequence]) -> np.ndarray:
+    """float64 ``(len(window),)`` workload proxies ``w = sum l^2`` of a window's sequences."""
+    return np.array([s.workload for s in window], dtype=np.float64)
