@@ -66,10 +66,17 @@ class AttentionShape:
         """Query heads per KV head (``hq / hkv``)."""
         return self.num_q_heads // self.num_kv_heads
 
-    def kv_head_range(self, q_head_start: int, q_head_end: int) -> tuple[int, int]:
-        """KV heads ``[start, end)`` read by query heads ``[q_head_start, q_head_end)``."""
+    def kv_head_range(self, q_head_start, q_head_end):
+        """KV heads ``[start, end)`` read by query heads ``[q_head_start, q_head_end)`` (GQA).
+
+        Ints give an ``(int, int)`` pair; arrays give two int64 arrays (element-wise).
+        """
         g = self.group_size
-        return q_head_start // g, -(-q_head_end // g)
+        if np.ndim(q_head_start) or np.ndim(q_head_end):
+            hs = np.asarray(q_head_start, dtype=np.int64)
+            he = np.asarray(q_head_end, dtype=np.int64)
+            return hs // g, -(-he // g)
+        return int(q_head_start) // g, -(-int(q_head_end) // g)
 
 
 # --------------------------------------------------------------------------------------------

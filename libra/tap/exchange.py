@@ -20,8 +20,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from libra.plan import KV, O, Q, SequenceLayout, TileTable, TransferTable
-from libra.tap.tiles import kv_atoms, kv_need_start, pool_index
+from libra.plan import (
+    KV,
+    O,
+    PoolIndex,
+    Q,
+    SequenceLayout,
+    TileTable,
+    TransferTable,
+    kv_need_start,
+    pool_index,
+)
+from libra.tap.tiles import kv_atoms
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 
 
@@ -86,11 +96,12 @@ def _q_like(kind: int, src, dst, tiles: TileTable, rows: np.ndarray, shape: Atte
                          head_start=hs, head_end=he, nbytes=nbytes)
 
 
-def kv_fetch_rows(sequences: Sequence[SequenceLayout], tiles: TileTable, shape: AttentionShape) -> TransferTable:
+def kv_fetch_rows(sequences: Sequence[SequenceLayout], tiles: TileTable, shape: AttentionShape,
+                  index: PoolIndex | None = None) -> TransferTable:
     """The de-duplicated KV-fetch rows of placed ``tiles`` (see module docstring)."""
     if len(tiles) == 0:
         return TransferTable.empty()
-    idx = pool_index(sequences)
+    idx = index if index is not None else pool_index(sequences)
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
     cnt = a1 - a0
     rep = np.repeat(np.arange(len(tiles)), cnt)
@@ -120,13 +131,14 @@ def kv_fetch_rows(sequences: Sequence[SequenceLayout], tiles: TileTable, shape: 
 
 
 def build_transfers(sequences: Sequence[SequenceLayout], tiles: TileTable,
-                    shape: AttentionShape) -> TransferTable:
+                    shape: AttentionShape, index: PoolIndex | None = None) -> TransferTable:
     """Forward transfers of a placement: Q dispatch, de-duplicated KV fetch, O return.
 
     Args:
         sequences: the pool's packed sequences (``tiles.seq`` indexes them) with their holders.
         tiles: placed tiles (every ``dest >= 0``).
         shape: head geometry; bytes via :func:`libra.workload.q_bytes` / ``kv_bytes``.
+        index: the pool's :class:`~libra.plan.PoolIndex` when the caller already built it.
 
     Returns:
         A :class:`TransferTable` ordered Q rows, KV rows, O rows (each sorted by src, dst, ...).
@@ -143,4 +155,4 @@ def build_transfers(sequences: Sequence[SequenceLayout], tiles: TileTable,
     # O return retraces every Q dispatch in reverse (same pieces, same bytes)
     o = TransferTable(kind=np.full(len(q), O), src=q.dst, dst=q.src, seq=q.seq, tok_start=q.tok_start,
                       tok_end=q.tok_end, head_start=q.head_start, head_end=q.head_end, nbytes=q.nbytes)
-    return TransferTable.concat([q, kv_fetch_rows(sequences, tiles, shape), o])
+    return TransferTable.concat([q, kv_fetch_rows(sequences, tiles, shape, index), o])

@@ -16,12 +16,15 @@ shard in the usual configurations).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 
-from libra.plan import SequenceLayout, TileTable
+# PoolIndex, pool_index and kv_need_start live with the layout they index; re-exported here
+from libra.plan.layout import PoolIndex, SequenceLayout, kv_need_start, pool_index
+from libra.plan.tables import TileTable
 from libra.workload import AttentionShape, attention_flops, range_areas
+
+__all__ = ["PoolIndex", "kv_atoms", "kv_need_start", "make_tiles", "pool_index"]
 
 
 def _check_positive(name: str, value) -> None:
@@ -29,44 +32,8 @@ def _check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-class PoolIndex(NamedTuple):
-    """A pool's sequences laid end to end on one global token axis (for vectorised planning).
-
-    Attributes:
-        base: ``(n_seq + 1,)`` global token offset of each sequence (last entry: total tokens).
-        offs: global sample offsets: every sample start of every sequence, then the total.
-        h_start, h_end, h_worker, h_seq: holder ranges in global coordinates sorted by start, with
-            the holding worker and the sequence index.
-    """
-
-    base: np.ndarray
-    offs: np.ndarray
-    h_start: np.ndarray
-    h_end: np.ndarray
-    h_worker: np.ndarray
-    h_seq: np.ndarray
-
-
-def pool_index(sequences: Sequence[SequenceLayout]) -> PoolIndex:
-    """Build the :class:`PoolIndex` of ``sequences`` (their layouts are validated on creation)."""
-    lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
-    base = np.concatenate(([0], np.cumsum(lengths)))
-    if not len(sequences):
-        empty = np.zeros(0, dtype=np.int64)
-        return PoolIndex(base, base.copy(), empty, empty, empty.astype(np.int32), empty)
-    offs = np.concatenate([s.sample_offsets[:-1] + base[i] for i, s in enumerate(sequences)] + [base[-1:]])
-    orders = [s.holder_order for s in sequences]
-    n = np.array([len(o) for o in orders])
-    shift = np.repeat(base[:-1], n)
-    return PoolIndex(base, offs,
-                     np.concatenate([s.holder_start[o] for s, o in zip(sequences, orders)]) + shift,
-                     np.concatenate([s.holder_end[o] for s, o in zip(sequences, orders)]) + shift,
-                     np.concatenate([s.holder_worker[o] for s, o in zip(sequences, orders)]),
-                     np.repeat(np.arange(len(sequences)), n))
-
-
 def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split: int,
-               shape: AttentionShape) -> TileTable:
+               shape: AttentionShape, index: PoolIndex | None = None) -> TileTable:
     """Decompose every packed sequence into SH-tiles (Libra sec. 4.3.1); all unplaced.
 
     Block ``b`` of a sequence covers tokens ``[b*B, min((b+1)*B, S))``; each block is split into
@@ -78,6 +45,7 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
         block_size: ``B`` tokens per block.
         head_split: ``H`` head shards per block.
         shape: attention head geometry (FLOPs come from :mod:`libra.workload`).
+        index: the pool's :class:`PoolIndex` when the caller already built it.
 
     Returns:
         A :class:`TileTable` of ``sum_s ceil(S_s / B) * H`` rows with ``dest = -1``.
@@ -94,7 +62,7 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
     if not len(sequences):
         return TileTable.empty()
     width = shape.num_q_heads // head_split
-    idx = pool_index(sequences)
+    idx = index if index is not None else pool_index(sequences)
     lengths = np.diff(idx.base)
     n_blocks = -(-lengths // block_size)
     seq = np.repeat(np.arange(len(sequences)), n_blocks)
@@ -122,27 +90,6 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
                      flops=np.repeat(np.asarray(flops, dtype=np.float64), head_split))
 
 
-def kv_need_start(sequences: Sequence[SequenceLayout], tiles: TileTable, index: PoolIndex | None = None) -> np.ndarray:
-    """Start of each tile's KV interval: the first token of the sample containing ``q_start``.
-
-    A tile with rows ``[q_start, q_end)`` needs K/V tokens ``[kv_need_start, q_end)`` (the union of
-    the causal prefixes of every sample it touches). Returns an int64 ``(T,)`` array.
-    """
-    if len(tiles) == 0:
-        return np.zeros(0, dtype=np.int64)
-    idx = index if index is not None else pool_index(sequences)
-    shift = idx.base[tiles.seq]
-    return idx.offs[np.searchsorted(idx.offs, tiles.q_start + shift, side="right") - 1] - shift
-
-
-def kv_head_ranges(shape: AttentionShape, head_start, head_end) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised GQA map: KV heads ``[kv_start, kv_end)`` read by query heads ``[head_start, head_end)``."""
-    g = shape.group_size
-    hs = np.asarray(head_start, dtype=np.int64)
-    he = np.asarray(head_end, dtype=np.int64)
-    return hs // g, -(-he // g)
-
-
 def kv_atoms(shape: AttentionShape, head_start, head_end) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """KV atoms of a set of query-head ranges and the atom span of each range.
 
@@ -150,7 +97,7 @@ def kv_atoms(shape: AttentionShape, head_start, head_end) -> tuple[np.ndarray, n
         ``bounds`` (A+1,) sorted KV-head boundaries (atom ``a`` = KV heads ``[bounds[a], bounds[a+1])``),
         and per range ``atom_start, atom_end`` (``(n,)`` each): the atoms its KV heads cover.
     """
-    k0, k1 = kv_head_ranges(shape, head_start, head_end)
+    k0, k1 = shape.kv_head_range(np.asarray(head_start), np.asarray(head_end))
     # KV head indices are small (<= hkv): a bincount finds the distinct boundaries in O(n)
     bounds = np.flatnonzero(np.bincount(np.concatenate((k0, k1)), minlength=1))
     return bounds, np.searchsorted(bounds, k0), np.searchsorted(bounds, k1)

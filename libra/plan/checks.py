@@ -11,7 +11,7 @@ Invariants:
 1. tiles name valid sequences, token ranges and query heads; ``dest`` and ``q_home`` are pool
    workers; every transfer's ``src`` and ``dst`` are pool workers and differ;
 2. every (query token, query head) of every sequence is computed by exactly one tile;
-3. tile FLOPs equal :func:`libra.plan.tile_flops` (the formulas of :mod:`libra.workload`);
+3. tile FLOPs equal :func:`libra.plan.layout.tile_flops` (the formulas of :mod:`libra.workload`);
 4. ``q_home`` is the holder of the tile's whole token range;
 5. Q rows ``src -> dst`` cover exactly the tiles with Q-home ``src`` computed on ``dst != src``
    (each cell once), and O rows cover the same cells in the reverse direction;
@@ -24,12 +24,16 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from libra.plan import KV, O, PlanMismatchError, PlanValidationError, PoolPlan, Q, tile_flops
-from libra.tap.tiles import kv_head_ranges, kv_need_start
+from libra.plan.layout import kv_need_start, tile_flops
+from libra.plan.tables import KV, O, PlanMismatchError, PlanValidationError, Q
 from libra.workload import AttentionShape, kv_bytes, q_bytes
+
+if TYPE_CHECKING:  # the contract imports these checks; the checks only read a PoolPlan's fields
+    from libra.plan.contract import PoolPlan
 
 
 def _grid(rects, tb: np.ndarray, hb: np.ndarray) -> np.ndarray:
@@ -183,8 +187,8 @@ def _check_q_like(pool: PoolPlan, kind: int) -> None:
 
 def _check_kv(pool: PoolPlan, shape: AttentionShape) -> None:
     t, x = pool.tiles, pool.transfers
-    kv_lo = kv_need_start(pool.sequences, t)
-    k0, k1 = kv_head_ranges(shape, t.head_start, t.head_end)
+    kv_lo = kv_need_start(pool.sequences, t, pool.index())
+    k0, k1 = shape.kv_head_range(t.head_start, t.head_end)
     tile_groups = _groups(t.dest, t.seq)
     rows_k = np.nonzero(x.kind == KV)[0]
     x_groups = _groups(x.dst[rows_k], x.seq[rows_k])

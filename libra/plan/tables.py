@@ -1,0 +1,124 @@
+"""Struct-of-arrays tables of a Plan: placed tiles and forward transfers (DESIGN.md sec. 2).
+
+Also the plan errors and the three transfer kinds (Q dispatch, KV fetch, O return; Libra sec.
+4.3.3), which every consumer of a Plan shares.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Q, KV, O = 0, 1, 2  # noqa: E741  (the paper's names for the three transfer kinds)
+KIND_NAMES = {Q: "q", KV: "kv", O: "o"}
+
+
+class PlanMismatchError(RuntimeError):
+    """Ranks of one pool hold plans with different hashes (raised before a plan's first use)."""
+
+
+class PlanValidationError(ValueError):
+    """A Plan violates one of its invariants; the message names the invariant and the offender."""
+
+
+def frozen_array(values, dtype) -> np.ndarray:
+    """A contiguous read-only copy (plan data is immutable once built)."""
+    out = np.ascontiguousarray(np.asarray(values, dtype=dtype))
+    out.setflags(write=False)
+    return out
+
+
+
+_TILE_FIELDS = {"seq": np.int32, "q_start": np.int64, "q_end": np.int64, "head_start": np.int32,
+                "head_end": np.int32, "q_home": np.int32, "dest": np.int32, "flops": np.float64}
+_TRANSFER_FIELDS = {"kind": np.int8, "src": np.int32, "dst": np.int32, "seq": np.int32,
+                    "tok_start": np.int64, "tok_end": np.int64, "head_start": np.int32,
+                    "head_end": np.int32, "nbytes": np.int64}
+
+
+class _Table:
+    """Immutable struct of equal-length numpy columns, JSON-serialisable and hashable."""
+
+    FIELDS: dict = {}
+
+    def __init__(self, **columns):
+        missing = set(self.FIELDS) - set(columns)
+        if missing:
+            raise TypeError(f"{type(self).__name__} missing columns {sorted(missing)}")
+        n = None
+        for name, dtype in self.FIELDS.items():
+            col = frozen_array(columns[name], dtype).reshape(-1)
+            if n is None:
+                n = len(col)
+            elif len(col) != n:
+                raise ValueError(f"{type(self).__name__}.{name} has {len(col)} rows, expected {n}")
+            object.__setattr__(self, name, col)
+        object.__setattr__(self, "_n", n or 0)
+
+    def __setattr__(self, key, value):
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __len__(self) -> int:
+        return self._n
+
+    @classmethod
+    def empty(cls):
+        return cls(**{k: np.zeros(0, dtype=v) for k, v in cls.FIELDS.items()})
+
+    @classmethod
+    def concat(cls, tables):
+        tables = list(tables)
+        if not tables:
+            return cls.empty()
+        return cls(**{k: np.concatenate([getattr(t, k) for t in tables]) for k in cls.FIELDS})
+
+    def select(self, mask_or_index):
+        return type(self)(**{k: getattr(self, k)[mask_or_index] for k in self.FIELDS})
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k).tolist() for k in self.FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        return cls(**d)
+
+    def digest_into(self, h) -> None:
+        for k in self.FIELDS:
+            h.update(k.encode())
+            h.update(getattr(self, k).tobytes())
+
+
+class TileTable(_Table):
+    """Placed attention work, one row per tile (or per tile piece for non-TAP methods).
+
+    Columns (all ``(T,)``): ``seq`` index into the pool's sequences; ``q_start, q_end`` token
+    range inside that packed sequence (within one holder range); ``head_start, head_end`` query
+    heads; ``q_home`` global worker holding the range's Q and receiving its output; ``dest``
+    global worker computing it; ``flops`` forward FLOPs (causal, block-diagonal).
+    """
+
+    FIELDS = _TILE_FIELDS
+
+
+class TransferTable(_Table):
+    """Forward tensor transfers, one row per (kind, src, dst, piece).
+
+    Columns (all ``(X,)``): ``kind`` (``Q``, ``KV`` or ``O``); ``src, dst`` global workers
+    (never equal); ``seq`` pool sequence index; ``tok_start, tok_end`` token range; ``head_start,
+    head_end`` query heads for Q/O, KV heads for KV; ``nbytes`` bytes moved (K and V together).
+    """
+
+    FIELDS = _TRANSFER_FIELDS
+
+    def backward(self) -> TransferTable:
+        """Backward transfers (Libra sec. 4.3.3): dO along Q, dQ along O, dK/dV reversed KV.
+
+        The ``kind`` column keeps the forward kind whose path the gradient follows.
+        """
+        is_kv = self.kind == KV
+        return TransferTable(kind=self.kind, src=np.where(is_kv, self.dst, self.src),
+                             dst=np.where(is_kv, self.src, self.dst), seq=self.seq,
+                             tok_start=self.tok_start, tok_end=self.tok_end,
+                             head_start=self.head_start, head_end=self.head_end, nbytes=self.nbytes)
+
+    def bytes_by_kind(self) -> dict[str, int]:
+        return {name: int(self.nbytes[self.kind == k].sum()) for k, name in KIND_NAMES.items()}
