@@ -42,7 +42,7 @@ def test_programs_conserve_work_and_volume(M):
     plan, shape = _plan(M=M)
     pool = plan.pools[0]
     progs = [compile_worker(pool, shape, w, M) for w in pool.workers]
-    segs = pool.segments(shape)
+    segs = pool.segments()
     for p in progs:
         # the kernels see exactly this worker's PoolPlan.segments (all chunks together)
         mine = segs["dest"] == p.worker
@@ -103,7 +103,7 @@ def test_compile_argument_errors():
     pool = plan.pools[0]
     with pytest.raises(ValueError, match="not in pool"):
         compile_worker(pool, shape, 99, 2)
-    with pytest.raises(ValueError, match="must divide the tile head width 4"):
+    with pytest.raises(ValueError, match="M=3 must divide every tile's head width .* has 4 heads"):
         compile_worker(pool, shape, pool.workers[0], 3)
     with pytest.raises(ValueError, match="positive integer"):
         compile_worker(pool, shape, pool.workers[0], 0)
@@ -174,14 +174,13 @@ def test_async_planner_process_mode_is_deterministic():
 
 
 def test_pipeliner_issues_next_dispatch_before_computing(monkeypatch):
-    """Event order of one libra_attention call follows libra.tap.pipeline.schedule (Libra sec. 4.4)."""
+    """One libra_attention call executes the program's ChunkSchedule.events in order (Libra sec. 4.4)."""
     import torch
 
     from libra.runtime.attention import LibraAttention
     from libra.runtime.executor import Exchanger
     from libra.runtime.groups import PoolGroup
     from libra.runtime.kernels import get_backend
-    from libra.tap.pipeline import schedule
 
     plan, shape = _plan(M=4, dp=1, cp=1, S=128, B=32, H=2)
     pool = plan.pools[0]
@@ -203,6 +202,8 @@ def test_pipeliner_issues_next_dispatch_before_computing(monkeypatch):
     q = torch.randn(n, shape.num_q_heads, shape.head_dim, dtype=torch.float64)
     k = torch.randn(n, shape.num_kv_heads, shape.head_dim, dtype=torch.float64)
     attn(q, k, torch.randn_like(k))
-    expected = [({"issue_dispatch": "issue_fd", "issue_return": "issue_fr"}[e], i) if e.startswith("issue")
-                else (e, i) for e, i in schedule(4) if e in ("issue_dispatch", "compute", "issue_return")]
+    expected = [({"issue_dispatch": "issue_fwd_dispatch", "issue_return": "issue_fwd_return"}[e], i)
+                if e.startswith("issue") else (e, i)
+                for e, i in prog.schedule.events if e in ("issue_dispatch", "compute", "issue_return")]
+    assert expected[:3] == [("issue_fwd_dispatch", 0), ("issue_fwd_dispatch", 1), ("compute", 0)]
     assert events == expected

@@ -13,12 +13,13 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.gpu_common import sequence_offsets, worker_pieces
+from experiments.gpu_common import worker_pieces
 from experiments.sim_check import SimCheckConfig, sim_check, summarize, worker_calls
-from libra.data.packing import gbs_windows
+from libra.data.windows import gbs_windows
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
+from libra.tap.pipeline import ChunkSchedule
 
 TINY = ["--device", "cpu", "--seq-len", "1024", "--pool-size", "2", "--cp", "2", "--block-size", "128",
         "--head-split", "2", "--chunks", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "16",
@@ -37,7 +38,7 @@ def plan():
 def test_worker_pieces_cover_every_query_token_and_head_once(plan):
     shape = plan.shape
     (pool,) = plan.pools
-    T = int(sequence_offsets(pool)[-1])
+    T = int(pool.index().base[-1])
     cover = np.zeros((T, shape.num_q_heads), dtype=np.int64)
     for w in pool.workers:
         p = worker_pieces(pool, shape, w)
@@ -52,7 +53,7 @@ def test_worker_pieces_cover_every_query_token_and_head_once(plan):
 def test_worker_calls_match_the_cost_model_geometry(plan):
     (pool,) = plan.pools
     p = worker_pieces(pool, plan.shape, pool.workers[0])
-    calls = worker_calls(p, plan.shape, plan.pipeline_chunks)
+    calls = worker_calls(p, plan.shape, ChunkSchedule.for_pool(pool, plan.shape, plan.pipeline_chunks))
     assert len(calls) == plan.pipeline_chunks == 2
     seg, qh, kvh = calls[0]
     assert qh == 1 and kvh == 1  # tile width hq/H = 2 heads, M = 2 -> 1 query head (and 1 KV head) per call
@@ -147,9 +148,9 @@ def test_property_pieces_partition_the_pool(seed, block, method, cp):
     window = gbs_windows(cfg.workload, cfg.seq_len, cfg.par().gbs, 1, seed=seed)[0]
     for plan in cfg.planner().plan_window(window, cfg.par(), cfg.shape()):
         for pool in plan.pools:
-            T = int(sequence_offsets(pool)[-1])
+            T = int(pool.index().base[-1])
             cover = np.zeros((T, 4), dtype=np.int64)
-            starts = set(np.concatenate([sequence_offsets(pool)[i] + s.sample_offsets[:-1]
+            starts = set(np.concatenate([pool.index().base[i] + s.sample_offsets[:-1]
                                          for i, s in enumerate(pool.sequences)]).tolist())
             for w in pool.workers:
                 p = worker_pieces(pool, plan.shape, w)

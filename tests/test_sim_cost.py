@@ -5,7 +5,8 @@ import pytest
 
 from libra.config import ParallelConfig
 from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout, TileTable, TransferTable
-from libra.sim.cost import CostModel, pipelined_exposed_ms
+from libra.sim.cost import CostModel, pipelined_exposed
+from libra.tap.pipeline import pipeline_events
 from libra.sim.profiles import load_profile, profile_from_dict
 from libra.sim.topology import Topology
 from libra.workload import AttentionShape, kv_bytes, q_bytes
@@ -89,26 +90,47 @@ def test_serial_communication_hand_computed(model):
 
 def test_pipeliner_overlap_hand_computed(model):
     c = model.price(toy_plan(chunks=2))
-    # w4, forward: c = 3.2/chunk, dispatch 15.36, return 5.12 -> ends at 40.96, exposed 34.56;
-    # backward: c = 6.4, dispatch 5.12, return 15.36 -> ends at 42.24, exposed 29.44
-    assert c.exposed_comm_ms[4] == pytest.approx(34.56 + 29.44, rel=1e-6)
-    assert c.total_ms[4] == pytest.approx(19.2 + 64.0, rel=1e-6)
+    # w4 (inter-supernode, 25 B/ms). Both KV heads are first read by chunk 0 and last by chunk 1, so
+    # all KV bytes go with chunk 0 and all dK/dV bytes with chunk 1 (the runtime's split).
+    # forward: c = 3.2/chunk; dispatch (128 Q + 512 KV)/25 = 25.6 then 128/25 = 5.12; return 5.12 each
+    #   D0 [0, 25.6], D1 [25.6, 30.72], C0 [25.6, 28.8], R0 -> 35.84, C1 [30.72, 33.92], R1 -> 40.96
+    #   exposed 40.96 - 6.4 = 34.56
+    # backward: c = 6.4; dispatch (dO) 5.12 each; return dQ 5.12, then dQ + dK/dV 5.12 + 20.48 = 25.6
+    #   D0 [0, 5.12], D1 [5.12, 10.24], C0 [5.12, 11.52], R0 -> 16.64, C1 [11.52, 17.92], R1 -> 43.52
+    #   exposed 43.52 - 12.8 = 30.72
+    assert c.exposed_comm_ms[4] == pytest.approx(34.56 + 30.72, rel=1e-6)
+    assert c.total_ms[4] == pytest.approx(19.2 + 65.28, rel=1e-6)
     assert np.all(c.exposed_comm_ms <= c.exposed_comm_serial_ms + 1e-9)
     assert c.pipeline_chunks == 2
     # an explicit override wins over the plan's M
     assert model.price(toy_plan(chunks=2), pipeline_chunks=1).exposed_comm_ms[4] == pytest.approx(81.92)
 
 
+def _exposed(compute, dispatch, ret, chunks):
+    """Whole-pass times split evenly over ``chunks`` and walked through the Pipeliner's events."""
+    d = np.full((1, chunks), dispatch / chunks)
+    r = np.full((1, chunks), ret / chunks)
+    return pipelined_exposed(pipeline_events(chunks), np.array([compute / chunks]), d, r)
+
+
 def test_overlap_formula_when_compute_covers_transfers():
     # only chunk 0's dispatch and chunk M-1's return are exposed: (D + R) / M
-    got = pipelined_exposed_ms([100.0], [8.0], [4.0], chunks=4)
-    assert got == pytest.approx([3.0])
-    assert pipelined_exposed_ms([100.0], [8.0], [4.0], chunks=1) == pytest.approx([12.0])
-    # transfer-bound: everything but the overlapped compute is exposed (see the worked timeline)
-    assert pipelined_exposed_ms([1.0], [8.0], [4.0], chunks=4) == pytest.approx([11.0])
-    assert pipelined_exposed_ms([0.0], [8.0], [4.0], chunks=4) == pytest.approx([12.0])
+    assert _exposed(100.0, 8.0, 4.0, 4) == pytest.approx([3.0])
+    assert _exposed(100.0, 8.0, 4.0, 1) == pytest.approx([12.0])
+    # transfer-bound: everything but the overlapped compute is exposed (one FIFO comm stream)
+    assert _exposed(1.0, 8.0, 4.0, 4) == pytest.approx([11.0])
+    assert _exposed(0.0, 8.0, 4.0, 4) == pytest.approx([12.0])
     with pytest.raises(ValueError, match="positive integer"):
-        pipelined_exposed_ms([1.0], [1.0], [1.0], chunks=0)
+        pipeline_events(0)
+
+
+def test_uneven_chunks_price_each_chunk_own_bytes():
+    # all dispatch bytes in chunk 0 (e.g. every KV head first read by chunk 0): nothing to overlap it with
+    d = np.array([[8.0, 0.0, 0.0, 0.0]])
+    r = np.zeros((1, 4))
+    assert pipelined_exposed(pipeline_events(4), np.array([25.0]), d, r) == pytest.approx([8.0])
+    # the same bytes spread evenly: only chunk 0's quarter is exposed
+    assert pipelined_exposed(pipeline_events(4), np.array([25.0]), np.full((1, 4), 2.0), r) == pytest.approx([2.0])
 
 
 def test_speed_divides_compute(model):
@@ -123,7 +145,7 @@ def test_speed_divides_compute(model):
 
 
 def test_bad_arguments(model):
-    with pytest.raises(ValueError, match="pipeline_chunks must be a positive integer"):
+    with pytest.raises(ValueError, match="Pipeliner chunks M must be a positive integer"):
         model.price(toy_plan(), pipeline_chunks=0)
     with pytest.raises(ValueError, match="M=3 must divide every tile's head width"):
         model.price(toy_plan(), pipeline_chunks=3)

@@ -1,58 +1,123 @@
-"""TAP Pipeliner (Libra sec. 4.4): equal-head chunks, the overlap schedule, GQA KV pieces."""
+"""The TAP Pipeliner (Libra sec. 4.4): one ChunkSchedule that the runtime executes and the cost model prices."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from dist_utils import long_tail_lengths
 
-from libra.tap import chunk_heads, chunk_kv_heads, chunk_kv_sends, schedule
+from baselines.registry import PLANNERS, get_planner
+from libra.config import ParallelConfig
+from libra.data.packing import PackedSequence
+from libra.plan import KV, Q, TransferTable
+from libra.runtime.program import compile_worker
+from libra.sim.cost import CostModel
+from libra.sim.profiles import load_profile
+from libra.sim.topology import Topology
+from libra.tap.pipeline import PHASES, ChunkSchedule, pipeline_events
 from libra.workload import AttentionShape
 
 
-def test_chunk_heads():
-    assert chunk_heads(16, 32, 4) == [(16, 20), (20, 24), (24, 28), (28, 32)]
-    assert chunk_heads(0, 16, 1) == [(0, 16)]
+def test_head_chunks_and_events():
+    sched = ChunkSchedule(AttentionShape(32, 4, 128), [0, 16], [16, 32], 4)
+    assert sched.head_chunks(16, 32) == [(16, 20), (20, 24), (24, 28), (28, 32)]
+    assert sched.heads_per_call([16, 16]).tolist() == [4, 4]
+    assert pipeline_events(1) == (("issue_dispatch", 0), ("wait_dispatch", 0), ("compute", 0),
+                                  ("issue_return", 0), ("wait_return", 0))
+    # the runtime's order: chunk m+1's dispatch is issued before chunk m's wait
+    assert sched.events[:5] == (("issue_dispatch", 0), ("issue_dispatch", 1), ("wait_dispatch", 0),
+                                ("compute", 0), ("issue_return", 0))
+    assert [e for e in sched.events if e[0] == "compute"] == [("compute", m) for m in range(4)]
+    assert sched.events[-4:] == tuple(("wait_return", m) for m in range(4))
 
 
-@pytest.mark.parametrize("args, msg", [((0, 16, 3), "M=3 must divide the head-shard width 16"),
-                                       ((0, 16, 0), "positive integer, got 0"),
-                                       ((4, 4, 1), "empty head range"),
-                                       ((0, 16, 2.0), "positive integer")])
-def test_chunk_heads_bad(args, msg):
+@pytest.mark.parametrize("chunks, msg", [(0, "positive integer"), (True, "positive integer"),
+                                         (3, "M=3 must divide every tile's head width")])
+def test_bad_chunks(chunks, msg):
     with pytest.raises(ValueError, match=msg):
-        chunk_heads(*args)
+        ChunkSchedule(AttentionShape(32, 4, 128), [0, 16], [16, 32], chunks)
 
 
-def test_schedule_order():
-    assert schedule(1) == [("issue_dispatch", 0), ("wait_dispatch", 0), ("compute", 0), ("issue_return", 0),
-                           ("wait_return", 0)]
-    ev = schedule(3)
-    assert ev == [("issue_dispatch", 0),
-                  ("wait_dispatch", 0), ("issue_dispatch", 1), ("compute", 0), ("issue_return", 0),
-                  ("wait_dispatch", 1), ("issue_dispatch", 2), ("compute", 1), ("issue_return", 1),
-                  ("wait_dispatch", 2), ("compute", 2), ("issue_return", 2),
-                  ("wait_return", 0), ("wait_return", 1), ("wait_return", 2)]
+def test_gqa_kv_first_and_last_chunk():
+    # 32 q / 4 kv heads, H = 2, M = 4: chunk m of shard [0, 16) reads KV head m // 2, so half the KV
+    # heads go with chunk 0 and half with chunk 2; dK/dV return after chunks 1 and 3
+    sched = ChunkSchedule(AttentionShape(32, 4, 128), [0, 16], [16, 32], 4)
+    assert sched.kv_first.tolist() == [0, 2, 0, 2]
+    assert sched.kv_last.tolist() == [1, 3, 1, 3]
+    tr = TransferTable(kind=[KV], src=[0], dst=[1], seq=[0], tok_start=[0], tok_end=[8], head_start=[0],
+                       head_end=[2], nbytes=[800])
+    fwd = sched.phase_routes(tr)["fwd_dispatch"]
+    assert fwd.nbytes.tolist() == [[400.0, 0.0, 400.0, 0.0]]
+    back = sched.phase_routes(tr)["bwd_return"]
+    assert (back.src.tolist(), back.dst.tolist()) == ([1], [0])  # dK/dV retrace the fetch
+    assert back.nbytes.tolist() == [[0.0, 400.0, 0.0, 400.0]]
+    assert sched.row_heads(KV, 0, 2, 2).tolist() == [1] and sched.row_heads(KV, 0, 2, 1, backward=True).tolist() == [0]
 
 
-@pytest.mark.parametrize("m", [1, 2, 4, 8])
-def test_schedule_invariants(m):
-    ev = schedule(m)
-    pos = {e: i for i, e in enumerate(ev)}
-    assert len(pos) == len(ev) == 5 * m
-    for i in range(m):
-        assert pos[("issue_dispatch", i)] < pos[("wait_dispatch", i)] < pos[("compute", i)] \
-            < pos[("issue_return", i)] < pos[("wait_return", i)]
-        if i + 1 < m:  # chunk i+1's transfer is in flight while chunk i computes
-            assert pos[("issue_dispatch", i + 1)] < pos[("compute", i)]
-    with pytest.raises(ValueError):
-        schedule(0)
+def test_tiles_of_different_head_widths():
+    # a wide tile [0, 8) and narrow tiles [0, 4), [4, 8) in one pool: each range has its own map
+    sched = ChunkSchedule(AttentionShape(8, 2, 16), [0, 0, 4], [8, 4, 8], 2)
+    assert sched.head_chunks(0, 8) == [(0, 4), (4, 8)]
+    assert sched.head_chunks(0, 4) == [(0, 2), (2, 4)]
+    assert sched.row_heads(Q, 0, 4, 1).tolist() == [2, 3]
+    # KV head 0 (q heads 0-3) is read by chunk 0 of [0, 8) and chunk 1 of [0, 4)
+    assert sched.kv_first.tolist() == [0, 0] and sched.kv_last.tolist() == [1, 1]
+    assert sched.heads_per_call([8, 4, 4]).tolist() == [4, 2, 2]
 
 
-def test_gqa_chunk_kv():
-    shape = AttentionShape(num_q_heads=32, num_kv_heads=4, head_dim=128)  # group 8
-    # shard [16, 32) with M = 4: chunks of 4 q heads; KV heads 2, 2, 3, 3
-    assert chunk_kv_heads(shape, 16, 32, 4) == [(2, 3), (2, 3), (3, 4), (3, 4)]
-    # each KV head is sent once, with the first chunk that reads it
-    assert chunk_kv_sends(shape, 16, 32, 4) == [(2, 3), (3, 3), (3, 4), (4, 4)]
-    # wide shards split KV evenly: 32 q / 16 kv heads, shard of 16 q heads, M = 4 -> 2 KV heads each
-    shape16 = AttentionShape(num_q_heads=32, num_kv_heads=16, head_dim=128)
-    assert chunk_kv_sends(shape16, 0, 16, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+# --------------------------------------------------------------------------------------------
+# runtime == cost model: every planner, several M and GQA shapes
+# --------------------------------------------------------------------------------------------
+
+
+def _window(rng, dp: int, S: int):
+    window = []
+    for i in range(dp):
+        lengths = long_tail_lengths(rng, S, scale=float(rng.choice([4.0, 40.0, 200.0])))
+        window.append(PackedSequence(i, lengths, np.arange(len(lengths))))
+    return window
+
+
+def _options(name: str, M: int, H: int, B: int, dp: int) -> dict:
+    if name in ("ulysses", "wlb-llm"):
+        return {}
+    opts = {"block_size": B, "head_split": H}
+    if name != "distca":
+        opts["pool_size"] = dp
+    if name in ("libra", "libra-kt", "distca"):
+        opts["pipeline_chunks"] = M
+    return opts
+
+
+CASES = [(name, hq, hkv, H, M, seed) for name in PLANNERS
+         for (hq, hkv, H, M, seed) in [(8, 2, 2, 2, 0), (8, 2, 1, 4, 1), (12, 3, 2, 3, 2), (4, 4, 2, 2, 3)]]
+
+
+@pytest.mark.parametrize("name, hq, hkv, H, M, seed", CASES)
+def test_runtime_sends_what_the_cost_model_prices(name, hq, hkv, H, M, seed):
+    """Per worker, phase and chunk: the compiled programs' send/receive bytes equal the cost model's,
+    and the runtime's event list is the one the cost model walks."""
+    dp, cp, S, B = 2, 2, 128, 16
+    shape = AttentionShape(hq, hkv, 8, 2)
+    par = ParallelConfig(dp=dp, cp=cp, gbs=dp, seq_len=S)
+    window = _window(np.random.default_rng(seed), dp, S)
+    planner = get_planner(name, **_options(name, M, H, B, dp))
+    plan = planner.plan_window(window, par, shape)[0]
+    # planners without an M option are priced (and run) with M wherever their tiles' widths allow it
+    widths = np.concatenate([p.tiles.head_end - p.tiles.head_start for p in plan.pools])
+    chunks = M if np.all(widths % M == 0) else plan.pipeline_chunks
+    prof = load_profile("h100-roce-v1")
+    priced = CostModel(prof, Topology(prof, par)).chunk_traffic(plan, chunks)
+    el = shape.head_dim * shape.dtype_bytes
+    seen = 0
+    for pool in plan.pools:
+        for w in pool.workers:
+            prog = compile_worker(pool, shape, w, chunks)
+            assert prog.schedule.events == pipeline_events(chunks)
+            for phase in PHASES:
+                sent = [prog.messages[phase][m].n_send * el for m in range(chunks)]
+                recv = [prog.messages[phase][m].n_recv * el for m in range(chunks)]
+                assert sent == pytest.approx(priced[phase][0][w].tolist(), abs=1e-6), (phase, w)
+                assert recv == pytest.approx(priced[phase][1][w].tolist(), abs=1e-6), (phase, w)
+                seen += sum(sent)
+    assert (seen > 0) == any(len(p.transfers) > 0 for p in plan.pools)

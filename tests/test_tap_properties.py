@@ -28,7 +28,7 @@ def test_plan_pool_invariants(pool, tau, comm_aware):
     tap = TapConfig(pool_size=len(sequences), block_size=block, head_split=head_split, tau=tau,
                     pipeline_chunks=1, comm_aware=comm_aware)
     pp = plan_pool(3, sequences, workers, tap, shape)
-    plan = _plan(pp, shape, len(sequences[0].holder_start)).validate()  # every invariant of plan_checks
+    plan = _plan(pp, shape, len(sequences[0].holder_start)).validate()  # every invariant of libra.plan.checks
     # tile FLOPs sum to the packed sequences' FLOPs
     total = sum(packed_flops(s.sample_lengths, shape) for s in sequences)
     assert np.isclose(pp.tiles.flops.sum(), total, rtol=1e-12)
@@ -147,7 +147,7 @@ def test_libra_prod_vrsp_pools_meet_target(seq_len, cp, gbs, block):
     """The issue's check on every VRSP pool of one ``libra-prod`` window (Libra sec. 6.3 layouts):
     max/mean worker FLOPs <= 1 + tau unless a fallback fired, plans validate, and TAP moves fewer
     bytes than FLOPs-only placement (the DistCA emulation)."""
-    from libra.data.packing import gbs_windows, window_workloads
+    from libra.data.windows import gbs_windows, window_workloads
     from libra.vrsp import vrsp
 
     shape = AttentionShape(32, 4, 128, 2)

@@ -7,11 +7,11 @@ inputs (Libra sec. 4.3.3, 4.4). Every tensor is handled as *rows* of width ``d``
 head``; the sender and the receiver derive the same keys in the same order from the same
 TransferTable, which is why the pool's ranks must agree on the plan digest first.
 
-The TransferTable is executed literally. The Pipeliner splits each transfer by heads: chunk ``m``
-owns query head ``h`` when ``(h mod w) // (w / M) == m`` (``w`` = tile head width, the same for
-every tile when ``M > 1``), so chunk ``m`` holds the ``m``-th head piece of every tile. A KV head
-travels (forward) with the first chunk whose query heads read it and its gradient (backward) with
-the last, so KV is fetched once per destination however ``M`` cuts a GQA group.
+The TransferTable is executed literally. The Pipeliner (:class:`~libra.tap.pipeline.ChunkSchedule`,
+the same object the cost model prices) splits each transfer by heads: chunk ``m`` holds the
+``m``-th head piece of every tile, a KV head travels (forward) with the first chunk whose query
+heads read it and its gradient (backward) with the last, so KV is fetched once per destination
+however ``M`` cuts a GQA group.
 
 Compilation checks the plan against the data flow it implies and raises
 :class:`~libra.plan.PlanValidationError` when a tile's Q or KV is not delivered, an output row is
@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
-from libra.tap.pipeline import chunk_heads
-from libra.workload import AttentionShape
-
-# message phases: forward dispatch (Q + KV), forward return (O), backward dispatch (dO),
-# backward return (dQ + dK/dV)
-FD, FR, BD, BR = "fd", "fr", "bd", "br"
-PHASES = (FD, FR, BD, BR)
+from libra.tap.pipeline import BWD_DISPATCH as BD
+from libra.tap.pipeline import BWD_RETURN as BR
+from libra.tap.pipeline import FWD_DISPATCH as FD
+from libra.tap.pipeline import FWD_RETURN as FR
+from libra.tap.pipeline import PHASES, ChunkSchedule
+from libra.workload import AttentionShape, causal_area
 
 
 class KeyIndex:
@@ -126,7 +125,7 @@ class WorkerProgram:
         worker, pool_rank: the worker and its rank in ``workers``.
         workers: pool workers in pool-rank order.
         shape: head geometry; ``num_local``: tokens this worker holds (rows of its q/k/v).
-        chunks: Pipeliner chunks ``M``.
+        chunks: Pipeliner chunks ``M``; ``schedule``: the pool's :class:`ChunkSchedule`.
         kernels: ``M`` :class:`ChunkKernel`.
         messages: ``{phase: [Message] * M}``.
         fr_unpack[m]: (recv rows, local output rows) for returned outputs.
@@ -147,6 +146,7 @@ class WorkerProgram:
     br_dk: list[tuple[np.ndarray, np.ndarray]]
     br_dv: list[tuple[np.ndarray, np.ndarray]]
     digest: str
+    schedule: ChunkSchedule
     local_ranges: list[tuple[int, int, int]] = field(default_factory=list)
 
     def comm_rows(self) -> dict[str, int]:
@@ -157,27 +157,6 @@ class WorkerProgram:
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _head_chunks(pool: PoolPlan, shape: AttentionShape, chunks: int):
-    """Chunk of every query head, first/last chunk of every KV head."""
-    hq, g = shape.num_q_heads, shape.group_size
-    widths = pool.tiles.head_end - pool.tiles.head_start
-    if chunks == 1:
-        qchunk = np.zeros(hq, dtype=np.int64)
-    else:
-        if not len(widths):
-            w = hq
-        else:
-            w = int(widths[0])
-            if np.any(widths != w) or np.any(pool.tiles.head_start % w):
-                raise ValueError(f"Pipeliner chunks M={chunks} > 1 needs equal, aligned tile head widths; "
-                                 f"got widths {sorted(set(widths.tolist()))}")
-        if w % chunks:
-            raise ValueError(f"Pipeliner chunks M={chunks} must divide the tile head width {w}")
-        qchunk = (np.arange(hq) % w) // (w // chunks)
-    per_kv = qchunk.reshape(shape.num_kv_heads, g)
-    return qchunk, per_kv.min(axis=1), per_kv.max(axis=1)
 
 
 def _keys(seq, tok_start, tok_end, heads, n_heads, big) -> np.ndarray:
@@ -235,27 +214,24 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
     """
     if worker not in pool.workers:
         raise ValueError(f"worker {worker} is not in pool {pool.pool_index} (workers {list(pool.workers)})")
-    if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-        raise ValueError(f"Pipeliner chunks M must be a positive integer, got {chunks!r}")
+    sched = ChunkSchedule.for_pool(pool, shape, chunks)
     hq, hkv, g = shape.num_q_heads, shape.num_kv_heads, shape.group_size
     W = len(pool.workers)
     rank_of = {w: i for i, w in enumerate(pool.workers)}
     me, M = int(worker), int(chunks)
     big = max([s.num_tokens for s in pool.sequences] + [1]) + 1
     local = _Local(pool, me, big)
-    qchunk, kv_first, kv_last = _head_chunks(pool, shape, M)
     tr, tiles = pool.transfers, pool.tiles
     bad = np.nonzero((tiles.head_end > hq) | (tiles.head_start < 0) | (tiles.head_end <= tiles.head_start))[0]
     if len(bad):
         raise _fail(pool, me, f"tile {int(bad[0])} has head range outside [0, {hq})")
 
-    def pieces(kind, chunk_of_head, m, sel):
-        """(row index, keys, n_heads) of transfer rows ``sel`` restricted to chunk ``m``."""
+    def pieces(kind, m, sel, backward=False):
+        """(row index, keys) of transfer rows ``sel`` restricted to the heads chunk ``m`` moves."""
         out = []
         n_heads = hkv if kind == KV else hq
         for r in sel:
-            heads = np.arange(tr.head_start[r], tr.head_end[r])
-            heads = heads[chunk_of_head[heads] == m]
+            heads = sched.row_heads(kind, int(tr.head_start[r]), int(tr.head_end[r]), m, backward)
             if len(heads):
                 out.append((r, _keys(int(tr.seq[r]), int(tr.tok_start[r]), int(tr.tok_end[r]), heads,
                                      n_heads, big)))
@@ -268,19 +244,10 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
         return r[(tr.src[r] == src) & (tr.dst[r] == dst)]
 
     # ---- kernel work list: PoolPlan.segments filtered to this worker, in tile order ----------
-    segs = pool.segments(shape)
+    segs = pool.segments()  # ordered by tile, then position
     mine = np.nonzero(segs["dest"] == me)[0]
-    mine = mine[np.argsort(segs["tile"][mine], kind="stable")]
-    seg_tile = segs["tile"][mine].astype(np.int64)
-    seg_q = segs["q_len"][mine].astype(np.int64)
-    seg_kv = segs["kv_len"][mine].astype(np.int64)
-    # token where each piece's queries start: tiles' pieces are consecutive, in sample order
-    seg_qtok = np.zeros(len(mine), dtype=np.int64)
-    for i in range(len(mine)):
-        first = i == 0 or seg_tile[i - 1] != seg_tile[i]
-        seg_qtok[i] = tiles.q_start[seg_tile[i]] if first else seg_qtok[i - 1] + seg_q[i - 1]
-    seg_s0 = seg_qtok - (seg_kv - seg_q)  # sample start in the packed sequence
-    seg_seq = tiles.seq[seg_tile].astype(np.int64)
+    seg_tile, seg_q, seg_kv = segs["tile"][mine], segs["q_len"][mine], segs["kv_len"][mine]
+    seg_qtok, seg_s0, seg_seq = segs["q_start"][mine], segs["sample_start"][mine], segs["seq"][mine]
     seg_hs = tiles.head_start[seg_tile].astype(np.int64)
     seg_he = tiles.head_end[seg_tile].astype(np.int64)
     # Merge pieces of one sample and head range whose query rows are contiguous here (adjacent
@@ -313,7 +280,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
             if peer == me:
                 continue
             # outgoing
-            for r, keys in pieces(Q, qchunk, m, rows_between(Q, me, peer)):
+            for r, keys in pieces(Q, m, rows_between(Q, me, peer)):
                 src, held = local.rows(keys, hq)
                 if not held.all():
                     raise _fail(pool, me, f"Q transfer row {r} sends tokens this worker does not hold")
@@ -322,7 +289,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 bd_pack.append(("do", src, bd_s_off + pos))
                 s_off += len(keys)
                 bd_s_off += len(keys)
-            for r, keys in pieces(KV, kv_first, m, rows_between(KV, me, peer)):
+            for r, keys in pieces(KV, m, rows_between(KV, me, peer)):
                 src, held = local.rows(keys, hkv)
                 if not held.all():
                     raise _fail(pool, me, f"KV transfer row {r} sends tokens this worker does not hold")
@@ -334,14 +301,14 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
             bd_send[p] = bd_s_off - bd_send.sum()
             # incoming
             start = r_off
-            for _, keys in pieces(Q, qchunk, m, rows_between(Q, peer, me)):
+            for _, keys in pieces(Q, m, rows_between(Q, peer, me)):
                 q_recv_keys.append(keys)
                 q_recv_rows.append(r_off + np.arange(len(keys)))
                 bd_keys.append(keys)
                 bd_rows.append(bd_r_off + np.arange(len(keys)))
                 r_off += len(keys)
                 bd_r_off += len(keys)
-            for _, keys in pieces(KV, kv_first, m, rows_between(KV, peer, me)):
+            for _, keys in pieces(KV, m, rows_between(KV, peer, me)):
                 n = len(keys)
                 kv_keys.append(keys)
                 k_rows.append(r_off + np.arange(n))
@@ -366,7 +333,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
 
         # ---------------- kernel pack for chunk m -----------------------------------------
         q_keys, k_keys, kv_heads_all, c0s = [], [], [], []
-        tile_chunks = [chunk_heads(int(a), int(b), M)[m] for a, b in zip(seg_hs, seg_he)]
+        tile_chunks = [sched.head_chunks(a, b)[m] for a, b in zip(seg_hs, seg_he)]
         qh = tile_chunks[0][1] - tile_chunks[0][0] if len(seg_seq) else 0
         c0 = np.array([c[0] for c in tile_chunks], dtype=np.int64)
         if len(seg_seq):
@@ -423,7 +390,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                                   f"KV head {key % hkv}) needed by a tile here is neither held nor fetched")
         # outputs of tiles whose Q-home is here
         out_local = (pos[held], lrow[held])
-        flops = float(np.sum((seg_kv * (seg_kv + 1) - (seg_kv - seg_q) * (seg_kv - seg_q + 1)) // 2)) * qh
+        flops = float(np.sum(causal_area(seg_kv - seg_q, seg_kv))) * qh
         kernels.append(ChunkKernel(seg_q.copy(), seg_kv.copy(), int(qh), int(kvh), q_pack,
                                    _gather(0, k_parts)[1], _gather(0, v_parts)[1], do_pack, out_local, flops))
         out_index = KeyIndex(qk)
@@ -437,7 +404,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
         for p, peer in enumerate(pool.workers):
             if peer == me:
                 continue
-            for r, keys in pieces(O, qchunk, m, rows_between(O, me, peer)):
+            for r, keys in pieces(O, m, rows_between(O, me, peer)):
                 rows, f = out_index.find(keys)
                 if not f.all():
                     raise _fail(pool, me, f"O transfer row {r} returns rows no tile computes here")
@@ -446,12 +413,12 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 s_off += len(keys)
                 b_s_off += len(keys)
             # dK/dV retrace KV fetches: this worker received KV from `peer`, sends its gradient back
-            for _r, keys in pieces(KV, kv_last, m, rows_between(KV, peer, me)):
+            for _r, keys in pieces(KV, m, rows_between(KV, peer, me), backward=True):
                 n = len(keys)
                 # the KV head of each key first arrived with chunk kv_first[head]
                 heads = keys % hkv
-                for c in np.unique(kv_first[heads]):
-                    sel = kv_first[heads] == c
+                for c in np.unique(sched.kv_first[heads]):
+                    sel = sched.kv_first[heads] == c
                     if c > m:
                         raise _fail(pool, me, "internal: KV gradient due before its fetch")
                     br_pack.append((f"gfd{c}k", np.asarray(keys[sel]), b_s_off + np.nonzero(sel)[0]))
@@ -460,7 +427,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
             send_rows[p] = s_off - send_rows.sum()
             br_send[p] = b_s_off - br_send.sum()
             start, b_start = r_off, b_r_off
-            for r, keys in pieces(O, qchunk, m, rows_between(O, peer, me)):
+            for r, keys in pieces(O, m, rows_between(O, peer, me)):
                 lrow, held = local.rows(keys, hq)
                 if not held.all():
                     raise _fail(pool, me, f"O transfer row {r} returns tokens whose Q-home is not this worker")
@@ -470,7 +437,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 dq_l.append(lrow)
                 r_off += len(keys)
                 b_r_off += len(keys)
-            for r, keys in pieces(KV, kv_last, m, rows_between(KV, me, peer)):
+            for r, keys in pieces(KV, m, rows_between(KV, me, peer), backward=True):
                 lrow, held = local.rows(keys, hkv)
                 if not held.all():
                     raise _fail(pool, me, f"KV transfer row {r}: gradient for tokens this worker does not hold")
@@ -516,5 +483,5 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                               f"{int(count[bad_row])} times (expected exactly once): a tile is missing, "
                               f"duplicated or returned to the wrong Q-home")
     return WorkerProgram(me, rank_of[me], tuple(pool.workers), shape, local.num, M, kernels, messages,
-                         fr_unpack, br_dq, br_dk, br_dv, digest or pool.digest(),
+                         fr_unpack, br_dq, br_dk, br_dv, digest or pool.digest(), sched,
                          list(local.ranges))

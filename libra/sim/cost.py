@@ -5,9 +5,9 @@ global worker id (arrays of length ``DP * CP``; workers outside the plan's pools
 Terms are named and summed (vidur style):
 
 * ``compute_ms = compute_fwd_ms + compute_bwd_ms``. Forward is the sum over the worker's kernel
-  segments (:meth:`libra.plan.PoolPlan.segments`) of :meth:`KernelModel.segment_forward_ms` with
-  ``heads per call = tile head width / M`` (the Pipeliner runs M calls of hq/(H*M) heads, Libra
-  sec. 4.4), plus ``M`` kernel launches; backward is ``backward_time_ratio`` x forward. A per-worker
+  segments (:func:`libra.plan.segments`) of :meth:`KernelModel.chunked_forward_ms` with the calls of
+  the pool's :class:`~libra.tap.pipeline.ChunkSchedule` (M calls of hq/(H*M) heads, Libra sec.
+  4.4), plus ``M`` kernel launches; backward is ``backward_time_ratio`` x forward. A per-worker
   ``speed`` multiplier divides both (device variability, Libra sec. 3.2).
 * Communication has four phases (Libra sec. 4.3.3): forward dispatch (Q + KV, src -> dst), forward
   return (O), backward dispatch (dO along the Q path), backward return (dQ along the O path plus
@@ -17,11 +17,13 @@ Terms are named and summed (vidur style):
   RoCE and inter-supernode traffic share the NIC). Each worker's own link time stands in for its
   transfers; coupling with the peer's link is not modelled.
 * ``exposed_comm_serial_ms``: all four phases exposed (no overlap) = ``comm_ms``.
-* ``exposed_comm_ms``: the Pipeliner's M-chunk overlap, per pass, by the event recurrence of
-  :func:`pipelined_exposed_ms`: chunk 0's dispatch is exposed, chunk i+1's dispatch and chunk
-  i-1's return run on the comm stream while chunk i computes, chunk M-1's return is exposed. When
-  compute covers transfers this is ``(D + R) / M``; where transfers outlast compute the excess is
-  exposed too. With ``M = 1`` it equals the serial figure.
+* ``exposed_comm_ms``: the Pipeliner's M-chunk overlap, per pass, by :func:`pipelined_exposed`,
+  which walks :attr:`ChunkSchedule.events` -- the list the runtime executes -- with each chunk's
+  own dispatch and return bytes (:meth:`ChunkSchedule.phase_routes`: Q by query-head chunk, KV with
+  the first chunk that reads each KV head, dK/dV after the last). Each chunk pays its phase
+  latency where it carries traffic. Compute runs on one stream, transfers on one FIFO comm stream.
+  When compute covers transfers only chunk 0's dispatch and chunk M-1's return are exposed; with
+  ``M = 1`` it equals the serial figure.
 * ``total_ms = compute_ms + exposed_comm_ms``; the straggler is the worker with the largest total.
 """
 
@@ -31,9 +33,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libra.plan import KV, O, Plan, Q
+from libra.plan import Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
+from libra.tap.pipeline import (
+    BWD_DISPATCH,
+    BWD_RETURN,
+    COMPUTE,
+    FWD_DISPATCH,
+    FWD_RETURN,
+    ISSUE_DISPATCH,
+    ISSUE_RETURN,
+    PHASES,
+    WAIT_DISPATCH,
+    WAIT_RETURN,
+    ChunkSchedule,
+    Routes,
+    check_chunks,
+    pipeline_events,
+)
 from libra.workload import attention_flops
 
 
@@ -100,30 +118,40 @@ class PlanCost:
         return {c: int(v.sum()) for c, v in self.bytes_sent.items()}
 
 
-def pipelined_exposed_ms(compute_ms, dispatch_ms, return_ms, chunks: int, latency_ms=0.0) -> np.ndarray:
-    """Exposed communication of one pass under the Pipeliner (Libra sec. 4.4), per worker.
+def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
+    """Exposed communication of one pass under the Pipeliner, per worker (Libra sec. 4.4).
 
-    Chunk m has ``compute / M`` compute, ``dispatch / M + latency`` dispatch and ``return / M +
-    latency`` return. Compute runs on one stream, transfers serialise on one comm stream. Chunk i
-    starts once its dispatch arrived; when it starts, chunk i+1's dispatch and chunk i-1's return
-    are issued; chunk M-1's return is issued after its compute.
+    Walks the schedule's events with a host clock: an issue is non-blocking and queues the transfer
+    on the worker's FIFO comm stream (a return also waits for its chunk's compute); a wait blocks
+    the host until the transfer arrived; a compute starts when the host reaches it and the compute
+    stream is free.
 
     Args:
-        compute_ms, dispatch_ms, return_ms: ``(N,)`` unchunked times of the pass.
-        chunks: M >= 1.
-        latency_ms: ``(N,)`` or scalar per-chunk latency of each transfer (0 where none).
+        events: :attr:`libra.tap.pipeline.ChunkSchedule.events`.
+        compute: ``(N,)`` compute time of one chunk.
+        dispatch, ret: ``(N, M)`` time of each chunk's dispatch and return transfers.
 
     Returns:
-        ``(N,)`` time the pass takes beyond its compute.
+        ``(N,)`` end of the pass minus its compute.
     """
-    if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-        raise ValueError(f"pipeline chunks M must be a positive integer, got {chunks!r}")
-    c = np.asarray(compute_ms, dtype=np.float64) / chunks
-    dispatch_ms = np.asarray(dispatch_ms, dtype=np.float64)
-    return_ms = np.asarray(return_ms, dtype=np.float64)
-    d = np.where(dispatch_ms > 0, dispatch_ms / chunks + latency_ms, 0.0)
-    r = np.where(return_ms > 0, return_ms / chunks + latency_ms, 0.0)
-    return _recurrence(c, np.broadcast_to(d, c.shape).copy(), np.broadcast_to(r, c.shape).copy(), chunks)
+    compute = np.asarray(compute, dtype=np.float64)
+    host, comm_free, compute_free = (np.zeros_like(compute) for _ in range(3))
+    arrived, returned = {}, {}
+    for ev, m in events:
+        if ev == ISSUE_DISPATCH:
+            comm_free = np.maximum(comm_free, host) + dispatch[:, m]
+            arrived[m] = comm_free
+        elif ev == WAIT_DISPATCH:
+            host = np.maximum(host, arrived[m])
+        elif ev == COMPUTE:
+            compute_free = host = np.maximum(host, compute_free) + compute
+        elif ev == ISSUE_RETURN:
+            comm_free = np.maximum(comm_free, compute_free) + ret[:, m]
+            returned[m] = comm_free
+        elif ev == WAIT_RETURN:
+            host = np.maximum(host, returned[m])
+    chunks = dispatch.shape[1]
+    return np.maximum.reduce([host, comm_free, compute_free]) - chunks * compute
 
 
 class CostModel:
@@ -149,25 +177,26 @@ class CostModel:
         self._nports = len(ports)
 
     # -- compute ---------------------------------------------------------------------------
-    def _compute(self, plan: Plan, chunks: int):
+    def _schedules(self, plan: Plan, chunks: int) -> list[ChunkSchedule]:
+        try:
+            return [ChunkSchedule.for_pool(pool, plan.shape, chunks) for pool in plan.pools]
+        except ValueError as exc:
+            raise ValueError(f"plan {plan.method!r}: {exc}") from None
+
+    def _compute(self, plan: Plan, schedules: list[ChunkSchedule]):
+        """Forward FLOPs and forward kernel time per worker (the schedule's calls per segment)."""
         n = self.topology.num_workers
-        fwd = np.zeros(n)
-        flops = np.zeros(n)
-        calls = np.zeros(n)
+        fwd, flops, calls = np.zeros(n), np.zeros(n), np.zeros(n)
         d = plan.shape.head_dim
-        for pool in plan.pools:
-            seg = pool.segments(plan.shape)
+        for pool, sched in zip(plan.pools, schedules):
+            seg = pool.segments()
             if not len(seg["dest"]):
                 continue
             dest = self.topology.check_ids(seg["dest"])
-            heads = seg["heads"].astype(np.int64)
-            try:
-                t = self.kernel.chunked_forward_ms(seg["area"], heads, d, chunks)
-            except ValueError as exc:
-                raise ValueError(f"plan {plan.method!r}: {exc}") from None
+            t = self.kernel.chunked_forward_ms(seg["area"], sched.heads_per_call(seg["heads"]), d, sched.chunks)
             fwd += np.bincount(dest, weights=t, minlength=n)
-            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * heads, minlength=n)
-            calls[np.unique(dest)] = chunks
+            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
+            calls[np.unique(dest)] = sched.chunks
         fwd += calls * self.kernel.launch_ms
         return flops, fwd
 
@@ -205,6 +234,57 @@ class CostModel:
         cols = np.arange(busy.shape[1])
         return port_bw[slow, cols], port_lat[slow, cols], per_class + lat_class
 
+    @staticmethod
+    def _routes(plan: Plan, schedules: list[ChunkSchedule]) -> dict[str, Routes]:
+        """Every pool's :meth:`ChunkSchedule.phase_routes`, concatenated per phase."""
+        M = schedules[0].chunks if schedules else 1
+        per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
+        out = {}
+        for phase in PHASES:
+            parts = [r[phase] for r in per_pool]
+            out[phase] = Routes(*(np.concatenate([r[i] for r in parts]) if parts else np.zeros(0, np.int64)
+                                  for i in range(4)),
+                                np.concatenate([r.nbytes for r in parts]) if parts else np.zeros((0, M)))
+        return out
+
+    def chunk_traffic(self, plan: Plan, pipeline_chunks: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Bytes each worker sends and receives in each Pipeliner chunk of each phase, as priced.
+
+        Returns ``{phase: (sent, recv)}`` with ``(N, M)`` arrays (self-transfers excluded).
+        """
+        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        n = self.topology.num_workers
+        out = {}
+        for phase, r in self._routes(plan, self._schedules(plan, chunks)).items():
+            keep = r.src != r.dst
+            sent = np.stack([np.bincount(r.src[keep], r.nbytes[keep, m], n) for m in range(chunks)], axis=1)
+            recv = np.stack([np.bincount(r.dst[keep], r.nbytes[keep, m], n) for m in range(chunks)], axis=1)
+            out[phase] = (sent.reshape(n, chunks), recv.reshape(n, chunks))
+        return out
+
+    def _phases(self, plan: Plan, schedules: list[ChunkSchedule]):
+        """Price the four phases: unchunked totals and ``(N, M)`` per-chunk times.
+
+        Returns ``(sent, recv, link, serial, per_chunk)``: ``(C, N)`` bytes sent / received and
+        per-class time summed over phases, ``(N,)`` serial comm time, and ``{phase: (N, M)}``.
+        """
+        n, k, M = self.topology.num_workers, len(LINK_CLASSES), schedules[0].chunks if schedules else 1
+        sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
+        serial, per_chunk = np.zeros(n), {}
+        for phase, r in self._routes(plan, schedules).items():
+            sent, recv = self._phase_bytes(r.src, r.dst, r.nbytes.sum(axis=1))
+            bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
+            serial += bw_ms + lat_ms
+            sent_tot += sent
+            recv_tot += recv
+            link_tot += per_class
+            times = np.zeros((n, M))
+            for m in range(M):  # each chunk moves its own bytes and pays its own latency
+                bw_m, lat_m, _ = self._phase_ms(*self._phase_bytes(r.src, r.dst, r.nbytes[:, m]))
+                times[:, m] = bw_m + lat_m
+            per_chunk[phase] = times
+        return sent_tot, recv_tot, link_tot, serial, per_chunk
+
     def price(self, plan: Plan, pipeline_chunks: int | None = None, speed=None) -> PlanCost:
         """Price ``plan`` per worker (see the module docstring for every term).
 
@@ -220,94 +300,32 @@ class CostModel:
             ValueError: bad M, bad speed array, a worker id outside the topology, or M not
                 dividing a tile's head width.
         """
-        chunks = plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks
-        if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-            raise ValueError(f"pipeline_chunks must be a positive integer, got {chunks!r}")
+        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
         n = self.topology.num_workers
-        flops, fwd = self._compute(plan, int(chunks))
+        schedules = self._schedules(plan, chunks)
+        flops, fwd = self._compute(plan, schedules)
         if speed is not None:
             speed = np.asarray(speed, dtype=np.float64)
             if speed.shape != (n,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
                 raise ValueError(f"speed must be {n} finite multipliers > 0, got shape {speed.shape}")
             fwd = fwd / speed
         bwd = fwd * self.kernel.backward_time_ratio
-
         pool_of = np.full(n, -1, dtype=np.int64)
-        src_l, dst_l, nb_l, kind_l = [], [], [], []
         for pi, pool in enumerate(plan.pools):
             pool_of[self.topology.check_ids(list(pool.workers))] = pi
-            tr = pool.transfers
-            src_l.append(tr.src.astype(np.int64))
-            dst_l.append(tr.dst.astype(np.int64))
-            nb_l.append(tr.nbytes.astype(np.float64))
-            kind_l.append(tr.kind)
-        src = np.concatenate(src_l) if src_l else np.zeros(0, np.int64)
-        dst = np.concatenate(dst_l) if dst_l else np.zeros(0, np.int64)
-        nb = np.concatenate(nb_l) if nb_l else np.zeros(0)
-        kind = np.concatenate(kind_l) if kind_l else np.zeros(0, np.int8)
-        is_q, is_kv, is_o = kind == Q, kind == KV, kind == O
-        # (src, dst) of each phase; backward KV gradients retrace the KV path in reverse
-        phases = {
-            "fwd_dispatch": (src[is_q | is_kv], dst[is_q | is_kv], nb[is_q | is_kv]),
-            "fwd_return": (src[is_o], dst[is_o], nb[is_o]),
-            "bwd_dispatch": (src[is_q], dst[is_q], nb[is_q]),
-            "bwd_return": (np.concatenate([src[is_o], dst[is_kv]]), np.concatenate([dst[is_o], src[is_kv]]),
-                           np.concatenate([nb[is_o], nb[is_kv]])),
-        }
-        k = len(LINK_CLASSES)
-        sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
-        phase_bw, phase_lat = {}, {}
-        for name, (s, t, b) in phases.items():
-            sent, recv = self._phase_bytes(s, t, b)
-            bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
-            phase_bw[name], phase_lat[name] = bw_ms, lat_ms
-            sent_tot += sent
-            recv_tot += recv
-            link_tot += per_class
-        comm = sum(phase_bw[p] + phase_lat[p] for p in phases)
-        exposed = np.zeros(n)
-        for pass_name, comp in (("fwd", fwd), ("bwd", bwd)):
-            disp, ret = f"{pass_name}_dispatch", f"{pass_name}_return"
-            exposed += self._pass_exposed(comp, phase_bw[disp], phase_lat[disp],
-                                          phase_bw[ret], phase_lat[ret], int(chunks))
-        total_flops = float(flops.sum())
+        sent, recv, link, comm, per_chunk = self._phases(plan, schedules)
+        events = pipeline_events(chunks)  # the runtime's loop, priced event by event
+        exposed = (pipelined_exposed(events, fwd / chunks, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
+                   + pipelined_exposed(events, bwd / chunks, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
         workers = max(int((pool_of >= 0).sum()), 1)
         best = self.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
-        bound = total_flops / workers / best * (1.0 + self.kernel.backward_time_ratio)
+        bound = float(flops.sum()) / workers / best * (1.0 + self.kernel.backward_time_ratio)
         compute = fwd + bwd
         return PlanCost(
-            method=plan.method, ga_index=int(plan.ga_index), pipeline_chunks=int(chunks), pool=pool_of,
+            method=plan.method, ga_index=int(plan.ga_index), pipeline_chunks=chunks, pool=pool_of,
             flops_fwd=flops, compute_fwd_ms=fwd, compute_bwd_ms=bwd, compute_ms=compute,
-            bytes_sent={c: sent_tot[i] for i, c in enumerate(LINK_CLASSES)},
-            bytes_recv={c: recv_tot[i] for i, c in enumerate(LINK_CLASSES)},
-            link_ms={c: link_tot[i] for i, c in enumerate(LINK_CLASSES)},
+            bytes_sent={c: sent[i] for i, c in enumerate(LINK_CLASSES)},
+            bytes_recv={c: recv[i] for i, c in enumerate(LINK_CLASSES)},
+            link_ms={c: link[i] for i, c in enumerate(LINK_CLASSES)},
             comm_ms=comm, exposed_comm_serial_ms=comm, exposed_comm_ms=exposed,
             total_ms=compute + exposed, balance_bound_ms=bound)
-
-    @staticmethod
-    def _pass_exposed(compute, d_bw, d_lat, r_bw, r_lat, chunks: int) -> np.ndarray:
-        """Exposed comm of one pass; each chunk pays its own phase latency."""
-        c = np.asarray(compute, dtype=np.float64) / chunks
-        d = np.where(d_bw + d_lat > 0, d_bw / chunks + d_lat, 0.0)
-        r = np.where(r_bw + r_lat > 0, r_bw / chunks + r_lat, 0.0)
-        return _recurrence(c, d, r, chunks)
-
-
-def _recurrence(c, d, r, chunks: int) -> np.ndarray:
-    """Event recurrence of the Pipeliner for per-chunk compute ``c``, dispatch ``d``, return ``r``.
-
-    Returns the pass's end time minus its total compute, i.e. the exposed communication.
-    """
-    comm_free = d.copy()  # chunk 0's dispatch is exposed
-    arrived = d.copy()
-    compute_free = np.zeros_like(c)
-    for i in range(chunks):
-        start = np.maximum(compute_free, arrived)
-        if i + 1 < chunks:  # chunk i+1's dispatch is issued as chunk i starts
-            comm_free = np.maximum(comm_free, start) + d
-            arrived = comm_free.copy()
-        if i >= 1:  # chunk i-1's return, ready since chunk i-1's compute ended (<= start)
-            comm_free = np.maximum(comm_free, start) + r
-        compute_free = start + c
-    comm_free = np.maximum(comm_free, compute_free) + r  # chunk M-1's return, exposed
-    return np.maximum(comm_free, compute_free) - chunks * c

@@ -87,22 +87,15 @@ class KernelModel:
         rate = rate * self.heads_efficiency(heads)
         return np.where(area > 0, flops / rate * 1e3, 0.0)
 
-    def chunked_forward_ms(self, area, heads, head_dim: int, chunks: int = 1) -> np.ndarray:
-        """Forward time (ms, launch excluded) of segments run by the Pipeliner as ``chunks`` calls of
-        ``heads / chunks`` heads each (Libra sec. 4.4): ``M * t(heads / M)`` -- the same FLOPs at the
-        rate of fewer heads per call. The cost model and TAP's kernel-time weights both use this.
+    def chunked_forward_ms(self, area, heads_per_call, head_dim: int, calls: int) -> np.ndarray:
+        """Forward time (ms, launch excluded) of segments run as ``calls`` kernel calls of
+        ``heads_per_call`` heads each: the same FLOPs at the rate of fewer heads per call.
 
-        Raises:
-            ValueError: ``chunks`` not a positive integer dividing every segment's ``heads``.
+        The Pipeliner decides the split (Libra sec. 4.4: ``M`` calls of ``width / M`` heads,
+        :meth:`libra.tap.pipeline.ChunkSchedule.heads_per_call`); the cost model and TAP's
+        kernel-time weights both pass its numbers here.
         """
-        if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
-            raise ValueError(f"pipeline chunks M must be a positive integer, got {chunks!r}")
-        heads = np.asarray(heads, dtype=np.int64)
-        if np.any(heads % chunks) or np.any(heads < 1):
-            bad = int(heads[(heads % chunks != 0) | (heads < 1)].reshape(-1)[0])
-            raise ValueError(f"Pipeliner chunks M={chunks} must divide every tile's head width; "
-                             f"a tile has {bad} heads")
-        return chunks * self.segment_forward_ms(area, heads // chunks, head_dim)
+        return calls * self.segment_forward_ms(area, heads_per_call, head_dim)
 
     def document_forward_ms(self, lengths, heads: int, head_dim: int) -> np.ndarray:
         """Forward time of whole causal documents, one kernel call each (the calibration geometry)."""

@@ -1,87 +1,181 @@
-"""TAP Pipeliner: equal-head chunks and their overlap schedule (Libra sec. 3.3, 4.4).
+"""The TAP Pipeliner (Libra sec. 3.3, 4.4): one object that the runtime executes and the simulator prices.
 
-Every SH-tile on a worker has ``hq / H`` query heads. The executor concatenates the worker's tiles
-along the varlen (token) axis and cuts the head axis into ``M`` equal chunks; chunk ``m`` holds the
-``m``-th head piece of every tile, so all chunks carry the same FLOPs, Q/O bytes and kernel
-structure. Transfers of chunk ``i + 1`` are issued while chunk ``i`` computes, so only chunk 0's
-dispatch and chunk ``M - 1``'s return are exposed.
+A :class:`ChunkSchedule` cuts every SH-tile's query heads into ``M`` equal contiguous chunks;
+chunk ``m`` holds the ``m``-th head piece of every tile on a worker, so all chunks carry the same
+FLOPs and kernel structure. It owns, for one pool plan:
 
-Event vocabulary of :func:`schedule` (the runtime follows it; the simulator prices it):
+* the query-head -> chunk map of each tile head range (tiles of different widths are fine: a
+  range ``[a, b)`` of width ``w`` puts head ``h`` in chunk ``(h - a) // (w / M)``);
+* the first and last chunk that reads each KV head: a KV head is *sent* (forward) with the first
+  chunk whose query heads read it, and its gradient is *returned* (backward) after the last, so KV
+  moves once per destination however ``M`` cuts a GQA group;
+* the per-chunk bytes of every transfer in each of the four phases (:data:`PHASES`), as the
+  runtime sends them (:meth:`ChunkSchedule.phase_routes`);
+* the ordered events (:attr:`ChunkSchedule.events`) that the runtime's loop and the cost model's
+  recurrence (:func:`libra.sim.cost.pipelined_end`) both iterate.
 
-* ``("issue_dispatch", i)``: post the non-blocking Q (and the KV heads first needed by chunk ``i``)
-  transfers of chunk ``i``;
-* ``("wait_dispatch", i)``: block until chunk ``i``'s inputs have arrived;
-* ``("compute", i)``: run the attention kernel on chunk ``i``;
-* ``("issue_return", i)``: post the non-blocking output return of chunk ``i``;
-* ``("wait_return", i)``: block until chunk ``i``'s output has been delivered (all at the end).
+Event order. The runtime issues chunk ``m + 1``'s dispatch *before* it waits for chunk ``m``'s
+(an earlier prefetch than the paper's listing, which issues it after the wait). On one FIFO comm
+stream both orders put the same transfers in the same sequence; the earlier issue can only help a
+transport that progresses several requests at once. The list is::
+
+    issue_dispatch 0
+    for m in 0..M-1: issue_dispatch m+1 (if any), wait_dispatch m, compute m, issue_return m
+    wait_return 0..M-1
+
+``M = 1`` degenerates to dispatch, compute, return with nothing overlapped.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import numpy as np
+
+from libra.plan import KV, O, Q, TransferTable
 from libra.workload import AttentionShape
 
-EVENTS = ("issue_dispatch", "wait_dispatch", "compute", "issue_return", "wait_return")
+FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN = "fwd_dispatch", "fwd_return", "bwd_dispatch", "bwd_return"
+PHASES = (FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN)
+"""The four communication phases of one layer's core attention (Libra sec. 4.3.3)."""
+
+ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN = (
+    "issue_dispatch", "wait_dispatch", "compute", "issue_return", "wait_return")
+EVENTS = (ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN)
+
+# the transfer kinds of each phase; backward phases read TransferTable.backward() (dO along Q, dQ
+# along O, dK/dV along the reversed KV fetches)
+_PHASE_KINDS = {FWD_DISPATCH: (Q, KV), FWD_RETURN: (O,), BWD_DISPATCH: (Q,), BWD_RETURN: (O, KV)}
 
 
-def _check_chunks(M) -> None:
-    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-        raise ValueError(f"Pipeliner chunks M must be a positive integer, got {M!r}")
+def check_chunks(chunks) -> int:
+    """``chunks`` as an int, or ValueError when it is not a positive integer."""
+    if isinstance(chunks, bool) or not isinstance(chunks, (int, np.integer)) or chunks < 1:
+        raise ValueError(f"Pipeliner chunks M must be a positive integer, got {chunks!r}")
+    return int(chunks)
 
 
-def chunk_heads(head_start: int, head_end: int, M: int) -> list[tuple[int, int]]:
-    """Split query heads ``[head_start, head_end)`` into ``M`` equal contiguous chunks.
+def pipeline_events(chunks: int) -> tuple[tuple[str, int], ...]:
+    """The ordered Pipeliner events for ``chunks`` chunks (module docstring)."""
+    M = check_chunks(chunks)
+    events = [(ISSUE_DISPATCH, 0)]
+    for m in range(M):
+        if m + 1 < M:
+            events.append((ISSUE_DISPATCH, m + 1))
+        events += [(WAIT_DISPATCH, m), (COMPUTE, m), (ISSUE_RETURN, m)]
+    return tuple(events + [(WAIT_RETURN, m) for m in range(M)])
+
+
+class Routes(NamedTuple):
+    """One phase's transfers: row ``i`` moves ``nbytes[i, m]`` from ``src[i]`` to ``dst[i]`` in chunk ``m``.
+
+    ``row`` is the forward TransferTable row it comes from and ``kind`` that row's kind (``KV``
+    rows of :data:`BWD_RETURN` carry dK/dV in the reverse direction).
+    """
+
+    row: np.ndarray
+    kind: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray  # (X, M)
+
+
+class ChunkSchedule:
+    """The Pipeliner of one pool plan: built from the shape, the tiles' head ranges and ``M``.
+
+    Args:
+        shape: attention head geometry (GQA map).
+        head_start, head_end: ``(T,)`` query-head range of every tile of the pool.
+        chunks: ``M``; must divide every tile's head width.
 
     Raises:
-        ValueError: ``M < 1``, an empty head range, or ``M`` not dividing the width (``hq / H``).
+        ValueError: ``M`` not a positive integer, or not dividing a tile's head width.
     """
-    _check_chunks(M)
-    width = head_end - head_start
-    if width < 1:
-        raise ValueError(f"empty head range [{head_start}, {head_end})")
-    if width % M:
-        raise ValueError(f"Pipeliner chunks M={M} must divide the head-shard width {width} (hq/H)")
-    step = width // M
-    return [(head_start + m * step, head_start + (m + 1) * step) for m in range(M)]
 
+    def __init__(self, shape: AttentionShape, head_start, head_end, chunks: int):
+        self.shape, self.chunks = shape, check_chunks(chunks)
+        self.events = pipeline_events(self.chunks)
+        ranges = np.unique(np.stack([np.asarray(head_start, np.int64).reshape(-1),
+                                     np.asarray(head_end, np.int64).reshape(-1)], axis=1), axis=0)
+        self._check_widths(ranges[:, 1] - ranges[:, 0])
+        self.kv_first, self.kv_last = self._kv_chunks(ranges)
 
-def schedule(M: int) -> list[tuple[str, int]]:
-    """The ordered Pipeliner events for ``M`` chunks (Libra sec. 4.4).
+    @classmethod
+    def for_pool(cls, pool, shape: AttentionShape, chunks: int) -> ChunkSchedule:
+        """The schedule of a :class:`~libra.plan.PoolPlan`'s tiles."""
+        return cls(shape, pool.tiles.head_start, pool.tiles.head_end, chunks)
 
-    ``issue_dispatch 0``; then for each chunk ``i``: ``wait_dispatch i``, ``issue_dispatch i+1``
-    (if any), ``compute i``, ``issue_return i``; finally ``wait_return`` for every chunk. ``M = 1``
-    degenerates to dispatch, compute, return with nothing overlapped.
+    def _check_widths(self, widths: np.ndarray) -> None:
+        bad = widths[(widths < 1) | (widths % self.chunks != 0)]
+        if len(bad):
+            raise ValueError(f"Pipeliner chunks M={self.chunks} must divide every tile's head width "
+                             f"(hq/H); a tile has {int(bad[0])} heads")
 
-    Raises:
-        ValueError: ``M < 1``.
-    """
-    _check_chunks(M)
-    events = [("issue_dispatch", 0)]
-    for i in range(M):
-        events.append(("wait_dispatch", i))
-        if i + 1 < M:
-            events.append(("issue_dispatch", i + 1))
-        events.append(("compute", i))
-        events.append(("issue_return", i))
-    events.extend(("wait_return", i) for i in range(M))
-    return events
+    def _kv_chunks(self, ranges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """First and last chunk whose query heads read each KV head (0 / M-1 where none does)."""
+        hkv, M = self.shape.num_kv_heads, self.chunks
+        first, last = np.full(hkv, M, np.int64), np.full(hkv, -1, np.int64)
+        for a, b in ranges:
+            for m, (c0, c1) in enumerate(self.head_chunks(a, b)):
+                k0, k1 = self.shape.kv_head_range(c0, c1)
+                first[k0:k1] = np.minimum(first[k0:k1], m)
+                last[k0:k1] = np.maximum(last[k0:k1], m)
+        return np.where(first == M, 0, first), np.where(last < 0, M - 1, last)
 
+    # -- query heads ----------------------------------------------------------------------------
+    def head_chunks(self, head_start: int, head_end: int) -> list[tuple[int, int]]:
+        """The ``M`` contiguous query-head pieces ``[(a, b), ...]`` of one tile head range."""
+        step = (int(head_end) - int(head_start)) // self.chunks
+        return [(int(head_start) + m * step, int(head_start) + (m + 1) * step) for m in range(self.chunks)]
 
-def chunk_kv_heads(shape: AttentionShape, head_start: int, head_end: int, M: int) -> list[tuple[int, int]]:
-    """KV heads ``[start, end)`` each chunk's query heads read under GQA (may repeat across chunks
-    when a chunk is narrower than a GQA group)."""
-    return [shape.kv_head_range(a, b) for a, b in chunk_heads(head_start, head_end, M)]
+    def heads_per_call(self, widths) -> np.ndarray:
+        """Query heads of each of a tile's ``M`` kernel calls (``width / M``); the kernel-time model
+        prices a segment as ``M`` calls of this many heads."""
+        widths = np.asarray(widths, dtype=np.int64)
+        self._check_widths(widths.reshape(-1))
+        return widths // self.chunks
 
+    # -- transfers ------------------------------------------------------------------------------
+    def row_heads(self, kind: int, head_start: int, head_end: int, chunk: int, backward: bool = False) -> np.ndarray:
+        """Heads of one transfer row that travel with ``chunk`` (query heads for Q/O, KV heads for KV).
 
-def chunk_kv_sends(shape: AttentionShape, head_start: int, head_end: int, M: int) -> list[tuple[int, int]]:
-    """KV heads to *send* with each chunk so every KV head moves once, with the first chunk that
-    reads it; a chunk whose KV heads already arrived gets an empty range ``(k, k)``.
+        KV heads go forward with their first reading chunk and come back (dK/dV) with their last.
+        """
+        if kind == KV:
+            heads = np.arange(head_start, head_end)
+            owner = (self.kv_last if backward else self.kv_first)[heads]
+            return heads[owner == chunk]
+        a, b = self.head_chunks(head_start, head_end)[chunk]
+        return np.arange(a, b)
 
-    With ``hq / H`` a multiple of ``M * (hq / hkv)`` this is ``M`` equal KV pieces (the paper's
-    "logical KV fetch transferred in M head pieces").
-    """
-    out, sent = [], None
-    for k0, k1 in chunk_kv_heads(shape, head_start, head_end, M):
-        start = k0 if sent is None else max(k0, sent)
-        out.append((start, max(start, k1)))
-        sent = max(k1, sent or k1)
-    return out
+    def _chunk_bytes(self, tr: TransferTable, rows: np.ndarray, backward: bool) -> np.ndarray:
+        """``(len(rows), M)`` bytes of each row per chunk (:meth:`row_heads`' split, vectorised)."""
+        M = self.chunks
+        hs, he = tr.head_start[rows].astype(np.int64), tr.head_end[rows].astype(np.int64)
+        nb = tr.nbytes[rows].astype(np.float64)
+        width = np.maximum(he - hs, 1)
+        is_kv = tr.kind[rows] == KV
+        if not is_kv.all():
+            self._check_widths((he - hs)[~is_kv])
+        owner = self.kv_last if backward else self.kv_first
+        # KV: heads per chunk from a cumulative one-hot count over the KV heads
+        cum = np.zeros((len(owner) + 1, M))
+        cum[1:] = np.cumsum(np.eye(M)[owner], axis=0)
+        kv_heads = cum[np.minimum(he, len(owner))] - cum[np.minimum(hs, len(owner))]
+        share = np.where(is_kv[:, None], kv_heads / width[:, None], 1.0 / M)
+        return nb[:, None] * share
+
+    def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
+        """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""
+        out, reverse = {}, transfers.backward()
+        for phase, kinds in _PHASE_KINDS.items():
+            backward = phase in (BWD_DISPATCH, BWD_RETURN)
+            table = reverse if backward else transfers
+            pieces = []
+            for kind in kinds:
+                rows = np.nonzero(table.kind == kind)[0]
+                pieces.append((rows, np.full(len(rows), kind, np.int8), table.src[rows].astype(np.int64),
+                               table.dst[rows].astype(np.int64), self._chunk_bytes(table, rows, backward)))
+            out[phase] = Routes(*(np.concatenate([p[i] for p in pieces]) for i in range(4)),
+                                np.concatenate([p[4] for p in pieces]).reshape(-1, self.chunks))
+        return out

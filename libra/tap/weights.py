@@ -5,9 +5,9 @@ rate (Libra sec. 3.3, Figure 5; :class:`libra.sim.kernel.KernelModel`), so a til
 short sample pieces costs more time per FLOP than one inside a long sample, and a FLOPs-balanced
 pool is not time-balanced. :func:`kernel_time_weights` prices each tile as the cost model
 (:mod:`libra.sim.cost`) prices its compute: the tile is split into the kernel segments of
-:meth:`libra.plan.PoolPlan.segments` (per sample: query rows, key prefix) and each segment costs
-``KernelModel.chunked_forward_ms(area, heads, head_dim, M)`` (the Pipeliner runs ``M`` calls
-of ``heads / M`` heads, Libra sec. 4.4). Per-call launch cost is left out: it is paid once per
+:func:`libra.plan.segments` (per sample: query rows, key prefix) and each segment costs
+``KernelModel.chunked_forward_ms`` with the calls of the Pipeliner's
+:class:`~libra.tap.pipeline.ChunkSchedule` (``M`` calls of ``heads / M`` heads, Libra sec. 4.4). Per-call launch cost is left out: it is paid once per
 worker per call, not per tile, so it does not move the balance. Backward time is
 ``backward_time_ratio`` x forward for every segment, so forward time alone orders and balances the
 tiles the same way.
@@ -21,13 +21,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from libra.plan import PoolPlan, SequenceLayout, TileTable, TransferTable
+from libra.plan import PoolIndex, SequenceLayout, TileTable, segments
 from libra.sim.kernel import KernelModel
+from libra.tap.pipeline import ChunkSchedule, check_chunks
 from libra.workload import AttentionShape
 
 
 def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], shape: AttentionShape,
-                        kernel: KernelModel, pipeline_chunks: int = 1) -> np.ndarray:
+                        kernel: KernelModel, pipeline_chunks: int = 1, index: PoolIndex | None = None) -> np.ndarray:
     """Estimated forward kernel time of every tile (ms, launch excluded).
 
     Args:
@@ -38,6 +39,7 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
             ``kernel``; ideally a measured one from ``libra-bench calibrate``).
         pipeline_chunks: Pipeliner chunks ``M``; each tile runs as ``M`` calls of ``heads / M``
             heads, as :meth:`libra.sim.cost.CostModel.price` prices it.
+        index: the pool's :class:`~libra.plan.PoolIndex` when the caller already built it.
 
     Returns:
         ``(T,)`` float64 milliseconds; a worker's estimated forward compute is the sum over its
@@ -50,8 +52,7 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
     """
     if not isinstance(kernel, KernelModel):
         raise ValueError(f"kernel must be a libra.sim.kernel.KernelModel, got {type(kernel).__name__}")
-    if isinstance(pipeline_chunks, bool) or not isinstance(pipeline_chunks, (int, np.integer)) or pipeline_chunks < 1:
-        raise ValueError(f"pipeline_chunks M must be a positive integer, got {pipeline_chunks!r}")
+    check_chunks(pipeline_chunks)
     if not isinstance(tiles, TileTable):
         raise ValueError(f"tiles must be a TileTable, got {type(tiles).__name__}")
     sequences = tuple(sequences)
@@ -66,11 +67,8 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
         i = int(bad[0])
         raise ValueError(f"tile {i} has token range [{tiles.q_start[i]}, {tiles.q_end[i]}) outside its "
                          f"sequence of {lengths[i]} tokens")
-    heads = (tiles.head_end - tiles.head_start).astype(np.int64)
-    kernel.chunked_forward_ms(np.zeros(len(heads)), heads, shape.head_dim, pipeline_chunks)  # checks M | heads first
-    # the same piece split the cost model and the runtime use (one place: PoolPlan.segments); the
-    # pool plan is a throwaway carrier, its workers and (empty) transfers play no part
-    carrier = PoolPlan(pool_index=0, workers=(), sequences=sequences, tiles=tiles, transfers=TransferTable.empty())
-    seg = carrier.segments(shape)
-    t = kernel.chunked_forward_ms(seg["area"], seg["heads"], shape.head_dim, pipeline_chunks)
+    # the Pipeliner's calls and the piece split are the ones the cost model and the runtime use
+    sched = ChunkSchedule(shape, tiles.head_start, tiles.head_end, pipeline_chunks)  # checks M | widths
+    seg = segments(sequences, tiles, index)
+    t = kernel.chunked_forward_ms(seg["area"], sched.heads_per_call(seg["heads"]), shape.head_dim, sched.chunks)
     return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
