@@ -110,23 +110,27 @@ class UlyssesAttention:
         meter.free(recv)
         self.stats["forward_s"] += time.perf_counter() - t0
         self.stats["calls"] += 1
-        return out, {"q": qf, "k": kf, "v": vf, "out": out_full, "lse": lse, "meter": meter}
+        # head-sharded q, k, v, out and lse are saved for backward (RunnerFunction: save_for_backward)
+        return out, [qf, kf, vf, out_full, lse], {"meter": meter}
 
-    def backward(self, dout, q, k, v, state):
+    def backward(self, dout, q, k, v, tensors, meta):
+        """``(dq, dk, dv)`` from :meth:`forward`'s ``tensors`` (possibly copies; consumed) and ``meta``."""
         t0 = time.perf_counter()
         C, n, qh, d = self.C, self.n, self.qh, dout.shape[-1]
-        meter = state["meter"]
+        meter = meta["meter"]
+        qf, kf, vf, out_full, lse = tensors
+        tensors.clear()
         send = torch.cat([dout[:, j * qh:(j + 1) * qh].reshape(-1, d) for j in range(C)])
         recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "dO all-to-all")
         meter.alloc(send, recv)
         meter.free(send)
         do_full = recv.view(C, n, qh, d).reshape(C * n, qh, d)
         tc = time.perf_counter()
-        gq, gk, gv = self.backend.backward(do_full, state["q"], state["k"], state["v"], state["out"], state["lse"],
-                                           self.seg, self.scale)
+        gq, gk, gv = self.backend.backward(do_full, qf, kf, vf, out_full, lse, self.seg, self.scale)
         self.stats["compute_s"] += time.perf_counter() - tc
         meter.alloc(gq, gk, gv)
-        meter.free(recv, state["q"], state["k"], state["v"], state["out"], state["lse"])
+        meter.free(recv, qf, kf, vf, out_full, lse)
+        del qf, kf, vf, out_full, lse
         kvh = gk.shape[1]
         parts, rows = [], []
         for i in range(C):  # to rank i: dQ, dK, dV of its tokens for this rank's heads
@@ -147,7 +151,7 @@ class UlyssesAttention:
             dv[:, a:b] += blk[n * (qh + b - a):].view(n, b - a, d)
             off += recv_rows[j]
         meter.free(send, recv, gq, gk, gv)
-        state.clear()
+        meta.clear()
         self.stats["backward_s"] += time.perf_counter() - t0
         self.stats["peak_transient_bytes"] = max(self.stats["peak_transient_bytes"], meter.peak)
         return dq, dk, dv

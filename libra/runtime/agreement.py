@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from libra import plan_checks
-from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
+from libra.plan import checks as plan_checks
+from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, all_gather_single, wait_all
 
 
 def _device(group: PoolGroup, like: torch.Tensor | None = None) -> torch.device:
@@ -26,8 +26,7 @@ def _device(group: PoolGroup, like: torch.Tensor | None = None) -> torch.device:
 def _all_gather(t: torch.Tensor, group: PoolGroup, what: str) -> torch.Tensor:
     out = torch.empty(group.size * t.numel(), dtype=t.dtype, device=t.device)
     try:
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        work = gather(out, t.reshape(-1), group=group.group, async_op=True)
+        work = all_gather_single(out, t.reshape(-1), group=group.group, async_op=True)
     except RuntimeError as exc:
         raise CollectiveTimeoutError(f"worker {group.worker}: {what} failed: {exc}") from exc
     wait_all([work], group, what)

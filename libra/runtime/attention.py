@@ -6,11 +6,13 @@ layout. Forward: dispatch Q and KV, compute the SH-Tiles placed here, return out
 Q-homes. Backward (Libra sec. 4.3.3): dO follows the Q path, dQ the output path, dK/dV retrace the
 KV fetches and are summed at their holders.
 
-TAP Pipeliner (Libra sec. 4.4): with ``M`` head chunks, chunk ``i + 1``'s dispatch is in flight
-while chunk ``i`` computes, and chunk ``i``'s return is issued right after it, so it overlaps chunk
-``i + 1``'s compute; only chunk 0's dispatch and chunk ``M - 1``'s return are exposed. ``M = 1``
-is the non-overlapped execution. All transient buffers (packed sends, receives, kernel inputs) are
-released by the end of backward; :class:`RuntimeStats` records their peak.
+TAP Pipeliner (Libra sec. 4.4): each pass executes the events of the pool's
+:class:`~libra.tap.pipeline.ChunkSchedule` in order -- the list the cost model prices. With ``M``
+head chunks, chunk ``i + 1``'s dispatch is in flight while chunk ``i`` computes, and chunk ``i``'s
+return is issued right after it, so it overlaps chunk ``i + 1``'s compute; only chunk 0's dispatch
+and chunk ``M - 1``'s return are exposed. ``M = 1`` is the non-overlapped execution. All transient
+buffers (packed sends, receives, kernel inputs) are released by the end of backward;
+:class:`RuntimeStats` records their peak.
 
 Usage::
 
@@ -32,7 +34,12 @@ from libra.runtime.agreement import check_finite_inputs, check_plan_agreement
 from libra.runtime.executor import Exchanger, MemoryMeter, pack
 from libra.runtime.groups import PoolGroup
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend
-from libra.runtime.program import BD, BR, FD, FR, WorkerProgram, compile_worker
+from libra.runtime.program import WorkerProgram, compile_worker
+from libra.tap.pipeline import BWD_DISPATCH as BD
+from libra.tap.pipeline import BWD_RETURN as BR
+from libra.tap.pipeline import COMPUTE, ISSUE_DISPATCH, ISSUE_RETURN, WAIT_DISPATCH, WAIT_RETURN
+from libra.tap.pipeline import FWD_DISPATCH as FD
+from libra.tap.pipeline import FWD_RETURN as FR
 from libra.workload import AttentionShape
 
 
@@ -116,122 +123,155 @@ class LibraAttention:
         kv = pack(like.new_empty(kern.total_k * kvh, d), kern.v_pack, stores, self._cache)
         return kq.view(-1, qh, d), kk.view(-1, kvh, d), kv.view(-1, kvh, d)
 
+    def _run_pass(self, phases: tuple[str, str], tag: str, stores: dict, meter: MemoryMeter,
+                  compute, unpack, after_return=None) -> tuple[float, float]:
+        """Execute one pass as the pool's :class:`~libra.tap.pipeline.ChunkSchedule` lists it
+        (Libra sec. 4.4): the same events the cost model prices, in the same order.
+
+        ``phases``: (dispatch, return) phase names; chunk ``m``'s received dispatch is stored as
+        ``{tag}{m}``. ``compute(m)`` runs chunk ``m``'s kernels, ``unpack(m, recv)`` consumes its
+        returned rows, ``after_return(m)`` (optional) runs once its return is issued.
+        Returns (seconds waiting on communication, seconds computing).
+        """
+        prog, ex = self.program, self.exchanger
+        disp, ret = phases
+        pending, returns, wait_s, compute_s = {}, {}, 0.0, 0.0
+        for ev, m in prog.schedule.events:
+            if ev == ISSUE_DISPATCH:
+                pending[m] = ex.issue(prog.messages[disp][m], stores, self._cache, stores["q"], disp, m, meter)
+            elif ev == WAIT_DISPATCH:
+                tw = time.perf_counter()
+                stores[f"{tag}{m}"] = ex.finish(pending.pop(m), meter)
+                wait_s += time.perf_counter() - tw
+            elif ev == COMPUTE:
+                tc = time.perf_counter()
+                compute(m)
+                compute_s += time.perf_counter() - tc
+            elif ev == ISSUE_RETURN:
+                returns[m] = ex.issue(prog.messages[ret][m], stores, self._cache, stores["q"], ret, m, meter)
+                if after_return is not None:
+                    after_return(m)
+            elif ev == WAIT_RETURN:
+                tw = time.perf_counter()
+                recv = ex.finish(returns.pop(m), meter)
+                wait_s += time.perf_counter() - tw
+                unpack(m, recv)
+                meter.free(recv)
+        return wait_s, compute_s
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Non-autograd forward. Returns ``(out, state)``; ``state`` feeds :meth:`backward`."""
+        """Non-autograd forward. Returns ``(out, tensors, meta)`` for :meth:`backward`.
+
+        ``tensors``: every tensor backward needs besides q, k, v (chunk ``m``'s fetched dispatch
+        buffer ``fd{m}`` and, where it computes, its kernel output ``o{m}`` and ``lse{m}``), in the
+        order of ``meta["names"]``; :class:`RunnerFunction` saves them with ``save_for_backward``.
+        ``meta``: non-tensor state (names, per-chunk Segments, the memory meter).
+        """
         t0 = time.perf_counter()
-        prog, ex, meter = self.program, self.exchanger, MemoryMeter()
+        prog, meter = self.program, MemoryMeter()
         d, M = q.shape[-1], prog.chunks
         stores = {"q": q.reshape(-1, d), "k": k.reshape(-1, d), "v": v.reshape(-1, d)}
         out = torch.empty_like(q)
         out_rows = out.view(-1, d)
-        saved, returns, wait_s, compute_s = {}, [], 0.0, 0.0
-        pending = {0: ex.issue(prog.messages[FD][0], stores, self._cache, stores["q"], FD, 0, meter)}
-        for m in range(M):
-            if m + 1 < M:
-                pending[m + 1] = ex.issue(prog.messages[FD][m + 1], stores, self._cache, stores["q"], FD, m + 1, meter)
-            tw = time.perf_counter()
-            stores[f"fd{m}"] = ex.finish(pending.pop(m), meter)
-            wait_s += time.perf_counter() - tw
+        saved, segs = {}, {}
+
+        def compute(m):
             kern = prog.kernels[m]
-            tc = time.perf_counter()
-            if kern.total_q:
-                kq, kk, kv = self._kernel_inputs(kern, stores, d)
-                meter.alloc(kq, kk, kv)
-                seg = Segments(kern.q_lens, kern.kv_lens)
-                o, lse = self.backend.forward(kq, kk, kv, seg, self.scale)
-                meter.alloc(o, lse)
-                meter.free(kq, kk, kv)
-                del kq, kk, kv
-                o_rows = o.reshape(-1, d)
-                stores[f"out{m}"] = o_rows
-                saved[m] = (o, lse, seg)
-                src, dst = kern.out_local
-                if len(dst):
-                    out_rows[self._idx(dst, q.device)] = o_rows[self._idx(src, q.device)]
-            compute_s += time.perf_counter() - tc
-            returns.append(ex.issue(prog.messages[FR][m], stores, self._cache, stores["q"], FR, m, meter))
-        for m, h in enumerate(returns):
-            tw = time.perf_counter()
-            recv = ex.finish(h, meter)
-            wait_s += time.perf_counter() - tw
+            if not kern.total_q:
+                return
+            kq, kk, kv = self._kernel_inputs(kern, stores, d)
+            meter.alloc(kq, kk, kv)
+            seg = Segments(kern.q_lens, kern.kv_lens)
+            o, lse = self.backend.forward(kq, kk, kv, seg, self.scale)
+            meter.alloc(o, lse)
+            meter.free(kq, kk, kv)
+            o_rows = o.reshape(-1, d)
+            stores[f"out{m}"] = o_rows
+            saved[f"o{m}"], saved[f"lse{m}"], segs[m] = o, lse, seg
+            src, dst = kern.out_local
+            if len(dst):
+                out_rows[self._idx(dst, q.device)] = o_rows[self._idx(src, q.device)]
+
+        def unpack(m, recv):
             r, l_rows = prog.fr_unpack[m]
             if len(r):
                 out_rows[self._idx(l_rows, q.device)] = recv[self._idx(r, q.device)]
-            meter.free(recv)
-        held = {f"fd{m}": stores[f"fd{m}"] for m in range(M)}
+
+        wait_s, compute_s = self._run_pass((FD, FR), "fd", stores, meter, compute, unpack)
+        held = {**{f"fd{m}": stores[f"fd{m}"] for m in range(M)}, **saved}
         st = self.stats
         st.held_for_backward_bytes = meter.current
         st.forward_s += time.perf_counter() - t0
         st.comm_wait_s += wait_s
         st.compute_s += compute_s
         st.calls += 1
-        return out, {"held": held, "saved": saved, "meter": meter}
+        return out, list(held.values()), {"names": list(held), "segs": segs, "meter": meter}
 
     # -- backward -----------------------------------------------------------------------------
-    def backward(self, dout: torch.Tensor, q, k, v, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Gradients ``(dq, dk, dv)`` in the pre-attention layout; frees the forward state."""
+    def _backward_chunk(self, m: int, kern, stores: dict, grads: dict, saved: dict, seg, meter, dq_rows) -> None:
+        """Chunk ``m``'s backward kernels: dQ rows into the store / local dq, dK/dV scattered back."""
+        d = dq_rows.shape[-1]
+        device = dq_rows.device
+        o, lse = saved.pop(f"o{m}"), saved.pop(f"lse{m}")
+        kq, kk, kv = self._kernel_inputs(kern, stores, d)
+        kdo = pack(stores["q"].new_empty(kern.total_q * kern.qh, d), kern.do_pack, stores, self._cache)
+        meter.alloc(kq, kk, kv, kdo)
+        gq, gk, gv = self.backend.backward(kdo.view(-1, kern.qh, d), kq, kk, kv, o, lse, seg, self.scale)
+        meter.alloc(gq, gk, gv)
+        meter.free(kq, kk, kv, kdo, o, lse)
+        stores.pop(f"out{m}", None)
+        gq_rows = gq.reshape(-1, d)
+        stores[f"dq{m}"] = gq_rows
+        src, dst = kern.out_local
+        if len(dst):
+            dq_rows[self._idx(dst, device)] = gq_rows[self._idx(src, device)]
+        # dK/dV: scatter-add back onto the rows the kernel inputs were gathered from
+        for parts, gk_rows in ((kern.k_pack, gk.reshape(-1, d)), (kern.v_pack, gv.reshape(-1, d))):
+            for name, idx, pos in parts:
+                grads[name].index_add_(0, self._idx(idx, device), gk_rows[self._idx(pos, device)])
+        meter.free(gk, gv)
+
+    def backward(self, dout: torch.Tensor, q, k, v, tensors: list, meta: dict) -> tuple[torch.Tensor, ...]:
+        """Gradients ``(dq, dk, dv)`` in the pre-attention layout from :meth:`forward`'s ``tensors``
+        and ``meta`` (consumed: both are emptied). The tensors may be copies of the forward's (e.g.
+        unpacked by ``saved_tensors_hooks``); only their values and shapes are used."""
         t0 = time.perf_counter()
-        prog, ex, meter = self.program, self.exchanger, state["meter"]
+        prog, meter = self.program, meta["meter"]
         d, M = q.shape[-1], prog.chunks
+        if len(tensors) != len(meta["names"]):
+            raise RuntimeError(f"backward got {len(tensors)} saved tensors, forward saved {len(meta['names'])}")
+        saved = dict(zip(meta["names"], tensors))
+        tensors.clear()
         stores = {"q": q.reshape(-1, d), "k": k.reshape(-1, d), "v": v.reshape(-1, d),
-                  "do": dout.reshape(-1, d), **state["held"]}
+                  "do": dout.reshape(-1, d), **{f"fd{m}": saved.pop(f"fd{m}") for m in range(M)}}
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dq_rows, dk_rows, dv_rows = dq.view(-1, d), dk.view(-1, d), dv.view(-1, d)
         grads = {"k": dk_rows, "v": dv_rows}
         for m in range(M):
-            g = torch.zeros_like(stores[f"fd{m}"])
-            meter.alloc(g)
-            grads[f"fd{m}"] = g
-            stores[f"gfd{m}"] = g
-        returns, wait_s, compute_s = [], 0.0, 0.0
-        pending = {0: ex.issue(prog.messages[BD][0], stores, self._cache, stores["q"], BD, 0, meter)}
-        for m in range(M):
-            if m + 1 < M:
-                pending[m + 1] = ex.issue(prog.messages[BD][m + 1], stores, self._cache, stores["q"], BD, m + 1, meter)
-            tw = time.perf_counter()
-            stores[f"bd{m}"] = ex.finish(pending.pop(m), meter)
-            wait_s += time.perf_counter() - tw
-            kern = prog.kernels[m]
-            tc = time.perf_counter()
-            if kern.total_q:
-                o, lse, seg = state["saved"].pop(m)
-                kq, kk, kv = self._kernel_inputs(kern, stores, d)
-                kdo = pack(stores["q"].new_empty(kern.total_q * kern.qh, d), kern.do_pack, stores, self._cache)
-                meter.alloc(kq, kk, kv, kdo)
-                gq, gk, gv = self.backend.backward(kdo.view(-1, kern.qh, d), kq, kk, kv, o, lse, seg, self.scale)
-                meter.alloc(gq, gk, gv)
-                meter.free(kq, kk, kv, kdo, o, lse)
-                del kq, kk, kv, kdo
-                stores.pop(f"out{m}", None)
-                gq_rows = gq.reshape(-1, d)
-                stores[f"dq{m}"] = gq_rows
-                src, dst = kern.out_local
-                if len(dst):
-                    dq_rows[self._idx(dst, q.device)] = gq_rows[self._idx(src, q.device)]
-                # dK/dV: scatter-add back onto the rows the kernel inputs were gathered from
-                for parts, gk_rows in ((kern.k_pack, gk.reshape(-1, d)), (kern.v_pack, gv.reshape(-1, d))):
-                    for name, idx, pos in parts:
-                        grads[name].index_add_(0, self._idx(idx, q.device), gk_rows[self._idx(pos, q.device)])
-                meter.free(gk, gv)
-            compute_s += time.perf_counter() - tc
-            returns.append(ex.issue(prog.messages[BR][m], stores, self._cache, stores["q"], BR, m, meter))
+            grads[f"fd{m}"] = stores[f"gfd{m}"] = torch.zeros_like(stores[f"fd{m}"])
+            meter.alloc(grads[f"fd{m}"])
+
+        def compute(m):
+            if prog.kernels[m].total_q:
+                self._backward_chunk(m, prog.kernels[m], stores, grads, saved, meta["segs"][m], meter, dq_rows)
+
+        def after_return(m):
             if f"dq{m}" in stores:
                 meter.free(stores.pop(f"dq{m}"))
             meter.free(stores.pop(f"bd{m}"))
-        for m, h in enumerate(returns):
-            tw = time.perf_counter()
-            recv = ex.finish(h, meter)
-            wait_s += time.perf_counter() - tw
+
+        def unpack(m, recv):
             r, rows = prog.br_dq[m]
             if len(r):
                 dq_rows[self._idx(rows, q.device)] = recv[self._idx(r, q.device)]
             for (r, rows), target in ((prog.br_dk[m], dk_rows), (prog.br_dv[m], dv_rows)):
                 if len(r):
                     target.index_add_(0, self._idx(rows, q.device), recv[self._idx(r, q.device)])
-            meter.free(recv)
+
+        wait_s, compute_s = self._run_pass((BD, BR), "bd", stores, meter, compute, unpack, after_return)
         for m in range(M):
             meter.free(stores.pop(f"fd{m}"), grads.pop(f"fd{m}"))
-        state.clear()
+        meta.clear()
         st = self.stats
         st.backward_s += time.perf_counter() - t0
         st.comm_wait_s += wait_s
@@ -250,24 +290,27 @@ class LibraAttention:
 class RunnerFunction(torch.autograd.Function):
     """Autograd bridge for a core-attention runner with an explicit backward.
 
-    The runner has ``forward(q, k, v) -> (out, state)`` and ``backward(dout, q, k, v, state) ->
-    (dq, dk, dv)``; the state (fetched tensors, lse) lives until backward and is then dropped.
-    Used by :class:`LibraAttention` and by the Ulysses runtime in ``baselines/``.
+    The runner has ``forward(q, k, v) -> (out, tensors, meta)`` and ``backward(dout, q, k, v,
+    tensors, meta) -> (dq, dk, dv)``. Every tensor backward needs (q, k, v and the runner's
+    ``tensors``: fetched buffers, kernel outputs, lse) goes through ``ctx.save_for_backward``, so
+    ``torch.autograd.graph.saved_tensors_hooks`` (CPU offload) and non-reentrant activation
+    checkpointing see them; only non-tensor ``meta`` (segment descriptors, names, the memory
+    meter) stays on ctx. Used by :class:`LibraAttention` and by the Ulysses runtime in ``baselines/``.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, runner: LibraAttention):
         q, k, v = (x.contiguous() for x in (q, k, v))
-        out, state = runner.forward(q.detach(), k.detach(), v.detach())
-        ctx.runner, ctx.state = runner, state
-        ctx.save_for_backward(q, k, v)
+        out, tensors, meta = runner.forward(q.detach(), k.detach(), v.detach())
+        ctx.runner, ctx.meta = runner, meta
+        ctx.save_for_backward(q, k, v, *tensors)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v = ctx.saved_tensors
-        grads = ctx.runner.backward(dout.contiguous(), q, k, v, ctx.state)
-        ctx.state = None
+        q, k, v, *tensors = ctx.saved_tensors  # possibly copies (saved_tensors_hooks unpack)
+        grads = ctx.runner.backward(dout.contiguous(), q, k, v, tensors, ctx.meta)
+        ctx.meta = None
         return (*grads, None)
 
 

@@ -29,12 +29,12 @@ COMM_MODES = ("p2p", "a2a")
 class MemoryMeter:
     """Bytes of transient runtime buffers alive now / at peak (receive, send, kernel packs).
 
-    ``held`` counts buffers kept from forward to backward (fetched Q/KV, tile outputs, lse).
+    Buffers kept from forward to backward (fetched Q/KV, tile outputs, lse) stay in ``current``
+    until backward frees them.
     """
 
     current: int = 0
     peak: int = 0
-    held_peak: int = 0
 
     def alloc(self, *tensors: torch.Tensor) -> None:
         self.current += sum(t.numel() * t.element_size() for t in tensors)

@@ -196,3 +196,11 @@ def wait_all(works, group: PoolGroup, what: str) -> None:
             raise CollectiveTimeoutError(
                 f"worker {group.worker} (pool rank {group.rank} of workers {list(group.workers)}): "
                 f"{what} timed out after {group.timeout_s:g}s -- a peer is dead or hung")
+
+
+def all_gather_single(output, input, group=None, async_op: bool = False):
+    """``dist.all_gather_single`` (torch >= 2.13, where ``all_gather_into_tensor`` is a deprecated
+    alias that warns on every call), or ``all_gather_into_tensor`` on the older CUDA builds a GPU
+    image may keep (the project installs there with ``--no-deps``)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, input, group=group, async_op=async_op)
