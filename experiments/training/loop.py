@@ -29,13 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from experiments.training.attention import (
-    libra_core_attention,
-    project_ulysses,
-    reference_attention,
-    resolve_ulysses,
-    ulysses_attention,
-)
+from experiments.training.attention import libra_core_attention, reference_attention, ulysses_core_attention
 from experiments.training.data import IGNORE, PieceDataset, collate_packed
 from experiments.training.model import ModelConfig, Qwen3Small
 from libra.sampler import LibraSampler
@@ -121,7 +115,6 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     dataset = PieceDataset(lengths, cfg.model.vocab_size, seed=cfg.seed)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_packed, num_workers=0)
     batches = iter(loader)
-    ulysses_op = resolve_ulysses()
     ga = cfg.gbs // cfg.dp
     log = []
     planner = None
@@ -134,15 +127,15 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
         planner.submit(0, step_metadata(sampler.step(0)))
     try:
         for step in range(cfg.steps):
-            log.append(_train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ulysses_op, ga,
-                                   ctx, dtype, world))
+            log.append(_train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, ctx, dtype,
+                                   world))
     finally:
         if planner is not None:
             planner.close()
     return {"steps": log, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ulysses_op, ga, ctx, dtype, world):
+def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, ctx, dtype, world):
     distributed = world > 1
     if distributed:
         dist.barrier()
@@ -163,8 +156,8 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ulyss
         if cfg.attention == "reference":
             attn = reference_attention(batch.sample_lengths)
         elif cfg.attention == "ulysses":
-            attn = (project_ulysses(batch.sample_lengths, ctx.cp_group, ulysses_op) if ulysses_op is not None
-                    else ulysses_attention(batch.sample_lengths, cfg.cp, ctx.cp_group.group))
+            attn = ulysses_core_attention(batch.sample_lengths, ctx.cp_group, cfg.model.num_q_heads,
+                                          cfg.model.num_kv_heads, device=ctx.device)
         else:
             attn = libra_core_attention(plans[g], ctx.pool_group, verify_plan=(step == 0))
         logits = model(ids, pos, attn)

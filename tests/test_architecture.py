@@ -1,0 +1,298 @@
+"""Architecture rules, checked statically with ``ast`` (no first-party module is imported here).
+
+1. No import cycle among the first-party packages ``libra``, ``baselines`` and ``experiments``.
+2. No function in ``libra/`` longer than :data:`MAX_FUNCTION_LINES` lines, except the allow-listed
+   ones (and an allow-list entry that no longer names a long function is itself an error).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import deque
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("libra", "baselines", "experiments")
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTION_ALLOW = {"libra/runtime/program.py:compile_worker": "rewritten by issue 12"}
+
+
+# --------------------------------------------------------------------------- import graph
+
+
+def module_files(root: Path, packages=PACKAGES) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file under ``packages`` (``pkg/__init__.py`` is ``pkg``)."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = path
+    return out
+
+
+def _ancestors(name: str) -> list[str]:
+    """``a.b.c`` -> ``["a", "a.b"]`` (the packages whose ``__init__`` importing ``a.b.c`` runs first)."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` that can execute at runtime, at any depth (function bodies included:
+    deferred imports run when the function is called, so they count).
+
+    The body of ``if TYPE_CHECKING:`` is skipped (its ``else`` branch is kept): those imports never
+    execute at runtime, so they cannot take part in an import cycle.
+    """
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _resolve_relative(module: str, is_package: bool, level: int, name: str | None) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join([*base, *([name] if name else [])])
+
+
+def _imports(module: str, path: Path, known: set[str]):
+    """``(target module, line, explicit)`` for every first-party import in ``path`` (see :func:`import_graph`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            src = (_resolve_relative(module, is_package, node.level, node.module) if node.level
+                   else node.module)
+            for alias in node.names:
+                sub = f"{src}.{alias.name}"
+                # ``from X import Y``: Y is the submodule X.Y when one exists, else an attribute of X
+                yield (sub if sub in known else src), node.lineno
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "import_module" and isinstance(node.func.value, ast.Name)
+              and node.func.value.id == "importlib" and node.args
+              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            yield node.args[0].value, node.lineno  # importlib.import_module("a.b") with a literal name
+
+
+def import_graph(root: Path, packages=PACKAGES) -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """Module-level import graph of the first-party packages.
+
+    Edges from module ``m``:
+
+    * to every first-party module ``m`` imports anywhere (module level, inside functions, inside
+      ``try``; not inside ``if TYPE_CHECKING:``); ``from X import Y`` targets ``X.Y`` when that is a
+      module, else ``X`` (Y is an attribute, so X's code must have run); relative imports resolved;
+    * implicitly, to the packages above each target (importing ``a.b.c`` runs ``a/__init__`` and
+      ``a/b/__init__`` first), EXCEPT the packages above ``m`` itself: those are already being
+      imported when ``m`` runs (``a/b/__init__`` importing ``a.b.c`` which imports ``a.b.d`` is no
+      cycle through ``a/b/__init__``). An explicit import of such a package (``from a.b import name``
+      where ``name`` is not a submodule) does count.
+
+    Returns:
+        ``(graph, where)``: ``graph[m]`` = modules ``m`` depends on; ``where[(m, t)]`` =
+        ``"path:line"`` of the import that made the edge.
+    """
+    files = module_files(root, packages)
+    known = set(files)
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    where: dict[tuple[str, str], str] = {}
+    for m, path in files.items():
+        own = set(_ancestors(m))
+        loc = path.relative_to(root).as_posix()
+        for target, line in _imports(m, path, known):
+            if target.split(".")[0] not in packages:
+                continue
+            while target not in known and "." in target:  # `import a.b.name` of a non-module: a.b
+                target = target.rsplit(".", 1)[0]
+            if target not in known:
+                continue
+            for t in [target, *(a for a in _ancestors(target) if a not in own and a in known)]:
+                if t != m:
+                    graph[m].add(t)
+                    where.setdefault((m, t), f"{loc}:{line}")
+    return graph, where
+
+
+def strongly_connected_components(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; every node of ``graph`` and of its edge targets is placed."""
+    nodes = sorted(set(graph) | {t for ts in graph.values() for t in ts})
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = 0
+    for start in nodes:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    out.append(sorted(comp))
+    return out
+
+
+def _shortest_path(graph, src: str, dst: str, allowed: set[str]) -> list[str]:
+    prev, queue = {src: None}, deque([src])
+    while queue:
+        v = queue.popleft()
+        if v == dst:
+            path = []
+            while v is not None:
+                path.append(v)
+                v = prev[v]
+            return path[::-1]
+        for w in sorted(graph.get(v, ())):
+            if w in allowed and w not in prev:
+                prev[w] = v
+                queue.append(w)
+    raise AssertionError(f"no path {src} -> {dst} inside its component")  # cannot happen in an SCC
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Cycles of ``graph`` as closed chains ``[a, b, ..., a]``: for every edge ``u -> v`` inside a
+    strongly connected component, the shortest cycle through it (duplicates dropped, rotated to
+    start at the smallest name). Every edge that lies on some cycle appears in the result."""
+    cycles = set()
+    for comp in strongly_connected_components(graph):
+        members = set(comp)
+        if len(comp) == 1 and comp[0] not in graph.get(comp[0], ()):
+            continue
+        for u in comp:
+            for v in sorted(graph.get(u, ())):
+                if v in members:
+                    ring = [u, *_shortest_path(graph, v, u, members)[:-1]] if v != u else [u]
+                    i = ring.index(min(ring))
+                    cycles.add(tuple(ring[i:] + ring[:i]))
+    return [[*c, c[0]] for c in sorted(cycles, key=lambda c: (len(c), c))]
+
+
+def _format_cycle(cycle: list[str], where: dict) -> str:
+    steps = "\n".join(f"      {a} -> {b}  ({where.get((a, b), '?')})" for a, b in zip(cycle, cycle[1:]))
+    return "  " + " -> ".join(cycle) + "\n" + steps
+
+
+def test_cycle_finder_on_a_synthetic_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": set(), "x": {"y"}, "y": {"x"},
+             "s": {"s"}}
+    comps = {tuple(c) for c in strongly_connected_components(graph)}
+    assert ("a", "b", "c") in comps and ("x", "y") in comps and ("d",) in comps
+    assert find_cycles(graph) == [["s", "s"], ["x", "y", "x"], ["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    # two cycles sharing a node: both are reported
+    assert find_cycles({"a": {"b", "c"}, "b": {"a"}, "c": {"a"}}) == [["a", "b", "a"], ["a", "c", "a"]]
+    # a ring deeper than the recursion limit: the SCC search is iterative
+    ring = {i: {(i + 1) % 5000} for i in range(5000)}
+    assert [len(c) for c in strongly_connected_components(ring)] == [5000]
+
+
+def test_import_graph_rules_on_a_synthetic_tree(tmp_path):
+    files = {
+        "pkg/__init__.py": "from pkg.core import thing\n",
+        "pkg/core.py": "from pkg import helpers\nthing = 1\n",
+        "pkg/helpers.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.core import thing\n"
+                           "def f():\n    from .sub import leaf\n"),
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/leaf.py": "import importlib\ndef g():\n    return importlib.import_module('pkg.core')\n",
+        "other/__init__.py": "",
+        "other/mod.py": "import os\nimport pkg.sub.leaf\nfrom pkg import thing\n",
+    }
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph, where = import_graph(tmp_path, ("pkg", "other"))
+    assert graph["pkg"] == {"pkg.core"}
+    assert graph["pkg.core"] == {"pkg.helpers"}  # submodule, and pkg/__init__ (its own parent) not implied
+    assert graph["pkg.helpers"] == {"pkg.sub", "pkg.sub.leaf"}  # TYPE_CHECKING skipped; deferred relative kept
+    assert graph["pkg.sub.leaf"] == {"pkg.core"}
+    assert graph["other.mod"] == {"pkg", "pkg.sub", "pkg.sub.leaf"}  # parents of an import are edges
+    assert where[("pkg.helpers", "pkg.sub.leaf")] == "pkg/helpers.py:5"
+    assert find_cycles(graph) == [["pkg.core", "pkg.helpers", "pkg.sub.leaf", "pkg.core"]]
+
+
+def test_no_import_cycles_among_first_party_packages():
+    graph, where = import_graph(ROOT)
+    assert len(graph) > 50, "the module scan found too few modules"
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles (module -> module it imports):\n" + "\n".join(
+        _format_cycle(c, where) for c in cycles)
+
+
+# --------------------------------------------------------------------------- function length
+
+
+def function_lengths(root: Path, package: str = "libra") -> dict[str, int]:
+    """``"path:qualname" -> lines`` (``def`` line to ``end_lineno``, decorators excluded) of every
+    function, method and nested function under ``package``."""
+    out = {}
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        stack = [(tree, "")]
+        while stack:
+            node, prefix = stack.pop()
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    name = f"{prefix}{child.name}"
+                    if not isinstance(child, ast.ClassDef):
+                        out[f"{rel}:{name}"] = child.end_lineno - child.lineno + 1
+                    stack.append((child, name + "."))
+                else:
+                    stack.append((child, prefix))
+    return out
+
+
+def test_function_length_scan_counts_def_to_end():
+    assert function_lengths(ROOT)["libra/runtime/program.py:compile_worker"] > 0
+
+
+def test_no_long_functions_in_libra():
+    lengths = function_lengths(ROOT)
+    long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
+    offenders = sorted(k for k in long if k not in LONG_FUNCTION_ALLOW)
+    stale = sorted(k for k in LONG_FUNCTION_ALLOW if k not in long)
+    msgs = []
+    if offenders:
+        msgs.append(f"functions over {MAX_FUNCTION_LINES} lines (split them):\n"
+                    + "\n".join(f"  {k} ({long[k]} lines)" for k in offenders))
+    if stale:
+        msgs.append("stale LONG_FUNCTION_ALLOW entries (gone or now short; remove them):\n" + "\n".join(
+            f"  {k} ({lengths[k]} lines)" if k in lengths else f"  {k} (not found)" for k in stale))
+    assert not msgs, "\n".join(msgs)
