@@ -23,27 +23,39 @@ Implementations (identical choices; the tests check both against a plain oracle)
   disjoint token ranges): per-KV-group state, so a tile only scores the few workers that hold or
   already fetched part of its KV groups, plus the least-loaded worker of all others (who all cost
   the same). The Q-home wins without scoring when it has room and holds the whole KV interval.
+  :func:`_grouped_tiles` prepares the per-tile inputs with numpy; :class:`_KVGroupState` holds the
+  loads and KV groups, makes each choice (:meth:`~_KVGroupState.place`) and is the one place a
+  worker's cost is computed (:meth:`~_KVGroupState.best_scored`).
 * :func:`_place_dense` (any tiles): per sequence and KV atom a ``missing[w, seg]`` byte map over
-  elementary token segments; every worker is scored for every tile with numpy.
+  elementary token segments (:func:`_missing_bytes`); every worker is scored for every tile with
+  numpy.
 
 Cost: O(T log W) plus the scored workers; a 256K pool (1024 tiles, 64 workers) takes a few ms in
-CPython (``benchmarks/test_bench_tap.py``).
+CPython (``benchmarks/test_bench_tap.py``). The loops are scalar Python over lists, so hot paths
+avoid per-worker function calls.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from libra.plan import SequenceLayout, TileTable
-from libra.tap.tiles import kv_atoms, kv_need_start, pool_index
+from libra.config import TapConfig
+from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
+from libra.tap.tiles import kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 
+if TYPE_CHECKING:
+    from libra.tap.tiles import PoolIndex
 
-def _check_inputs(tiles: TileTable, sequences, workers, tau) -> np.ndarray:
+
+def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | None = None):
+    """Validate ``place_tiles``' inputs; return the sorted workers and the pool index (``index``, or
+    built here when None and there are tiles; None when there are none)."""
     if isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating)) or not tau >= 0:
         raise ValueError(f"tau must be a number >= 0, got {tau!r}")
     w = np.asarray(list(workers), dtype=np.int64)
@@ -61,7 +73,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau) -> np.ndarray:
             raise ValueError(f"Q-home worker {int(missing[0])} is not a pool worker {w.tolist()}")
         if not (np.isfinite(tiles.flops).all() and tiles.flops.min() >= 0):
             raise ValueError("tile FLOPs must be finite and >= 0")
-        idx = pool_index(sequences)
+        idx = pool_index(sequences) if index is None else _check_index(index, sequences)
         lengths = np.diff(idx.base)[tiles.seq]
         bad = np.nonzero((tiles.q_start < 0) | (tiles.q_end <= tiles.q_start) | (tiles.q_end > lengths))[0]
         if len(bad):
@@ -79,7 +91,16 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau) -> np.ndarray:
     extra = holders[w[np.minimum(np.searchsorted(w, holders), len(w) - 1)] != holders]
     if len(extra):
         raise ValueError(f"worker {int(extra[0])} holds sequence tokens but is not a pool worker {w.tolist()}")
-    return w
+    return w, (idx if len(tiles) else index)
+
+
+def _check_index(index: PoolIndex, sequences) -> PoolIndex:
+    """``index`` if its sequence offsets match ``sequences`` (ValueError otherwise)."""
+    base = np.asarray(index.base)
+    lengths = [s.num_tokens for s in sequences]
+    if base.shape != (len(lengths) + 1,) or base[0] != 0 or not np.array_equal(np.diff(base), lengths):
+        raise ValueError("index does not match the sequences (build it with pool_index(sequences))")
+    return index
 
 
 def _place_flops_only(flops, order, n_workers, cap):
@@ -98,8 +119,8 @@ def _place_flops_only(flops, order, n_workers, cap):
 
 
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-                shape: AttentionShape, tau: float = 0.03, comm_aware: bool = True,
-                weights=None) -> tuple[TileTable, int]:
+                shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
+                weights=None, index: PoolIndex | None = None) -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -113,6 +134,8 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             for the heaviest-first order, the worker loads and ``C = (1 + tau) * sum(weights) / W``
             (e.g. :func:`libra.tap.weights.kernel_time_weights`: estimated kernel ms, an
             extension beyond the paper). ``None`` (default) balances FLOPs as Algorithm 2 does.
+        index: optional :func:`libra.tap.tiles.pool_index` of ``sequences``, when the caller
+            already has it (built once per call otherwise).
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -121,10 +144,10 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     Raises:
         ValueError: ``tau < 0`` (or not a number), no/duplicate workers, a Q-home or holder outside
             the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
-            token range is not inside one holder range of its Q-home, or ``weights`` that are not
-            ``(T,)`` finite numbers >= 0.
+            token range is not inside one holder range of its Q-home, ``weights`` that are not
+            ``(T,)`` finite numbers >= 0, or an ``index`` of other sequences.
     """
-    wsorted = _check_inputs(tiles, sequences, workers, tau)
+    wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles, n_workers = len(tiles), len(wsorted)
     if n_tiles == 0:
@@ -133,7 +156,7 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     order = np.argsort(-load, kind="stable")  # heaviest first, ties by tile index
     if comm_aware:
         impl = _place_grouped if is_block_partition(tiles) else _place_dense
-        dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap, load)
+        dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap, load, idx)
     else:
         dest_idx, fallback = _place_flops_only(load.tolist(), order, n_workers, cap)
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
@@ -155,33 +178,29 @@ def _check_weights(weights, n_tiles: int) -> np.ndarray:
     return w
 
 
-def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None):
-    """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
-
-    Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
-    tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes of atom
-    ``b`` that worker ``w`` lacks in token segment ``k`` of sequence ``s``. ``tile_load``:
-    ``(T,)`` per-tile load (default ``tiles.flops``).
-    """
-    n_workers = len(wsorted)
-    widx = np.searchsorted(wsorted, tiles.q_home)
-    kv_lo = kv_need_start(sequences, tiles)
-    bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
-    atom_heads = np.diff(bounds)
-    # Q + O bytes paid when a tile leaves its Q-home
-    qo = (q_bytes(tiles.q_end - tiles.q_start, 1, shape.head_dim, shape.dtype_bytes)
-          + o_bytes(tiles.q_end - tiles.q_start, 1, shape.head_dim, shape.dtype_bytes)) \
+def _qo_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:
+    """int64 ``(T,)`` Q + O bytes each tile moves when it leaves its Q-home."""
+    tokens = tiles.q_end - tiles.q_start
+    return (q_bytes(tokens, 1, shape.head_dim, shape.dtype_bytes)
+            + o_bytes(tokens, 1, shape.head_dim, shape.dtype_bytes)) \
         * (tiles.head_end - tiles.head_start).astype(np.int64)
+
+
+def _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, atom_heads):
+    """Per sequence the float64 ``(atoms, W, segments)`` KV bytes each worker lacks before any
+    placement, over the elementary token segments cut by holder ranges and tile KV intervals,
+    and per tile its segment span ``[seg0, seg1)`` (its KV interval ``[kv_lo, q_end)``)."""
+    n_workers = len(wsorted)
+    per_token = kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes)
     seg0 = np.zeros(len(tiles), dtype=np.int64)
     seg1 = np.zeros(len(tiles), dtype=np.int64)
-    missing = []  # per sequence: float64 (atoms, W, segments) bytes each worker still lacks
+    missing = []
     for s_idx, seq in enumerate(sequences):
         rows = np.nonzero(tiles.seq == s_idx)[0]
         cuts = np.unique(np.concatenate(([0, seq.num_tokens], seq.holder_start, seq.holder_end,
                                          kv_lo[rows], tiles.q_end[rows])))
         seg0[rows] = np.searchsorted(cuts, kv_lo[rows])
         seg1[rows] = np.searchsorted(cuts, tiles.q_end[rows])
-        per_token = kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes)
         seg_bytes = np.diff(cuts).astype(np.float64) * per_token
         miss = np.broadcast_to(atom_heads[:, None, None] * seg_bytes[None, None, :],
                                (len(atom_heads), n_workers, len(seg_bytes))).copy()
@@ -190,14 +209,28 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None):
         for w, c0, c1 in zip(h_idx.tolist(), hs0.tolist(), hs1.tolist()):
             miss[:, w, c0:c1] = 0.0  # held tokens (all heads) cost nothing
         missing.append(miss)
+    return missing, seg0, seg1
 
+
+def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None):
+    """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
+
+    Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
+    tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes of atom
+    ``b`` that worker ``w`` lacks in token segment ``k`` of sequence ``s``. ``tile_load``:
+    ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`.
+    """
+    n_workers = len(wsorted)
+    kv_lo = kv_need_start(sequences, tiles, index)
+    bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
+    missing, seg0, seg1 = _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, np.diff(bounds))
     loads = np.zeros(n_workers)
     dest = np.empty(len(tiles), dtype=np.int64)
     fallback = 0
-    flops = tiles.flops if tile_load is None else tile_load
-    seq_l, widx_l, qo_l = tiles.seq.tolist(), widx.tolist(), qo.astype(np.float64).tolist()
+    seq_l, widx_l = tiles.seq.tolist(), np.searchsorted(wsorted, tiles.q_home).tolist()
+    qo_l = _qo_bytes(tiles, shape).astype(np.float64).tolist()
     s0_l, s1_l, a0_l, a1_l = seg0.tolist(), seg1.tolist(), a0.tolist(), a1.tolist()
-    flops_l = flops.tolist()
+    flops_l = (tiles.flops if tile_load is None else tile_load).tolist()
     inf = np.inf
     for t in order.tolist():
         f, h = flops_l[t], widx_l[t]
@@ -210,7 +243,7 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None):
         cost += qo_l[t]
         cost[h] -= qo_l[t]
         ok = loads + f <= cap
-        if ok.any():
+        if ok.any():  # least communication, then least load, then lowest id (argmin: first)
             c = np.where(ok, cost, inf)
             w = int(np.where(c == c.min(), loads, inf).argmin())
         else:
@@ -232,7 +265,7 @@ def is_block_partition(tiles: TileTable) -> bool:
     return bool(np.all((seq[1:] != seq[:-1]) | same | (qe[:-1] <= qs[1:])))
 
 
-def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None):
+def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None):
     """Algorithm 2 on per-KV-group state (exact for block-partitioned tiles, the SH-tile case).
 
     A tile's KV need splits into its *first* sample's prefix ``[s_f, n_f)`` (which may reach back
@@ -243,192 +276,210 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None)
     same block read it). Only workers named there, holders of the first sample's prefix and the
     Q-home can cost less than ``Q + O + all KV bytes``; every other worker costs exactly that, so
     among them only the least-loaded one (a lazy heap) can win. The Q-home wins outright when it
-    has room and lacks fewer KV bytes than the tile's Q + O bytes (everyone else pays at least
-    Q + O). All positions are on the pool's global token axis (:func:`pool_index`). ``tile_load``:
-    ``(T,)`` per-tile load (default ``tiles.flops``).
+    has room and holds the tile's whole KV interval (cost 0; everyone else pays at least Q + O).
+    All positions are on the pool's global token axis (:func:`pool_index`). ``tile_load``:
+    ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`
+    (built when None).
+
+    Per-tile inputs come from :func:`_grouped_tiles`; the running state, the choice and the one
+    scoring rule live in :class:`_KVGroupState`.
     """
-    n_workers, n_tiles = len(wsorted), len(tiles)
-    idx = pool_index(sequences)
+    idx = pool_index(sequences) if index is None else index
+    rows, home, free, atom_bytes = _grouped_tiles(tiles, idx, wsorted, shape)
+    state = _KVGroupState(len(wsorted), cap, atom_bytes)
+    loads, heap, push = state.loads, state.heap, heapq.heappush
+    load_l = (tiles.flops if tile_load is None else tile_load).tolist()
+    dest = [0] * len(tiles)
+    for t in order.tolist():
+        f, h = load_l[t], home[t]
+        if free[t] and loads[h] + f <= cap:
+            w = h  # the Q-home holds all it needs: cost 0, and nothing new to record
+        else:
+            w = state.place(rows[t], h, f, free[t])
+        dest[t] = w
+        loads[w] += f
+        push(heap, (loads[w], w))
+    return np.asarray(dest, dtype=np.int64), state.fallbacks
+
+
+def _grouped_tiles(tiles, idx, wsorted, shape):
+    """Per-tile inputs of :func:`_place_grouped`, computed with numpy on the global token axis.
+
+    Returns ``(rows, home, free, atom_bytes)`` as Python lists (the placement loop is scalar):
+    ``rows[t]`` the tuple of :data:`_ROW`, ``home[t]`` the pool index of the Q-home, ``free[t]``
+    whether the Q-home holds the tile's whole KV interval, ``atom_bytes[b]`` KV bytes per token of
+    KV atom ``b``.
+    """
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
     n_atoms = len(bounds) - 1
     per_token = int(kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes))
-    atom_bytes = (np.diff(bounds) * per_token).tolist()  # KV bytes per token of each atom
-    tokens = tiles.q_end - tiles.q_start
-    qo = (q_bytes(tokens, 1, shape.head_dim, shape.dtype_bytes)
-          + o_bytes(tokens, 1, shape.head_dim, shape.dtype_bytes)) * (tiles.head_end - tiles.head_start)
     shift = idx.base[tiles.seq]
     qs, qe = tiles.q_start + shift, tiles.q_end + shift
     offs = idx.offs
     first = np.searchsorted(offs, qs, side="right") - 1
     last = np.searchsorted(offs, qe - 1, side="right") - 1
     s_f, n_f, s_l = offs[first], np.minimum(qe, offs[first + 1]), offs[last]
-    body = np.where(last > first + 1, s_l - offs[first + 1], 0)
-    g_l = np.where(last > first, last, -1)
     pos = np.searchsorted(idx.h_start, qs, side="right") - 1
-    home_free = (idx.h_start[pos] <= s_f) & (qe <= idx.h_end[pos]) & (idx.h_worker[pos] == tiles.q_home)
-    full_kv = (qe - s_f) * per_token * (bounds[a1] - bounds[a0])
-    h_start, h_end = idx.h_start.tolist(), idx.h_end.tolist()
+    free = (idx.h_start[pos] <= s_f) & (qe <= idx.h_end[pos]) & (idx.h_worker[pos] == tiles.q_home)
+    qo = _qo_bytes(tiles, shape)
+    cols = (first * n_atoms, np.where(last > first, last * n_atoms, -1),
+            np.where(last > first + 1, s_l - offs[first + 1], 0), a0, a1, qo, s_f, n_f, s_l, qe,
+            qo + (qe - s_f) * per_token * (bounds[a1] - bounds[a0]))
+    rows = list(zip(*(c.tolist() for c in cols), _held_ranges(idx, wsorted, s_f, n_f, free)))
+    return (rows, np.searchsorted(wsorted, tiles.q_home).tolist(), free.tolist(),
+            (np.diff(bounds) * per_token).tolist())
+
+
+def _held_ranges(idx, wsorted, s_f, n_f, free) -> list:
+    """Per tile ``{pool worker: [(start, end), ...]}``: the holder ranges overlapping its first
+    sample's prefix ``[s_f, n_f)`` (one shared dict per distinct set of ranges). Empty when the
+    Q-home holds the whole KV interval (``free``): the Q-home is then the only holder."""
+    j0 = np.searchsorted(idx.h_start, s_f, side="right") - 1
+    j1 = np.searchsorted(idx.h_start, n_f - 1, side="right")
+    _, pick, inverse = np.unique(j0 * (len(idx.h_start) + 1) + j1, return_index=True, return_inverse=True)
     h_w = np.searchsorted(wsorted, idx.h_worker).tolist()
+    h_start, h_end = idx.h_start.tolist(), idx.h_end.tolist()
+    maps = []
+    for lo, hi in zip(j0[pick].tolist(), j1[pick].tolist()):
+        held: dict[int, list] = {}
+        for j in range(lo, hi):
+            held.setdefault(h_w[j], []).append((h_start[j], h_end[j]))
+        maps.append(held)
+    return [_EMPTY if fr else maps[i] for fr, i in zip(free.tolist(), inverse.tolist())]
 
-    state: dict[int, dict] = {}  # sample*A+atom -> {worker: prefix end}; -(...)-1: block-body set
-    loads = [0.0] * n_workers
-    heap = [(0.0, i) for i in range(n_workers)]
-    dest = [0] * n_tiles
-    fallback = 0
-    (flops_l, widx_l, qo_l, a0_l, a1_l, sf_l, nf_l, sl_l, e_l, body_l, gf_l, gl_l, free_l, gen_l) = (
-        (tiles.flops if tile_load is None else tile_load).tolist(), np.searchsorted(wsorted, tiles.q_home).tolist(), qo.tolist(), a0.tolist(),
-        a1.tolist(), s_f.tolist(), n_f.tolist(), s_l.tolist(), qe.tolist(), body.tolist(),
-        (first * n_atoms).tolist(), np.where(g_l >= 0, g_l * n_atoms, -1).tolist(), home_free.tolist(),
-        (qo + full_kv).tolist())
-    empty: dict = {}
-    get = state.get
-    rest = list(zip(gf_l, gl_l, body_l, a0_l, a1_l, qo_l, sf_l, nf_l, sl_l, e_l, gen_l))
 
-    def least_loaded():
+_ROW = ("gf", "gl", "body", "b0", "b1", "qo", "sf", "nf", "sl", "e", "generic", "held")
+"""Fields of a tile's row in :func:`_grouped_tiles` (ints are global token positions or bytes):
+``gf``, ``gl`` first / last sample times the number of KV atoms (KV-group keys; ``gl = -1`` when
+the tile lies in one sample); ``body`` tokens of the samples wholly inside the block; ``[b0, b1)``
+its KV atoms; ``qo`` its Q + O bytes; ``[sf, nf)`` the first sample's prefix it needs; ``sl`` the
+last sample's start; ``e`` the tile's end; ``generic`` Q + O + all its KV bytes (the cost on a
+worker that holds and fetched none of it); ``held`` :func:`_held_ranges`."""
+
+# empty and read-only: stands in for a KV group a tile does not have (no body, no last sample) and
+# for the holder map of a tile whose Q-home holds all its KV, so shared uses can never be written
+_EMPTY = MappingProxyType({})
+
+
+class _KVGroupState:
+    """Running state of :func:`_place_grouped` for one pool (Libra sec. 4.3.2, Alg. 2).
+
+    Attributes:
+        cap: the soft target ``C``.
+        loads: per pool worker, the load placed so far.
+        heap: ``(load, worker)`` entries; stale ones (load grown since) are skipped lazily.
+        fetched: the KV groups: per (sample, atom) key ``sample * A + atom`` ``{worker: prefix end
+            fetched}``; per (block, atom) key ``-(first sample * A + atom) - 1`` the workers that
+            fetched the block body (``{worker: True}``).
+        atom_bytes: KV bytes per token of each KV atom.
+        fallbacks: tiles placed so far by the least-loaded fallback.
+    """
+
+    __slots__ = ("cap", "loads", "heap", "fetched", "atom_bytes", "fallbacks")
+
+    def __init__(self, n_workers: int, cap: float, atom_bytes: list):
+        self.cap = cap
+        self.loads = [0.0] * n_workers
+        self.heap = [(0.0, i) for i in range(n_workers)]
+        self.fetched: dict[int, dict] = {}
+        self.atom_bytes = atom_bytes
+        self.fallbacks = 0
+
+    def least_loaded(self) -> tuple[float, int]:
+        """``(load, worker)`` of the least-loaded worker, lowest id on ties."""
+        heap, loads = self.heap, self.loads
         while True:
             load, i = heap[0]
             if load == loads[i]:
                 return load, i
             heapq.heappop(heap)  # stale entry: that worker's load has grown since
 
-    for t in order.tolist():
-        f, h = flops_l[t], widx_l[t]
-        free = free_l[t]
-        if free and loads[h] + f <= cap:
-            w = h  # the Q-home holds all it needs: cost 0, every other worker pays Q + O
-            loads[w] += f
-            heapq.heappush(heap, (loads[w], w))
-            dest[t] = w
-            continue
-        gf, gl, bd, b0, b1, qo_t, sf, nf, sl, e, gen = rest[t]
-        if b1 - b0 == 1:  # the usual case: one KV atom per tile
-            gfd = get(gf + b0, empty)
-            gbd = get(-gf - b0 - 1, empty) if bd else empty
-            gld = get(gl + b0, empty) if gl >= 0 else empty
-            fetched = bool(gfd or gbd or gld)
-        else:
-            groups = [(atom_bytes[b], get(gf + b, empty), get(-gf - b - 1, empty) if bd else empty,
-                       get(gl + b, empty) if gl >= 0 else empty) for b in range(b0, b1)]
-            fetched = any(g[1] or g[2] or g[3] for g in groups)
-        if free and not fetched:
-            # Q-home full; nobody else holds or fetched any of it: all others cost the same
-            load, w = least_loaded()
-            if load + f > cap:
-                fallback += 1
-        else:
-            if free:  # only the (full) Q-home holds any of it: no holder pieces to score
-                pieces = ()
-            else:
-                j0 = bisect.bisect_right(h_start, sf) - 1
-                pieces = [(h_w[j], h_start[j], h_end[j]) for j in range(j0, bisect.bisect_right(h_start, nf - 1))]
-            best = None
-            if b1 - b0 == 1:  # inlined scoring
-                ab = atom_bytes[b0]
-                special = gfd.keys() | gbd.keys() | gld.keys()
-                if pieces:
-                    special.update(p[0] for p in pieces)
-                    special.add(h)
-                for w in special:
-                    lw = loads[w]
-                    if lw + f > cap:
-                        continue
-                    x = gfd.get(w, sf)
-                    kv = nf - x if x < nf else 0
-                    if kv:
-                        for hw, lo, hi in pieces:
-                            if hw == w:
-                                ov = (hi if hi < nf else nf) - (lo if lo > x else x)
-                                if ov > 0:
-                                    kv -= ov
-                    if w != h:
-                        if bd and w not in gbd:
-                            kv += bd
-                        if gl >= 0:
-                            y = gld.get(w, sl)
-                            if y < e:
-                                kv += e - y
-                        c = qo_t + kv * ab
-                    else:
-                        c = kv * ab
-                    if best is None or c < best[0] or (c == best[0] and (lw < best[1] or (lw == best[1] and w < best[2]))):
-                        best = (c, lw, w)
-            else:
-                def cost_of(w, h=h, qo_t=qo_t, sf=sf, nf=nf, sl=sl, e=e, bd=bd, gl=gl, groups=groups, pieces=pieces):
-                    c = 0 if w == h else qo_t
-                    for ab, gfd, gbd, gld in groups:
-                        x = gfd.get(w, sf)
-                        kv = nf - x if x < nf else 0
-                        if kv:
-                            for hw, lo, hi in pieces:
-                                if hw == w:
-                                    ov = min(hi, nf) - max(lo, x)
-                                    if ov > 0:
-                                        kv -= ov
-                        if w != h:
-                            if bd and w not in gbd:
-                                kv += bd
-                            if gl >= 0:
-                                y = gld.get(w, sl)
-                                if y < e:
-                                    kv += e - y
-                        c += kv * ab
-                    return c
+    def place(self, row, h: int, f: float, free: bool) -> int:
+        """Destination of a tile its Q-home does not take outright; records what it fetches.
 
-                special = {h}
-                special.update(p[0] for p in pieces)
-                for _, gfd_b, gbd_b, gld_b in groups:
-                    special.update(gfd_b)
-                    special.update(gbd_b)
-                    special.update(gld_b)
-                for w in special:
-                    if loads[w] + f <= cap:
-                        key = (cost_of(w), loads[w], w)
-                        if best is None or key < best:
-                            best = key
-            load, wm = least_loaded()
-            if load + f <= cap and (best is None or wm not in special):
-                key = (gen, load, wm)  # every worker outside `special` costs the generic amount
+        Only the Q-home, holders of the first sample's prefix and workers that fetched part of the
+        tile's KV groups (``special``) are scored; every other worker costs ``generic``, so of
+        them only the least-loaded one competes. No candidate within ``C``: the least-loaded
+        worker takes it (a fallback, counted).
+        """
+        gf, gl, body, b0, b1, _, sf, nf, _, e, generic, held = row
+        # per KV atom: (KV bytes per token, first sample's group, block-body set, last sample's
+        # group), created on first use; _EMPTY for a body or last sample the tile lacks
+        new, ab = self.fetched.setdefault, self.atom_bytes
+        if b1 - b0 == 1:  # the usual case, built without a comprehension (hot loop)
+            groups = [(ab[b0], new(gf + b0, {}), new(-gf - b0 - 1, {}) if body else _EMPTY,
+                       new(gl + b0, {}) if gl >= 0 else _EMPTY)]
+        else:
+            groups = [(ab[b], new(gf + b, {}), new(-gf - b - 1, {}) if body else _EMPTY,
+                       new(gl + b, {}) if gl >= 0 else _EMPTY) for b in range(b0, b1)]
+        special = set()
+        for _, first, body_d, last in groups:
+            special.update(first)
+            special.update(body_d)
+            special.update(last)
+        if free and not special:
+            # the Q-home is full and nobody else holds or fetched any of it: all others cost the same
+            load, w = self.least_loaded()
+            self.fallbacks += load + f > self.cap
+        else:
+            special.add(h)
+            special.update(held)
+            best = self.best_scored(special, groups, held, row, h, f)
+            load, w = self.least_loaded()
+            if load + f <= self.cap and (best is None or w not in special):
+                key = (generic, load, w)  # every worker outside `special` costs the generic amount
                 if best is None or key < best:
                     best = key
             if best is None:
-                w = wm
-                fallback += 1
+                self.fallbacks += 1
             else:
                 w = best[2]
-        # record what w now has: the first sample's prefix, the block body, the last sample's prefix
-        if b1 - b0 == 1:
-            if gfd is empty:
-                gfd = state[gf + b0] = {}
-            if gfd.get(w, sf) < nf:
-                gfd[w] = nf
-            if bd:
-                if gbd is empty:
-                    gbd = state[-gf - b0 - 1] = {}
-                gbd[w] = True
-            if gl >= 0:
-                if gld is empty:
-                    gld = state[gl + b0] = {}
-                if gld.get(w, -1) < e:
-                    gld[w] = e
-        else:
-            for b in range(b0, b1):
-                d = get(gf + b)
-                if d is None:
-                    d = state[gf + b] = {}
-                if d.get(w, sf) < nf:
-                    d[w] = nf
-                if bd:
-                    d = get(-gf - b - 1)
-                    if d is None:
-                        d = state[-gf - b - 1] = {}
-                    d[w] = True
-                if gl >= 0:
-                    d = get(gl + b)
-                    if d is None:
-                        d = state[gl + b] = {}
-                    if d.get(w, -1) < e:
-                        d[w] = e
-        dest[t] = w
-        loads[w] += f
-        heapq.heappush(heap, (loads[w], w))
-    return np.asarray(dest, dtype=np.int64), fallback
+        for _, first, body_d, last in groups:  # what w fetched now (or holds: harmless)
+            if first.get(w, sf) < nf:
+                first[w] = nf
+            if body_d is not _EMPTY:
+                body_d[w] = True
+            if last is not _EMPTY and last.get(w, -1) < e:
+                last[w] = e
+        return w
+
+    def best_scored(self, special, groups, held, row, h: int, f: float):
+        """The least ``(cost, load, worker)`` over ``special`` workers that stay within ``C``
+        (None if none does): the one place a worker's incremental communication is computed.
+
+        Cost on ``w``: Q + O bytes unless ``w`` is the Q-home, plus per KV atom the KV bytes it
+        lacks: the rows of the first sample's prefix ``[sf, nf)`` beyond what it fetched and does
+        not hold (``held``), and, unless ``w`` is the Q-home (which holds the whole block), the
+        block body if not fetched and the rows of the last sample's prefix ``[sl, e)`` beyond what
+        it fetched.
+        """
+        _, gl, body, _, _, qo, sf, nf, sl, e, _, _ = row
+        loads, cap = self.loads, self.cap
+        best = None
+        for w in special:
+            lw = loads[w]
+            if lw + f > cap:
+                continue
+            ranges = held.get(w, ())
+            c = 0 if w == h else qo
+            for ab, first_d, body_d, last_d in groups:
+                x = first_d.get(w, sf)
+                kv = nf - x if x < nf else 0
+                if kv:
+                    for lo, hi in ranges:
+                        ov = (hi if hi < nf else nf) - (lo if lo > x else x)
+                        if ov > 0:
+                            kv -= ov
+                if w != h:
+                    if body and w not in body_d:
+                        kv += body
+                    if gl >= 0:
+                        y = last_d.get(w, sl)
+                        if y < e:
+                            kv += e - y
+                c += kv * ab
+            # (c, lw, w) < best, spelled out so that no tuple is built per scored worker
+            if best is None or c < best[0] or (
+                    c == best[0] and (lw < best[1] or (lw == best[1] and w < best[2]))):
+                best = (c, lw, w)
+        return best
