@@ -105,17 +105,6 @@ GROUPINGS: dict[str, Grouping] = {
 """Strategy name (as in CSVs and plots) -> ``fn(workloads, pool_size, seed=0) -> (K, P)``."""
 
 
-def get_grouping(name: str) -> Grouping:
-    """The strategy called ``name``.
-
-    Raises:
-        ValueError: unknown name; the message lists the strategies.
-    """
-    if name not in GROUPINGS:
-        raise ValueError(f"unknown grouping strategy {name!r}; choose one of {', '.join(GROUPINGS)}")
-    return GROUPINGS[name]
-
-
 def max_pool_lower_bound(workloads, pool_size: int) -> float:
     """Lower bound on the heaviest pool's workload over all groupings into pools of ``P``.
 

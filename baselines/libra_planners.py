@@ -14,11 +14,18 @@
   samples, which the kernel runs below its best rate, are balanced in time. Same VRSP pools and
   Pipeliner as ``libra``. It needs the profile the cluster will run with -- ideally a measured
   one from ``libra-bench calibrate`` -- since a wrong kernel curve mis-weights short segments.
+
+Every planner here (and ``distca``) is a :class:`TapPlanner`: its config *is* a
+:class:`libra.config.TapConfig` (``libra-kt``: a TapConfig plus the profile), the one declaration
+of the TAP layout and its defaults. A variant pins the TapConfig fields it fixes
+(:attr:`TapPlanner.pinned`, applied with :func:`dataclasses.replace`): ``libra-tap`` and
+``libra-tap-vrsp`` ``M = 1``, ``libra-kt`` ``load_estimate="kernel-time"``, ``distca``
+``comm_aware=False``; the other fields are its :func:`baselines.registry.get_planner` options.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
 
@@ -31,75 +38,6 @@ from libra.vrsp import microbatch_groups, pool_imbalance, vrsp
 from libra.workload import AttentionShape, packed_workloads
 
 
-@dataclass(frozen=True)
-class LibraTapOptions:
-    """Options of ``libra-tap`` and ``libra-tap-vrsp`` (no Pipeliner: ``M = 1``).
-
-    Attributes mirror :class:`libra.config.TapConfig` (paper defaults ``P = 8, B = 4096, H = 2,
-    tau = 0.03``, communication-aware placement).
-
-    Raises:
-        ValueError: any value :class:`TapConfig` rejects.
-    """
-
-    pool_size: int = 8
-    block_size: int = 4096
-    head_split: int = 2
-    tau: float = 0.03
-    comm_aware: bool = True
-
-    def __post_init__(self) -> None:
-        self.tap()
-
-    def tap(self) -> TapConfig:
-        return TapConfig(pool_size=self.pool_size, block_size=self.block_size, head_split=self.head_split,
-                         tau=self.tau, pipeline_chunks=1, comm_aware=self.comm_aware)
-
-
-@dataclass(frozen=True)
-class LibraOptions(LibraTapOptions):
-    """Options of full ``libra``: the TAP options plus the Pipeliner's ``M`` (default 4).
-
-    Raises:
-        ValueError: any value :class:`TapConfig` rejects.
-    """
-
-    pipeline_chunks: int = 4
-
-    def tap(self) -> TapConfig:
-        return TapConfig(pool_size=self.pool_size, block_size=self.block_size, head_split=self.head_split,
-                         tau=self.tau, pipeline_chunks=self.pipeline_chunks, comm_aware=self.comm_aware)
-
-
-@dataclass(frozen=True)
-class LibraKtOptions(LibraOptions):
-    """Options of ``libra-kt``: full ``libra``'s options plus the hardware profile whose kernel
-    model prices the tiles (kernel-time-aware placement).
-
-    Attributes:
-        profile: a built-in profile name, a profile ``.json`` path (e.g. written by ``libra-bench
-            calibrate``) or a loaded :class:`libra.sim.profiles.HardwareProfile`. Use the profile
-            the cluster runs with; the estimate is only as good as its kernel curve.
-
-    Raises:
-        ValueError: any value :class:`TapConfig` rejects, or a profile that cannot be loaded.
-    """
-
-    profile: str | HardwareProfile = DEFAULT_PROFILE
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.profile, (str, HardwareProfile)) or isinstance(self.profile, bool):
-            raise ValueError(f"libra-kt profile must be a profile name, a .json path or a HardwareProfile, "
-                             f"got {self.profile!r}")
-        load_profile(self.profile)  # fail here, at construction, on an unknown name or a bad file
-
-    def tap(self) -> TapConfig:
-        return TapConfig(pool_size=self.pool_size, block_size=self.block_size, head_split=self.head_split,
-                         tau=self.tau, pipeline_chunks=self.pipeline_chunks, comm_aware=self.comm_aware,
-                         load_estimate="kernel-time")
-
-
 def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig,
                         tap: TapConfig, shape: AttentionShape, meta: dict, kernel=None) -> list[Plan]:
     """Run TAP on every pool of every GA index.
@@ -108,7 +46,8 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
         method: registry name recorded in the Plans.
         lengths: sample lengths of every window sequence (``gbs`` arrays).
         groups: ``(GA, DP)`` window indices: ``groups[g, d]`` runs at GA ``g`` on DP rank ``d``.
-        par, tap, shape: layout; ``tap.pool_size`` must divide DP.
+        par, tap, shape: a layout that passed :func:`libra.config.check_layout` (the caller's one
+            check per window, as :meth:`TapPlanner.plan_window` does; not repeated here or per pool).
         meta: method parameters copied into every Plan.
         kernel: the KernelModel for ``tap.load_estimate == "kernel-time"`` (None for FLOPs).
 
@@ -116,9 +55,9 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
         ``par.ga`` Plans with ``DP / P`` pools each; pool ``k`` spans DP ranks ``[k*P, (k+1)*P)``.
 
     Raises:
-        ValueError: from :func:`libra.config.check_layout` or the window checks.
+        ValueError: ``groups`` not a ``(GA, DP)`` permutation of the window, and the errors of
+            :func:`libra.tap.planner.plan_pool`.
     """
-    check_layout(par, tap, shape)
     groups = np.asarray(groups)
     if groups.shape != (par.ga, par.dp) or sorted(groups.ravel().tolist()) != list(range(par.gbs)):
         raise ValueError(f"groups must be a ({par.ga}, {par.dp}) permutation of the window, got shape {groups.shape}")
@@ -130,7 +69,8 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
             p0 = k * P
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
-            pools.append(plan_pool(k, seqs, pool_workers(p0, P, par.cp), tap, shape, kernel=kernel))
+            pools.append(plan_pool(k, seqs, pool_workers(p0, P, par.cp), tap, shape, kernel=kernel,
+                                   layout_checked=True))
         plans.append(Plan(method=method, ga_index=g, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                           pools=tuple(pools), meta=dict(meta)))
     return plans
@@ -143,24 +83,83 @@ def vrsp_groups(lengths: list[np.ndarray], par: ParallelConfig, pool_size: int) 
     return np.asarray(microbatch_groups(pools, par.dp)), float(pool_imbalance(workloads, pools))
 
 
-class LibraTapPlanner(Planner):
-    """``libra-tap``: production-order pools of ``P`` replicas, TAP placement, no Pipeliner."""
+class TapPlanner(Planner):
+    """A planner whose config is a :class:`TapConfig`: TAP placement inside pools of ``P`` replicas.
 
-    name = "libra-tap"
-    Config = LibraTapOptions
+    Attributes:
+        config: the TapConfig, with :attr:`pinned` applied.
+        pinned: TapConfig fields the method fixes; they are not options, and a config given to the
+            constructor has them replaced (:func:`dataclasses.replace`).
+        per_window: TapConfig fields set from each window's layout (:meth:`window_tap`); not options.
+        grouping: how the window's sequences are grouped into pools (recorded in ``Plan.meta``).
+
+    Raises:
+        ValueError: a config that is not a TapConfig.
+    """
+
+    Config = TapConfig
+    pinned: dict = {"load_estimate": "flops"}
+    per_window: tuple[str, ...] = ()
     grouping = "production"
 
-    def groups(self, lengths, par: ParallelConfig) -> tuple[np.ndarray, dict]:
+    def __init__(self, config: TapConfig | None = None):
+        config = TapConfig() if config is None else config
+        if not isinstance(config, TapConfig):
+            raise ValueError(f"{type(self).__name__} takes a TapConfig, got {type(config).__name__}")
+        self.config = replace(config, **self.pinned)
+
+    @property
+    def tap(self) -> TapConfig:
+        """The TAP layout this planner plans with (``pool_size`` of :attr:`per_window` not yet set)."""
+        return self.config
+
+    @property
+    def pipeline_chunks(self) -> int:
+        return self.tap.pipeline_chunks
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The TapConfig fields that are neither pinned nor set per window."""
+        return tuple(f.name for f in fields(TapConfig) if f.name not in cls.pinned and f.name not in cls.per_window)
+
+    @classmethod
+    def from_options(cls, **options) -> TapPlanner:
+        return cls(TapConfig(**options))
+
+    def window_tap(self, par: ParallelConfig) -> TapConfig:
+        """The TapConfig of one window in layout ``par`` (:attr:`per_window` fields set)."""
+        return self.tap
+
+    def groups(self, lengths, par: ParallelConfig, tap: TapConfig) -> tuple[np.ndarray, dict]:
+        """``(GA, DP)`` window indices per slot and extra Plan meta (production order here)."""
         return production_groups(par), {}
 
+    def load_model(self) -> tuple[object, dict]:
+        """The KernelModel Alg. 2 balances under (None: FLOPs) and the meta recording it."""
+        return None, {}
+
     def plan_window(self, window, par: ParallelConfig, shape: AttentionShape) -> list[Plan]:
-        """See :class:`Planner`. Raises ValueError for P not dividing DP, B not dividing S/CP, ..."""
-        tap = self.config.tap()
+        """See :class:`Planner`. Checks the layout once (:func:`libra.config.check_layout`), then
+        plans every pool of every GA index.
+
+        Raises:
+            ValueError: P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
+                hq/H, or a window that does not match ``par``.
+        """
+        tap = self.window_tap(par)
         check_layout(par, tap, shape)
         lengths = window_lengths(window, par)
-        groups, extra = self.groups(lengths, par)
-        meta = {"grouping": self.grouping, **asdict(tap), **extra}
-        return plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta)
+        groups, extra = self.groups(lengths, par, tap)
+        kernel, kernel_meta = self.load_model()
+        meta = {"grouping": self.grouping, **asdict(tap), **extra, **kernel_meta}
+        return plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, kernel=kernel)
+
+
+class LibraTapPlanner(TapPlanner):
+    """``libra-tap``: production-order pools of ``P`` replicas, TAP placement, no Pipeliner (``M = 1``)."""
+
+    name = "libra-tap"
+    pinned = {"load_estimate": "flops", "pipeline_chunks": 1}
 
 
 class LibraTapVrspPlanner(LibraTapPlanner):
@@ -169,42 +168,78 @@ class LibraTapVrspPlanner(LibraTapPlanner):
     name = "libra-tap-vrsp"
     grouping = "vrsp"
 
-    def groups(self, lengths, par: ParallelConfig) -> tuple[np.ndarray, dict]:
-        groups, imbalance = vrsp_groups(lengths, par, self.config.pool_size)
+    def groups(self, lengths, par: ParallelConfig, tap: TapConfig) -> tuple[np.ndarray, dict]:
+        groups, imbalance = vrsp_groups(lengths, par, tap.pool_size)
         return groups, {"pool_imbalance": imbalance}
 
 
 class LibraPlanner(LibraTapVrspPlanner):
-    """``libra``: VRSP + TAP + Pipeliner (``M`` chunks along the head axis, default 4)."""
+    """``libra``: VRSP + TAP + Pipeliner (``M`` chunks along the head axis, TapConfig's default)."""
 
     name = "libra"
-    Config = LibraOptions
-
-    @property
-    def pipeline_chunks(self) -> int:
-        return self.config.pipeline_chunks
+    pinned = {"load_estimate": "flops"}
 
 
-class LibraKtPlanner(LibraTapVrspPlanner):
+@dataclass(frozen=True)
+class LibraKtConfig:
+    """Config of ``libra-kt``: full ``libra``'s TapConfig plus the hardware profile whose kernel
+    model prices the tiles (kernel-time-aware placement).
+
+    Attributes:
+        tap: the TAP layout (the planner pins ``load_estimate="kernel-time"``).
+        profile: a built-in profile name, a profile ``.json`` path (e.g. written by ``libra-bench
+            calibrate``) or a loaded :class:`libra.sim.profiles.HardwareProfile`. Use the profile
+            the cluster runs with; the estimate is only as good as its kernel curve.
+
+    Raises:
+        ValueError: a tap that is not a TapConfig, or a profile that cannot be loaded.
+    """
+
+    tap: TapConfig = field(default_factory=TapConfig)
+    profile: str | HardwareProfile = DEFAULT_PROFILE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tap, TapConfig):
+            raise ValueError(f"LibraKtConfig.tap must be a TapConfig, got {type(self.tap).__name__}")
+        if not isinstance(self.profile, (str, HardwareProfile)) or isinstance(self.profile, bool):
+            raise ValueError(f"libra-kt profile must be a profile name, a .json path or a HardwareProfile, "
+                             f"got {self.profile!r}")
+        load_profile(self.profile)  # fail here, at construction, on an unknown name or a bad file
+
+
+class LibraKtPlanner(LibraPlanner):
     """``libra-kt``: ``libra`` (VRSP + TAP + Pipeliner) with tiles balanced by estimated kernel time
-    under ``profile``'s kernel model instead of FLOPs. An extension, not in the paper."""
+    under ``profile``'s kernel model instead of FLOPs. An extension, not in the paper.
+
+    Its options are ``libra``'s plus ``profile``; ``config`` is a :class:`LibraKtConfig`.
+    """
 
     name = "libra-kt"
-    Config = LibraKtOptions
+    Config = LibraKtConfig
+    pinned = {"load_estimate": "kernel-time"}
+
+    def __init__(self, config: LibraKtConfig | None = None):
+        config = LibraKtConfig() if config is None else config
+        if not isinstance(config, LibraKtConfig):
+            raise ValueError(f"LibraKtPlanner takes a LibraKtConfig, got {type(config).__name__}")
+        self.config = replace(config, tap=replace(config.tap, **self.pinned))
 
     @property
-    def pipeline_chunks(self) -> int:
-        return self.config.pipeline_chunks
+    def tap(self) -> TapConfig:
+        return self.config.tap
 
-    def plan_window(self, window, par: ParallelConfig, shape: AttentionShape) -> list[Plan]:
-        """See :class:`Planner`. Raises ValueError for P not dividing DP, B not dividing S/CP, ..."""
-        tap = self.config.tap()
-        check_layout(par, tap, shape)
-        profile = load_profile(self.config.profile)
-        lengths = window_lengths(window, par)
-        groups, extra = self.groups(lengths, par)
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return super().option_names() + tuple(f.name for f in fields(LibraKtConfig) if f.name != "tap")
+
+    @classmethod
+    def from_options(cls, **options) -> LibraKtPlanner:
+        own = {f.name for f in fields(LibraKtConfig)} - {"tap"}
+        tap = TapConfig(**{k: v for k, v in options.items() if k not in own})
+        return cls(LibraKtConfig(tap=tap, **{k: v for k, v in options.items() if k in own}))
+
+    def load_model(self) -> tuple[object, dict]:
         # the estimate's profile goes into the plan (and its hash): a plan made for another
         # cluster's kernel curve is a different plan
-        meta = {"grouping": self.grouping, **asdict(tap), **extra, "kernel_profile": profile.name,
-                "kernel": profile.kernel.to_dict()}
-        return plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, kernel=profile.kernel)
+        profile = load_profile(self.config.profile)
+        return profile.kernel, {"kernel_profile": profile.name, "kernel": profile.kernel.to_dict()}

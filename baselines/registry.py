@@ -7,6 +7,9 @@ methods through the same contract. Planners are looked up by name (registry patt
 >>> planner = get_planner("libra", block_size=4096, head_split=2)
 >>> plans = planner.plan_window(window, par, shape)   # len(plans) == par.ga
 
+The TAP planners (``distca`` and the ``libra`` family) take the fields of their
+:class:`libra.config.TapConfig` as options (:func:`options_from_tap` picks them from a TapConfig).
+
 Planner modules are imported lazily on first lookup, so importing the registry stays cheap and the
 planning path never imports torch.
 
@@ -25,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from libra.config import ParallelConfig
+from libra.config import ParallelConfig, TapConfig
 from libra.plan import Plan
 from libra.workload import AttentionShape
 
@@ -57,6 +60,16 @@ class Planner:
     def __init__(self, config=None):
         self.config = config if config is not None else self.Config()
 
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        """The keyword options :func:`get_planner` accepts: by default the ``Config`` fields."""
+        return tuple(f.name for f in dataclasses.fields(cls.Config))
+
+    @classmethod
+    def from_options(cls, **options) -> Planner:
+        """The planner configured by ``options`` (names already checked against :meth:`option_names`)."""
+        return cls(cls.Config(**options))
+
     @property
     def pipeline_chunks(self) -> int:
         return 1
@@ -82,22 +95,43 @@ class Planner:
         return f"{type(self).__name__}({self.config!r})"
 
 
+def planner_class(name: str) -> type[Planner]:
+    """The class registered as ``name`` (its module is imported on first use).
+
+    Raises:
+        ValueError: unknown name (the message lists the registered names).
+    """
+    if name not in PLANNERS:
+        raise ValueError(f"unknown planner {name!r}; registered planners: {', '.join(PLANNERS)}")
+    module, attr = PLANNERS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 def get_planner(name: str, **options) -> Planner:
-    """Instantiate the planner registered as ``name`` with its options dataclass.
+    """Instantiate the planner registered as ``name`` with its options.
 
     Raises:
         ValueError: unknown name (the message lists the registered names), an option the planner
             does not take, or an option value its config rejects.
     """
-    if name not in PLANNERS:
-        raise ValueError(f"unknown planner {name!r}; registered planners: {', '.join(PLANNERS)}")
-    module, attr = PLANNERS[name].split(":")
-    cls = getattr(importlib.import_module(module), attr)
-    fields = {f.name for f in dataclasses.fields(cls.Config)}
-    unknown = sorted(set(options) - fields)
+    cls = planner_class(name)
+    names = cls.option_names()
+    unknown = sorted(set(options) - set(names))
     if unknown:
-        raise ValueError(f"planner {name!r} takes no option(s) {unknown}; its options are {sorted(fields)}")
-    return cls(cls.Config(**options))
+        raise ValueError(f"planner {name!r} takes no option(s) {unknown}; its options are {sorted(names)}")
+    return cls.from_options(**options)
+
+
+def options_from_tap(name: str, tap: TapConfig) -> dict:
+    """The :func:`get_planner` options of planner ``name`` that ``tap`` sets: the TapConfig fields the
+    planner takes as options (none for Ulysses and WLB-LLM; no ``pipeline_chunks`` for the TAP-only
+    variants, no ``pool_size`` for DistCA).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    names = set(planner_class(name).option_names())
+    return {f.name: getattr(tap, f.name) for f in dataclasses.fields(TapConfig) if f.name in names}
 
 
 # --------------------------------------------------------------------------------------------

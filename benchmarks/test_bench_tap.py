@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from libra.data.packing import gbs_windows, window_workloads
+from libra.data.windows import gbs_windows, window_workloads
 from libra.plan import SequenceLayout
 from libra.tap import build_transfers, make_tiles, place_tiles
 from libra.vrsp import vrsp

@@ -10,6 +10,7 @@ grows as GA = GBS/DP shrinks and fewer sequences average out per replica.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -19,18 +20,21 @@ from experiments.e2e import (
     Setting,
     cached_windows,
     check_profile,
+    check_tap_layouts,
     check_workload,
     parse_dp,
     price_window,
     resolve_windows,
     sim_options,
+    tap_settings,
 )
 from experiments.runner import ExperimentRun
+from libra.config import TapConfig
 from libra.sim.models import MODELS
 
 SETTINGS = {
-    "256k": Setting("256k", 262144, 128, cp=8, pp=1, block_size=4096, max_pool=8),
-    "1m": Setting("1m", 1048576, 32, cp=16, pp=1, block_size=8192, max_pool=8),
+    "256k": Setting("256k", 262144, 128, cp=8, pp=1, tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
+    "1m": Setting("1m", 1048576, 32, cp=16, pp=1, tap=TapConfig(pool_size=8, block_size=8192, head_split=2)),
 }
 DPS = (1, 2, 4, 8, 16)
 METHODS = ("ulysses", "libra")
@@ -63,10 +67,13 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
 
 @click.command("dp-scaling")
 @sim_options(default_windows=4, quick_windows=1)
-@click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), default="qwen3-30b-a3b", show_default=True)
-@click.option("--settings", "setting_names", default="256k,1m", show_default=True)
+@click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), default="qwen3-30b-a3b", show_default=True,
+              help="model whose layers are priced (libra.sim.models)")
+@click.option("--settings", "setting_names", default="256k,1m", show_default=True,
+              help="comma-separated paper settings: 256k, 1m")
 @click.option("--dp", "dp_filter", default=None, help="comma-separated subset of 1,2,4,8,16 (must include 1)")
-def dp_scaling(workload, profile_name, windows, seed, out, quick, force, model_name, setting_names, dp_filter):
+def dp_scaling(workload, profile_name, windows, seed, out, quick, force, model_name, setting_names, dp_filter,
+               **tap):
     """Figure 13: throughput vs DP (1..16), each method normalized to its own DP = 1."""
     settings = [s.strip() for s in setting_names.split(",") if s.strip()]
     for s in settings:
@@ -75,24 +82,26 @@ def dp_scaling(workload, profile_name, windows, seed, out, quick, force, model_n
     dps = parse_dp(dp_filter, DPS)
     if 1 not in dps:
         raise click.BadParameter("--dp must include 1 (throughput is normalized to DP = 1)", param_hint="--dp")
+    chosen = tap_settings(SETTINGS, settings, tap)
+    check_tap_layouts(chosen, {s: dps for s in settings}, 1, [model_name])
     profile = check_profile(profile_name)
     n_windows = resolve_windows(windows, quick, 4, 1)
     for s in settings:
-        check_workload(workload, SETTINGS[s].seq_len, SETTINGS[s].gbs, n_windows, seed)
+        check_workload(workload, chosen[s].seq_len, chosen[s].gbs, n_windows, seed)
     config = {"workload": workload, "profile": profile.to_dict(), "windows": n_windows, "seed": seed,
-              "model": model_name, "settings": {s: SETTINGS[s].__dict__ for s in settings}, "dp": dps,
+              "model": model_name, "settings": {s: asdict(chosen[s]) for s in settings}, "dp": dps,
               "methods": METHODS, "linear_mfu": 0.5}
     run = ExperimentRun("dp-scaling", config, out_dir=out, force=force)
     keys = [(s, method, dp) for s in settings for method in METHODS for dp in dps]
 
     def point(key):
         s, method, dp = key
-        st = SETTINGS[s]
+        st = chosen[s]
         rows = []
         for w, window in enumerate(cached_windows(workload, st.seq_len, st.gbs, n_windows, seed)):
             t = price_window(method, window, st, dp, 1, model_name, profile)
             rows.append({"workload": workload, "setting": s, "model": model_name, "method": method, "dp": dp,
-                         "cp": st.cp, "gbs": st.gbs, "pool_size": min(st.max_pool, dp) if method == "libra" else 1,
+                         "cp": st.cp, "gbs": st.gbs, "pool_size": st.libra_tap(dp).pool_size if method == "libra" else 1,
                          "window": w, **t.summary()})
         return rows
 

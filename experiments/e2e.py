@@ -8,23 +8,26 @@ planner produces for the same GBS window (``--windows`` consecutive windows of `
 configuration and reports its measured tokens/GPU/s.
 
 This module also holds the helpers the other simulated end-to-end experiments share
-(``dp-scaling``, ``pp-balance``): the paper settings, common click options and one function that
-plans and prices one window.
+(``dp-scaling``, ``pp-balance``): the paper settings, common click options (including the TAP
+overrides ``--block-size``, ``--head-split``, ``--tau``, ``--pipeline-chunks``, default each
+setting's) and one function that plans and prices one window.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import click
 import pandas as pd
 
-from baselines.registry import get_planner
+from baselines.registry import get_planner, options_from_tap
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun
-from libra.config import ParallelConfig
-from libra.data.packing import gbs_windows
+from experiments.sim_common import with_tap
+from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.data.windows import gbs_windows
 from libra.sim.e2e import E2EConfig, StepModel, StepTime
 from libra.sim.models import MODELS, get_model
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
@@ -34,31 +37,38 @@ METHODS = ("ulysses", "wlb-llm", "libra")
 
 @dataclass(frozen=True)
 class Setting:
-    """One paper dataset setting: packed length, GBS, CP, PP, Libra's block size and pool cap."""
+    """One paper dataset setting: packed length, GBS, CP, PP and Libra's TAP layout.
+
+    Attributes:
+        tap: Libra's TapConfig; its ``pool_size`` is the pool-size cap, ``P = min(cap, DP)``
+            (:meth:`libra_tap`).
+    """
 
     name: str
     seq_len: int
     gbs: int
     cp: int
     pp: int
-    block_size: int
-    max_pool: int
+    tap: TapConfig
+
+    def libra_tap(self, dp: int) -> TapConfig:
+        """Libra's TapConfig at ``dp`` replicas: ``P = min(tap.pool_size, DP)``."""
+        return replace(self.tap, pool_size=min(self.tap.pool_size, dp))
 
 
-# Libra sec. 6.2 (Figure 11) and 6.3 (block sizes: B = 4096 on 256K, 8192 on 1M; H = 2; M = 4).
+# Libra sec. 6.2 (Figure 11) and 6.3 (block sizes: B = 4096 on 256K, 8192 on 1M; H = 2; M = 4,
+# TapConfig's default).
 E2E_SETTINGS = {
-    "256k": Setting("256k", 262144, 128, cp=4, pp=4, block_size=4096, max_pool=8),
-    "1m": Setting("1m", 1048576, 32, cp=16, pp=2, block_size=8192, max_pool=4),
+    "256k": Setting("256k", 262144, 128, cp=4, pp=4, tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
+    "1m": Setting("1m", 1048576, 32, cp=16, pp=2, tap=TapConfig(pool_size=4, block_size=8192, head_split=2)),
 }
 E2E_DP = {"256k": (4, 8, 16), "1m": (2, 4, 8)}
 
 
-def planner_for(method: str, setting: Setting, dp: int, head_split: int = 2, pipeline_chunks: int = 4):
-    """The registry planner of ``method`` with Libra's per-setting options (``P = min(cap, DP)``)."""
-    if method == "libra":
-        return get_planner("libra", pool_size=min(setting.max_pool, dp), block_size=setting.block_size,
-                           head_split=head_split, pipeline_chunks=pipeline_chunks)
-    return get_planner(method)
+def planner_for(method: str, setting: Setting, dp: int):
+    """The registry planner of ``method`` with the setting's TAP layout at ``P = min(cap, DP)``
+    (only the TAP planners take it; Ulysses and WLB-LLM run with their defaults)."""
+    return get_planner(method, **options_from_tap(method, setting.libra_tap(dp)))
 
 
 def price_window(method: str, window, setting: Setting, dp: int, pp: int, model_name: str, profile,
@@ -76,8 +86,12 @@ def cached_windows(workload: str, seq_len: int, gbs: int, n_windows: int, seed: 
     return gbs_windows(workload, seq_len, gbs, n_windows, seed=seed)
 
 
+TAP_OVERRIDES = ("block_size", "head_split", "tau", "pipeline_chunks")
+"""TapConfig fields the simulated end-to-end commands take as options (default: each setting's)."""
+
+
 def sim_options(default_windows: int, quick_windows: int):
-    """Click options every simulated end-to-end experiment takes."""
+    """Click options every simulated end-to-end experiment takes (the TAP ones: :data:`TAP_OVERRIDES`)."""
 
     def wrap(fn):
         opts = [
@@ -88,7 +102,7 @@ def sim_options(default_windows: int, quick_windows: int):
             click.option("--windows", type=click.IntRange(min=1), default=None,
                          help=f"GBS windows (optimizer steps) per point [default {default_windows}; "
                               f"--quick {quick_windows}]"),
-            click.option("--seed", type=int, default=0, show_default=True),
+            click.option("--seed", type=int, default=0, show_default=True, help="seed of the length stream"),
             click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
                          help="output folder (default results/<name>)"),
             click.option("--quick", is_flag=True, help="fewer windows (smoke run)"),
@@ -96,9 +110,36 @@ def sim_options(default_windows: int, quick_windows: int):
         ]
         for opt in reversed(opts):
             fn = opt(fn)
-        return fn
+        return tap_options(*TAP_OVERRIDES, per_setting=True)(fn)
 
     return wrap
+
+
+def check_tap_layouts(chosen: dict, dps: dict, pp: int | None, model_names) -> None:
+    """Check Libra's layout at every (setting, DP, model) point before any work (a click error
+    naming the point), so a TAP option the layout rules reject fails at once, not mid-sweep.
+
+    Args:
+        chosen: setting name -> :class:`Setting`; dps: setting name -> DP degrees; pp: the PP degree
+            the command prices with (None: each setting's).
+    """
+    for s, st in chosen.items():
+        for dp in dps[s]:
+            par = ParallelConfig(dp=dp, cp=st.cp, gbs=st.gbs, seq_len=st.seq_len, pp=st.pp if pp is None else pp)
+            for m in model_names:
+                try:
+                    check_layout(par, st.libra_tap(dp), get_model(m).attention_shape)
+                except ValueError as exc:
+                    raise click.UsageError(f"setting {s}, DP={dp}, {m}: {exc}") from exc
+
+
+def tap_settings(settings: dict, names, overrides: dict) -> dict:
+    """``{name: settings[name]}`` with the TAP options given on the command line applied
+    (:func:`experiments.sim_common.with_tap`), as a click error when TapConfig rejects a value."""
+    try:
+        return {s: with_tap(settings[s], **overrides) for s in names}
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def resolve_windows(windows: int | None, quick: bool, default: int, quick_default: int) -> int:
@@ -156,7 +197,8 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
 @click.command("e2e")
 @sim_options(default_windows=3, quick_windows=1)
 @click.option("--models", default=",".join(MODELS), show_default=True, help="comma-separated model names")
-@click.option("--settings", "setting_names", default="256k,1m", show_default=True)
+@click.option("--settings", "setting_names", default="256k,1m", show_default=True,
+              help="comma-separated paper settings: 256k, 1m")
 @click.option("--dp", "dp_filter", default=None,
               help="comma-separated DP degrees to keep from the paper's (256K: 4,8,16; 1M: 2,4,8)")
 @click.option("--measure", is_flag=True,
@@ -165,9 +207,13 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
               help="--measure: processes (DP x CP = nproc)")
 @click.option("--steps", type=click.IntRange(min=1), default=3, show_default=True, help="--measure: steps")
 def e2e(workload, profile_name, windows, seed, out, quick, force, models, setting_names, dp_filter, measure, nproc,
-        steps):
+        steps, **tap):
     """Figure 11: tokens/GPU/s of Ulysses, WLB-LLM and Libra on Qwen3 8B, 30B-A3B, 235B-A22B."""
     if measure:
+        given = sorted(f"--{k.replace('_', '-')}" for k, v in tap.items() if v is not None)
+        if given:
+            raise click.UsageError(f"{', '.join(given)} set the simulated settings' TAP layout; --measure "
+                                   "trains with libra-bench train's own layout")
         _measure(workload, seed, out, force, nproc, steps)
         return
     model_names = [m.strip() for m in models.split(",") if m.strip()]
@@ -180,20 +226,22 @@ def e2e(workload, profile_name, windows, seed, out, quick, force, models, settin
             raise click.BadParameter(f"unknown setting {s!r}; known: {', '.join(E2E_SETTINGS)}",
                                      param_hint="--settings")
     dps = {s: parse_dp(dp_filter, E2E_DP[s]) for s in settings}
+    chosen = tap_settings(E2E_SETTINGS, settings, tap)
+    check_tap_layouts(chosen, dps, None, model_names)
     profile = check_profile(profile_name)
     n_windows = resolve_windows(windows, quick, 3, 1)
     config = {"workload": workload, "profile": profile.to_dict(), "windows": n_windows, "seed": seed,
-              "models": model_names, "settings": {s: E2E_SETTINGS[s].__dict__ for s in settings},
+              "models": model_names, "settings": {s: asdict(chosen[s]) for s in settings},
               "dp": dps, "methods": METHODS, "linear_mfu": 0.5}
     run = ExperimentRun("e2e", config, out_dir=out, force=force)
     for s in settings:
-        st = E2E_SETTINGS[s]
+        st = chosen[s]
         check_workload(workload, st.seq_len, st.gbs, n_windows, seed)
     keys = [(s, m, dp, method) for s in settings for m in model_names for dp in dps[s] for method in METHODS]
 
     def point(key):
         s, m, dp, method = key
-        st = E2E_SETTINGS[s]
+        st = chosen[s]
         rows = []
         for w, window in enumerate(cached_windows(workload, st.seq_len, st.gbs, n_windows, seed)):
             t = price_window(method, window, st, dp, st.pp, m, profile)

@@ -17,19 +17,21 @@ dividing hq, ...) are kept as rows with a ``reason`` instead of aborting the swe
 Outputs (``results/grid-search/`` or ``--out``): ``grid-search.csv`` (one row per setting, method,
 cell, window, step), ``grid-search_summary.csv`` (one row per cell, skipped cells included, with
 the paper's quoted values), ``grid-search.png`` (one seaborn heatmap per setting, paper cells
-outlined) and ``run.json`` (config, profile, git SHA).
+outlined) and ``run.json`` (config, profile, git SHA). ``--tau`` overrides the settings' soft
+load-target slack (TapConfig's default otherwise).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 import numpy as np
 import pandas as pd
 
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     Setting,
@@ -46,6 +48,7 @@ from experiments.sim_common import (
     resolve_profile,
     setting_record,
     tiles_per_sequence,
+    with_tap,
     workload_record,
 )
 from libra.config import TapConfig, check_layout
@@ -63,7 +66,7 @@ class GridSetting:
     """One sec. 6.6 grid: a layout, its KV-head override and the block sizes it sweeps.
 
     Attributes:
-        setting: parallel layout and pool size (its ``block_size``/``head_split`` are replaced per cell).
+        setting: parallel layout and TAP layout (its ``block_size``/``head_split`` are replaced per cell).
         kv_heads: ``h_kv`` this sweep alone uses (16 on 256K, 4 on 1M).
         block_sizes: the B axis of the grid.
     """
@@ -74,10 +77,12 @@ class GridSetting:
 
 
 GRID_SETTINGS: dict[str, GridSetting] = {
-    "256k": GridSetting(Setting("256k", dp=8, cp=8, gbs=128, seq_len=256 * 1024, pool_size=8, head_split=2,
-                                block_size=4096), kv_heads=16, block_sizes=(2048, 4096, 8192, 16384)),
-    "1m": GridSetting(Setting("1m", dp=4, cp=16, gbs=32, seq_len=1024 * 1024, pool_size=4, head_split=2,
-                              block_size=8192), kv_heads=4, block_sizes=(4096, 8192, 16384, 32768)),
+    "256k": GridSetting(Setting("256k", dp=8, cp=8, gbs=128, seq_len=256 * 1024,
+                                tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
+                        kv_heads=16, block_sizes=(2048, 4096, 8192, 16384)),
+    "1m": GridSetting(Setting("1m", dp=4, cp=16, gbs=32, seq_len=1024 * 1024,
+                              tap=TapConfig(pool_size=4, block_size=8192, head_split=2)),
+                      kv_heads=4, block_sizes=(4096, 8192, 16384, 32768)),
 }
 
 # Speedups over same-layout Ulysses that Libra sec. 6.6 quotes, as (low, high) per (setting, H, B).
@@ -113,10 +118,11 @@ def grid_shape(name: str, q_heads: int = DEFAULT_Q_HEADS, kv_heads: int | None =
 
 def cell_reason(setting: Setting, shape, block_size: int, head_split: int) -> str:
     """Why cell (B, H) cannot run on ``setting`` (``""`` when it can): the layout rules of
-    :func:`libra.config.check_layout` with M = 1."""
+    :func:`libra.config.check_layout` for the TapConfig :data:`GRID_METHOD` plans with (M = 1)."""
+    from baselines.registry import planner_class  # noqa: PLC0415  (keeps `--help` fast)
+
     try:
-        tap = TapConfig(pool_size=setting.pool_size, block_size=block_size, head_split=head_split,
-                        pipeline_chunks=1)
+        tap = planner_class(GRID_METHOD)(with_tap(setting, block_size=block_size, head_split=head_split).tap).tap
         check_layout(setting.par(), tap, shape)
     except ValueError as exc:
         return str(exc)
@@ -124,19 +130,22 @@ def cell_reason(setting: Setting, shape, block_size: int, head_split: int) -> st
 
 
 def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: int, shapes: dict,
-             block_sizes: dict | None = None, out=None, force=False, quiet=False, name: str = "grid-search"):
+             block_sizes: dict | None = None, out=None, force=False, quiet=False, name: str = "grid-search",
+             tap_overrides: dict | None = None):
     """Simulate Ulysses and every valid (B, H) cell per setting; returns (steps, summary, run).
 
     Args:
         shapes: setting name -> :class:`AttentionShape`.
         block_sizes: setting name -> B axis (default: the paper's per setting).
+        tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
 
     Raises:
         ValueError: unknown setting, bad workload, or a planner rejecting a layout.
     """
     block_sizes = block_sizes or {s: GRID_SETTINGS[s].block_sizes for s in settings}
+    chosen = {s: with_tap(GRID_SETTINGS[s].setting, **(tap_overrides or {})) for s in settings}
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
-              "method": GRID_METHOD, "settings": [setting_record(GRID_SETTINGS[s].setting) for s in settings],
+              "method": GRID_METHOD, "settings": [setting_record(chosen[s]) for s in settings],
               "block_sizes": {s: list(block_sizes[s]) for s in settings}, "head_splits": list(head_splits),
               "windows": windows, "seed": seed,
               "shapes": {s: [shapes[s].num_q_heads, shapes[s].num_kv_heads, shapes[s].head_dim,
@@ -147,14 +156,14 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
 
     def context(s):
         if s not in cache:
-            st = GRID_SETTINGS[s].setting
+            st = chosen[s]
             cache[s] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
         return cache[s]
 
     def point(key):
         s, method, b, h, w = key
         st, wins, cm = context(s)
-        cell = replace(st, block_size=b, head_split=h) if method == GRID_METHOD else st
+        cell = with_tap(st, block_size=b, head_split=h) if method == GRID_METHOD else st
         steps = simulate_window(make_planner(method, cell), wins[w], st.par(), shapes[s], cm,
                                 seed=jitter_seed(seed, w))
         return [{"workload": label, "setting": s, "method": method, "block_size": b, "head_split": h,
@@ -162,7 +171,7 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
 
     keys, skipped = [], []
     for s in settings:
-        st = GRID_SETTINGS[s].setting
+        st = chosen[s]
         keys += [[s, "ulysses", 0, 0, w] for w in range(windows)]
         for h in head_splits:
             for b in block_sizes[s]:
@@ -194,10 +203,10 @@ def summarize(df: pd.DataFrame, shapes: dict, skipped: list[dict], settings, hea
             for b in block_sizes[s]:
                 row = {"setting": s, "head_split": h, "block_size": b,
                        "tiles_per_sequence": tiles_per_sequence(st.seq_len, b, h) if st.seq_len % b == 0 else np.nan,
-                       "pool_size": st.pool_size, "dp": st.dp, "cp": st.cp, "gbs": st.gbs,
+                       "pool_size": st.tap.pool_size, "dp": st.dp, "cp": st.cp, "gbs": st.gbs,
                        "q_heads": shape.num_q_heads, "kv_heads": shape.num_kv_heads,
                        "kv_replicated": h > shape.num_kv_heads, "ulysses_mean_ms": u_mean}
-                row["tiles_per_pool"] = row["tiles_per_sequence"] * st.pool_size
+                row["tiles_per_pool"] = row["tiles_per_sequence"] * st.tap.pool_size
                 c = g[(g["method"] == GRID_METHOD) & (g["block_size"] == b) & (g["head_split"] == h)]
                 reason = skip.get((s, h, b), "")
                 if reason or c.empty:
@@ -278,8 +287,9 @@ def plot_grid(summary: pd.DataFrame, path: Path) -> None:
 @click.option("--kv-heads", type=int, default=None,
               help="KV heads for every setting (default: sec. 6.6's override, 16 on 256k and 4 on 1m).")
 @click.option("--head-dim", type=int, default=128, show_default=True, help="Head width.")
+@tap_options("tau", per_setting=True)
 def grid_search(profile, windows, seed, out, quick, force, no_progress, workload, settings_, head_splits,
-                block_sizes, q_heads, kv_heads, head_dim):
+                block_sizes, q_heads, kv_heads, head_dim, tau):
     """Figure 16: speedup over Ulysses of every (block size B, head split H) cell, VRSP on, M = 1."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
@@ -291,7 +301,8 @@ def grid_search(profile, windows, seed, out, quick, force, no_progress, workload
         shapes = {s: grid_shape(s, q_heads, kv_heads, head_dim) for s in settings}
         t0 = time.perf_counter()
         df, summary, run = run_grid(workload, prof, settings, hs, 1 if quick else windows, seed, shapes,
-                                    block_sizes=bs, out=out, force=force, quiet=no_progress)
+                                    block_sizes=bs, out=out, force=force, quiet=no_progress,
+                                    tap_overrides={"tau": tau})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     atomic_write_text(run.out_dir / f"{run.name}_summary.csv", summary.to_csv(index=False))

@@ -6,7 +6,9 @@ Usage::
     @grouping_sweep_options()
     def my_command(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force): ...
 
-or any subset of the single-option factories below.
+or any subset of the single-option factories below. The TAP layout options (``--pool-size``,
+``--block-size``, ``--head-split``, ``--tau``, ``--pipeline-chunks``, ...) all come from
+:func:`tap_options`, generated from :class:`libra.config.TapConfig`'s fields.
 
 Every option turns bad input into a ``click.BadParameter`` (exit code 2, message naming the value);
 ``--workload`` is resolved here, so a typo fails before any work starts.
@@ -14,10 +16,12 @@ Every option turns bad input into a ``click.BadParameter`` (exit code 2, message
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
 
+from libra.config import LOAD_ESTIMATES, TapConfig
 from libra.data.source import LengthSource, resolve_workload
 
 SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
@@ -137,6 +141,77 @@ def quick_option():
 
 def force_option():
     return click.option("--force", is_flag=True, help="recompute every point instead of reusing finished ones")
+
+
+TAP_OPTION_HELP: dict[str, tuple[str, str]] = {
+    "pool_size": ("--pool-size", "TAP pool size P: DP replicas per pool; must divide DP"),
+    "block_size": ("--block-size", "TAP block size B: tokens per SH-tile; must divide S/CP (accepts 4K)"),
+    "head_split": ("--head-split", "TAP head split H: head shards per block; must divide the query heads"),
+    "tau": ("--tau", "TAP soft load-target slack: placement targets (1 + tau) x the pool's mean load (Alg. 2)"),
+    "pipeline_chunks": ("--pipeline-chunks", "Pipeliner chunks M along the head axis; must divide hq/H; "
+                                             "1 = no overlap (the TAP-only variants always use 1)"),
+    "comm_aware": ("--comm-aware/--flops-only", "place tiles by load and incremental communication (Alg. 2), "
+                                                "or by FLOPs only (DistCA's placement)"),
+    "load_estimate": ("--load-estimate", "what TAP placement balances: flops (the paper) or kernel-time "
+                                         "(an extension; needs a kernel profile)"),
+}
+"""Flag and help text of the click option of each :class:`TapConfig` field (type and default come
+from the field itself; :func:`tap_options`)."""
+
+
+def _tap_option_type(name: str, default):
+    if name == "block_size":
+        return SizeType()
+    if name == "load_estimate":
+        return click.Choice(LOAD_ESTIMATES)
+    if isinstance(default, bool):
+        return None  # an on/off flag
+    if isinstance(default, int):
+        return click.IntRange(min=1)
+    if isinstance(default, float):
+        return click.FloatRange(min=0.0)
+    raise TypeError(f"no click type for TapConfig.{name} (default {default!r})")  # pragma: no cover
+
+
+def tap_options(*names: str, per_setting: bool = False):
+    """Decorator adding one click option per :class:`TapConfig` field in ``names`` (default: every
+    field), generated from ``dataclasses.fields(TapConfig)``: the parameter is the field name, the
+    type follows the field (``--block-size`` accepts ``4K``; counts >= 1; ``--tau`` >= 0), the help
+    is :data:`TAP_OPTION_HELP`'s, and the default is TapConfig's.
+
+    ``per_setting=True`` (commands whose experiment settings each carry a TapConfig): the default is
+    None, meaning each setting's own value; the command applies the given ones with
+    :func:`experiments.sim_common.with_tap`.
+
+    Raises:
+        ValueError: a name that is not a TapConfig field.
+    """
+    fields = {f.name: f for f in dataclasses.fields(TapConfig)}
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise ValueError(f"not TapConfig fields: {unknown}; fields are {list(fields)}")
+    opts = []
+    for name in names or tuple(fields):
+        flag, help_text = TAP_OPTION_HELP[name]
+        default = fields[name].default
+        kind = _tap_option_type(name, default)
+        kwargs = {"help": help_text}
+        if kind is not None:
+            kwargs["type"] = kind
+        else:
+            kwargs["is_flag"] = True
+        if per_setting:
+            kwargs.update(default=None, show_default="each setting's")
+        else:
+            kwargs.update(default=default, show_default=True)
+        opts.append(click.option(flag, name, **kwargs))
+
+    def deco(fn):
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return deco
 
 
 def grouping_sweep_options():

@@ -17,14 +17,15 @@ command plans every window with ``ulysses``, ``wlb-llm``, ``libra`` and ``distca
 method the max/mean worker FLOPs (over the PP stage at the worst GA index, and inside the worst
 pool, next to the floor the heaviest indivisible tile sets) and the forward bytes moved per
 optimizer step (``plan-cost-quality.csv`` one row per window and method; ``run.json`` aggregated).
-Timings on a shared machine are noisy: compare medians, and read the IQR.
+Timings on a shared machine are noisy: compare medians, and read the IQR. ``--block-size``,
+``--head-split``, ``--tau`` and ``--pipeline-chunks`` override the settings' TAP layout.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 
 import click
@@ -32,10 +33,12 @@ import numpy as np
 import pandas as pd
 
 from baselines.libra_planners import vrsp_groups
-from baselines.registry import get_planner, pool_workers
+from baselines.registry import get_planner, options_from_tap, pool_workers
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.sim_common import with_tap
 from libra.config import ParallelConfig, TapConfig, check_layout
-from libra.data.packing import gbs_windows
+from libra.data.windows import gbs_windows
 from libra.plan import SequenceLayout
 from libra.tap.exchange import build_transfers
 from libra.tap.placement import place_tiles
@@ -50,16 +53,14 @@ SHAPE = AttentionShape(num_q_heads=32, num_kv_heads=4, head_dim=128)
 
 @dataclass(frozen=True)
 class Setting:
-    """One of the paper's two sec. 6.3 settings."""
+    """One of the paper's two sec. 6.3 settings: layout, Libra's TAP layout and the paper's timings."""
 
     name: str
     seq_len: int
     gbs: int
     dp: int
     cp: int
-    pool_size: int
-    block_size: int
-    head_split: int
+    tap: TapConfig
     paper_vrsp_ms: float
     paper_tap_ms: float
 
@@ -67,15 +68,10 @@ class Setting:
     def par(self) -> ParallelConfig:
         return ParallelConfig(dp=self.dp, cp=self.cp, gbs=self.gbs, seq_len=self.seq_len)
 
-    @property
-    def tap(self) -> TapConfig:
-        return TapConfig(pool_size=self.pool_size, block_size=self.block_size, head_split=self.head_split,
-                         pipeline_chunks=4)
-
 
 SETTINGS = (
-    Setting("256K", 262144, 128, 32, 8, 8, 4096, 2, 2.2, 2.4),
-    Setting("1M", 1048576, 32, 16, 16, 8, 8192, 2, 0.6, 10.7),
+    Setting("256K", 262144, 128, 32, 8, TapConfig(pool_size=8, block_size=4096, head_split=2), 2.2, 2.4),
+    Setting("1M", 1048576, 32, 16, 16, TapConfig(pool_size=8, block_size=8192, head_split=2), 0.6, 10.7),
 )
 QUALITY_METHODS = ("ulysses", "wlb-llm", "libra", "distca")
 
@@ -106,7 +102,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
     window = _window(setting, workload, index, seed)
     lengths = [s.sample_lengths for s in window]
     par, tap = setting.par, setting.tap
-    check_layout(par, tap, SHAPE)
+    check_layout(par, tap, SHAPE)  # once, as a planner's plan_window does; plan_pool is told so
 
     def vrsp_step():
         pools = vrsp(packed_workloads(lengths), tap.pool_size)
@@ -123,11 +119,12 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
                     for j in range(P)]
             workers = pool_workers(p0, P, par.cp)
             tiles = make_tiles(seqs, tap.block_size, tap.head_split, SHAPE)
-            placed, _ = place_tiles(tiles, seqs, workers, SHAPE, tau=tap.tau, comm_aware=True)
+            placed, _ = place_tiles(tiles, seqs, workers, SHAPE, tau=tap.tau, comm_aware=tap.comm_aware)
             parts = {  # partial binds this pool's arguments now (timed right below)
-                "tap": partial(plan_pool, k, seqs, workers, tap, SHAPE),
+                "tap": partial(plan_pool, k, seqs, workers, tap, SHAPE, layout_checked=True),
                 "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, SHAPE),
-                "tap.placement": partial(place_tiles, tiles, seqs, workers, SHAPE, tau=tap.tau, comm_aware=True),
+                "tap.placement": partial(place_tiles, tiles, seqs, workers, SHAPE, tau=tap.tau,
+                                         comm_aware=tap.comm_aware),
                 "tap.exchange": partial(build_transfers, seqs, placed, SHAPE),
             }
             for stage, fn in parts.items():
@@ -144,10 +141,7 @@ def quality_rows(setting: Setting, workload: str, index: int, seed: int, method:
     moved per optimizer step (total and per kind) and the number of fallback tiles.
     """
     window = _window(setting, workload, index, seed)
-    opts = {} if method in ("ulysses", "wlb-llm") else {"block_size": setting.block_size, "head_split": setting.head_split}
-    if method == "libra":
-        opts["pool_size"] = setting.pool_size
-    plans = get_planner(method, **opts).plan_window(window, setting.par, SHAPE)
+    plans = get_planner(method, **options_from_tap(method, setting.tap)).plan_window(window, setting.par, SHAPE)
     target = 1.0 + setting.tap.tau
     stage_ratio, pool_ratio, tile_bound, kinds, fallback = [], [], [], {"q": 0, "kv": 0, "o": 0}, 0
     for plan in plans:
@@ -230,20 +224,26 @@ def plot(df: pd.DataFrame, path) -> None:
               help="restrict to one setting (repeatable; default: both).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="output folder (default results/plan-cost).")
 @click.option("--force", is_flag=True, help="recompute cached points.")
-def plan_cost(quick, repeats, windows, workload, seed, settings, out, force):
+@tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
+def plan_cost(quick, repeats, windows, workload, seed, settings, out, force, block_size, head_split, tau,
+              pipeline_chunks):
     """Planning time of VRSP (per step) and TAP (per microbatch per pool), Libra sec. 5.
 
     Also prints, per setting, max/mean worker FLOPs and bytes moved for Ulysses, Libra and DistCA.
     """
     repeats = repeats or (2 if quick else 5)
     windows = windows or (1 if quick else 8)
-    chosen = [s for s in SETTINGS if not settings or s.name in settings]
+    try:
+        chosen = [with_tap(s, block_size=block_size, head_split=head_split, tau=tau, pipeline_chunks=pipeline_chunks)
+                  for s in SETTINGS if not settings or s.name in settings]
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     config = {"workload": workload, "seed": seed, "repeats": repeats, "windows": windows,
-              "settings": [s.__dict__ for s in chosen], "shape": SHAPE.__dict__, "quality_methods": QUALITY_METHODS}
+              "settings": [asdict(s) for s in chosen], "shape": SHAPE.__dict__, "quality_methods": QUALITY_METHODS}
     run = ExperimentRun("plan-cost", config, out_dir=out, force=force, quiet=True)
     try:
         keys = [("timing", s.name, w) for s in chosen for w in range(windows)]
-        by_name = {s.name: s for s in SETTINGS}
+        by_name = {s.name: s for s in chosen}
         samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(by_name[key[1]], workload, key[2], seed, repeats)))
         qkeys = [("quality", s.name, w, m) for s in chosen for w in range(windows) for m in QUALITY_METHODS]
         quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], workload, key[2], seed, key[3])))
@@ -255,8 +255,9 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, out, force):
     paths = run.finish(df, plot=plot, extra={"quality": summarize_quality(quality).to_dict(orient="records")})
     for s in chosen:
         sub = df[df["setting"] == s.name].set_index("stage")
-        click.echo(f"{s.name}: S={s.seq_len} GBS={s.gbs} DP={s.dp} CP={s.cp} P={s.pool_size} B={s.block_size} "
-                   f"H={s.head_split}, {SHAPE.num_q_heads}q/{SHAPE.num_kv_heads}kv heads d={SHAPE.head_dim}, "
+        click.echo(f"{s.name}: S={s.seq_len} GBS={s.gbs} DP={s.dp} CP={s.cp} P={s.tap.pool_size} "
+                   f"B={s.tap.block_size} H={s.tap.head_split} tau={s.tap.tau} M={s.tap.pipeline_chunks}, "
+                   f"{SHAPE.num_q_heads}q/{SHAPE.num_kv_heads}kv heads d={SHAPE.head_dim}, "
                    f"{workload}, {windows} window(s), {repeats} repeat(s)")
         for stage, label in (("vrsp", "VRSP + workload estimation per step"), ("tap", "TAP per microbatch per pool")):
             r = sub.loc[stage]

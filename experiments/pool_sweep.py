@@ -8,6 +8,9 @@ overlaps with the Pipeliner, so its communication is the exposed part. Everythin
 the mean straggler of Ulysses on the same windows (sec. 6.5). Larger P widens the exchange
 domain: at CP = 8 a pool of more than 8 replicas crosses a supernode boundary of the default profile.
 
+``--block-size``, ``--head-split``, ``--tau`` and ``--pipeline-chunks`` override the settings' TAP
+layout (default: each setting's; recorded in ``run.json``).
+
 Outputs: ``pool_sweep.csv`` (one row per setting, P, method, window, step), ``pool_sweep_summary.csv``
 (means per setting, P, method, with the paper's quoted values where sec. 6.5 gives them),
 ``pool_sweep.png`` and ``run.json``.
@@ -22,6 +25,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     LABELS,
@@ -38,6 +42,7 @@ from experiments.sim_common import (
     parse_list,
     resolve_profile,
     setting_record,
+    with_tap,
     workload_record,
 )
 from libra.sim.simulator import simulate_window
@@ -57,9 +62,13 @@ PAPER_FIG15 = {
 
 
 def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, windows: int, seed: int, shape,
-                   out=None, force=False, quiet=False, name: str = "pool_sweep"):
-    """Simulate Ulysses once and each Libra variant at every P dividing DP; returns (steps, summary, run)."""
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
+                   out=None, force=False, quiet=False, name: str = "pool_sweep", tap_overrides: dict | None = None):
+    """Simulate Ulysses once and each Libra variant at every P dividing DP; returns (steps, summary, run).
+
+    ``tap_overrides``: TapConfig fields replacing every setting's (None values keep the setting's).
+    """
+    chosen = {s: with_tap(SETTINGS[s], **(tap_overrides or {})) for s in settings}
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
               "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
@@ -67,7 +76,7 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
 
     def context(s):
         if s not in cache:
-            st = SETTINGS[s]
+            st = chosen[s]
             cache[s] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
         return cache[s]
 
@@ -82,7 +91,7 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
 
     keys = []
     for s in settings:
-        dp = SETTINGS[s].dp
+        dp = chosen[s].dp
         if not any(dp % p == 0 for p in pool_sizes):
             raise ValueError(f"no pool size in {list(pool_sizes)} divides DP={dp} of setting {s}")
         keys += [[s, 0, "ulysses", w] for w in range(windows)]
@@ -152,8 +161,9 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 @click.option("--pool-sizes", default=",".join(map(str, POOL_SIZES)), show_default=True,
               help="Comma list of P (those not dividing DP are skipped per setting).")
 @click.option("--methods", default=",".join(TAP_METHODS), show_default=True, help="Libra variants to sweep.")
+@tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-               settings_, pool_sizes, methods):
+               settings_, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks):
     """Figure 15: compute vs communication of the slowest pool as the pool size P grows."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
@@ -168,7 +178,9 @@ def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, hea
         shape = make_shape(q_heads, kv_heads, head_dim)
         t0 = time.perf_counter()
         df, summary, run = run_pool_sweep(workload, prof, settings, sizes, method_list, 1 if quick else windows,
-                                          seed, shape, out=out, force=force, quiet=no_progress)
+                                          seed, shape, out=out, force=force, quiet=no_progress,
+                                          tap_overrides={"block_size": block_size, "head_split": head_split,
+                                                         "tau": tau, "pipeline_chunks": pipeline_chunks})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     atomic_write_text(run.out_dir / "pool_sweep_summary.csv", summary.to_csv(index=False))

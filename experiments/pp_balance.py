@@ -11,6 +11,7 @@ the window is what matters.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -20,17 +21,20 @@ from experiments.e2e import (
     Setting,
     cached_windows,
     check_profile,
+    check_tap_layouts,
     check_workload,
     price_window,
     resolve_windows,
     sim_options,
+    tap_settings,
 )
 from experiments.runner import ExperimentRun
+from libra.config import TapConfig
 from libra.sim.models import MODELS
 
 SETTINGS = {
-    "256k": Setting("256k", 262144, 128, cp=8, pp=2, block_size=4096, max_pool=8),
-    "1m": Setting("1m", 1048576, 32, cp=16, pp=2, block_size=8192, max_pool=8),
+    "256k": Setting("256k", 262144, 128, cp=8, pp=2, tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
+    "1m": Setting("1m", 1048576, 32, cp=16, pp=2, tap=TapConfig(pool_size=8, block_size=8192, head_split=2)),
 }
 DP = 4
 METHODS = ("ulysses", "libra")
@@ -60,27 +64,31 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
 
 @click.command("pp-balance")
 @sim_options(default_windows=15, quick_windows=3)
-@click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), default="qwen3-30b-a3b", show_default=True)
-@click.option("--settings", "setting_names", default="256k,1m", show_default=True)
-def pp_balance(workload, profile_name, windows, seed, out, quick, force, model_name, setting_names):
+@click.option("--model", "model_name", type=click.Choice(sorted(MODELS)), default="qwen3-30b-a3b", show_default=True,
+              help="model whose layers are priced (libra.sim.models)")
+@click.option("--settings", "setting_names", default="256k,1m", show_default=True,
+              help="comma-separated paper settings: 256k, 1m")
+def pp_balance(workload, profile_name, windows, seed, out, quick, force, model_name, setting_names, **tap):
     """Figure 14: per-microbatch stage-0 forward time under PP 2, normalized to Libra's mean."""
     settings = [s.strip() for s in setting_names.split(",") if s.strip()]
     for s in settings:
         if s not in SETTINGS:
             raise click.BadParameter(f"unknown setting {s!r}; known: {', '.join(SETTINGS)}", param_hint="--settings")
+    chosen = tap_settings(SETTINGS, settings, tap)
+    check_tap_layouts(chosen, {s: (DP,) for s in settings}, None, [model_name])
     profile = check_profile(profile_name)
     n_windows = resolve_windows(windows, quick, 15, 3)
     for s in settings:
-        check_workload(workload, SETTINGS[s].seq_len, SETTINGS[s].gbs, n_windows, seed)
+        check_workload(workload, chosen[s].seq_len, chosen[s].gbs, n_windows, seed)
     config = {"workload": workload, "profile": profile.to_dict(), "windows": n_windows, "seed": seed,
-              "model": model_name, "settings": {s: SETTINGS[s].__dict__ for s in settings}, "dp": DP,
+              "model": model_name, "settings": {s: asdict(chosen[s]) for s in settings}, "dp": DP,
               "methods": METHODS, "linear_mfu": 0.5}
     run = ExperimentRun("pp-balance", config, out_dir=out, force=force)
     keys = [(s, method, w) for s in settings for method in METHODS for w in range(n_windows)]
 
     def point(key):
         s, method, w = key
-        st = SETTINGS[s]
+        st = chosen[s]
         window = cached_windows(workload, st.seq_len, st.gbs, n_windows, seed)[w]
         t = price_window(method, window, st, DP, st.pp, model_name, profile)
         fwd = t.stage_fwd_ms[0]  # (DP, GA) on stage 0

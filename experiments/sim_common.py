@@ -1,7 +1,8 @@
 """Shared helpers of the simulated core-attention experiments (Figures 3, 12, 15).
 
 * :data:`SETTINGS`: the paper's two isolated core-attention settings (Libra sec. 6.3).
-* :func:`make_planner`: registry planner with the setting's TAP layout (P, H, B) and overrides.
+* :func:`make_planner`: registry planner with the setting's TAP layout (its TapConfig) and a P override;
+  :func:`with_tap` applies the commands' TAP options (:func:`experiments.options.tap_options`).
 * :func:`load_windows`: GBS windows of fixed-token packed sequences from a preset or a file.
 * WLB-LLM defaults to ``rejoin="none"`` (:data:`WLB_REJOIN_DEFAULT`): it repacks the causal
   segments every other method computes, so all methods do the same attention work.
@@ -12,12 +13,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import click
 import numpy as np
 
-from libra.config import ParallelConfig
+from libra.config import ParallelConfig, TapConfig
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
@@ -44,7 +45,7 @@ class Setting:
     Attributes:
         name: ``256k`` or ``1m``.
         dp, cp, gbs, seq_len: parallel layout (PP = 1).
-        pool_size, head_split, block_size: Libra's TAP layout (P, H, B).
+        tap: Libra's TAP layout (P, B, H as in sec. 6.3; tau, M and the rest TapConfig's defaults).
     """
 
     name: str
@@ -52,18 +53,29 @@ class Setting:
     cp: int
     gbs: int
     seq_len: int
-    pool_size: int
-    head_split: int
-    block_size: int
+    tap: TapConfig = field(default_factory=TapConfig)
 
     def par(self) -> ParallelConfig:
         return ParallelConfig(dp=self.dp, cp=self.cp, gbs=self.gbs, seq_len=self.seq_len)
 
 
 SETTINGS: dict[str, Setting] = {
-    "256k": Setting("256k", dp=32, cp=8, gbs=128, seq_len=256 * 1024, pool_size=8, head_split=2, block_size=4096),
-    "1m": Setting("1m", dp=16, cp=16, gbs=32, seq_len=1024 * 1024, pool_size=8, head_split=2, block_size=8192),
+    "256k": Setting("256k", dp=32, cp=8, gbs=128, seq_len=256 * 1024,
+                    tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
+    "1m": Setting("1m", dp=16, cp=16, gbs=32, seq_len=1024 * 1024,
+                  tap=TapConfig(pool_size=8, block_size=8192, head_split=2)),
 }
+
+
+def with_tap(setting, **overrides):
+    """``setting`` (any dataclass with a ``tap`` TapConfig) with the given TAP fields replaced;
+    None values (TAP options not given on the command line) keep the setting's.
+
+    Raises:
+        ValueError: a value :class:`TapConfig` rejects.
+    """
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return replace(setting, tap=replace(setting.tap, **given)) if given else setting
 
 
 def parse_list(text: str, allowed, what: str) -> tuple[str, ...]:
@@ -92,15 +104,14 @@ other methods compute for the same data (several times more at S = 256K with ~1M
 
 def planner_options(method: str, setting: Setting, pool_size: int | None = None,
                     wlb_rejoin: str = WLB_REJOIN_DEFAULT) -> dict:
-    """Registry options of ``method`` in ``setting`` (P override only affects Libra's variants)."""
-    if method == "ulysses":
-        return {}
+    """Registry options of ``method`` in ``setting``: the fields of the setting's TapConfig the planner
+    takes (:func:`baselines.registry.options_from_tap`; P override only affects Libra's variants)."""
+    from baselines.registry import options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
+
     if method == "wlb-llm":
         return {"rejoin": wlb_rejoin}
-    opts = {"block_size": setting.block_size, "head_split": setting.head_split}
-    if method in TAP_METHODS:
-        opts["pool_size"] = setting.pool_size if pool_size is None else pool_size
-    return opts
+    tap = setting.tap if pool_size is None else replace(setting.tap, pool_size=pool_size)
+    return options_from_tap(method, tap)
 
 
 def make_planner(method: str, setting: Setting, pool_size: int | None = None,
@@ -117,7 +128,7 @@ def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> 
     Raises:
         ValueError: unknown workload or bad counts (from :func:`libra.data.packing.gbs_windows`).
     """
-    from libra.data.packing import gbs_windows  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     return gbs_windows(workload, setting.seq_len, setting.gbs, n_windows, seed=seed)
 
@@ -131,8 +142,8 @@ def workload_record(workload: str) -> dict:
     """
     import inspect  # noqa: PLC0415
 
-    from libra.data.packing import gbs_windows  # noqa: PLC0415
     from libra.data.source import resolve_workload  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     params = inspect.signature(gbs_windows).parameters
     packing = {k: params[k].default for k in ("policy", "lookahead") if k in params}
@@ -154,10 +165,6 @@ def resolve_profile(profile: str) -> HardwareProfile:
         return load_profile(profile)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--profile") from exc
-
-
-def with_shape(setting: Setting, **overrides) -> Setting:
-    return replace(setting, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def setting_record(setting: Setting) -> dict:

@@ -15,6 +15,9 @@ communication from the short-segment kernel penalty every method pays).
 Outputs (``results/straggler/`` or ``--out``): ``straggler.csv`` (one row per setting, method,
 window, step), ``straggler_summary.csv``, ``straggler.png`` and ``run.json`` (with the profile).
 
+``--block-size``, ``--head-split``, ``--tau`` and ``--pipeline-chunks`` override the settings' TAP
+layout (default: each setting's; recorded in ``run.json``'s settings and planner options).
+
 ``--methods`` may also name :data:`experiments.sim_common.OPTIONAL_METHODS` (``libra-kt``, which
 gets the run's ``--profile`` so its kernel-time estimate uses the curve the cost model prices
 with). Such a run is recorded as experiment ``straggler-extension`` (files
@@ -31,6 +34,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     LABELS,
@@ -50,6 +54,7 @@ from experiments.sim_common import (
     planner_options,
     resolve_profile,
     setting_record,
+    with_tap,
     workload_record,
 )
 from libra.sim.simulator import simulate_window
@@ -72,18 +77,22 @@ PAPER_SPEEDUP = {
 
 def run_straggler(workload: str, profile, settings, methods, windows: int, seed: int, shape,
                   out: str | None = None, force: bool = False, quiet: bool = False,
-                  wlb_rejoin: str = WLB_REJOIN_DEFAULT,
+                  wlb_rejoin: str = WLB_REJOIN_DEFAULT, tap_overrides: dict | None = None,
                   name: str = "straggler") -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
     """Simulate every (setting, method, window); returns (steps, summary, run, timings).
+
+    Args:
+        tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
 
     Raises:
         ValueError: unknown setting/method, a bad workload or a layout the planners reject.
     """
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(SETTINGS[s]) for s in settings],
+    chosen = {s: with_tap(SETTINGS[s], **(tap_overrides or {})) for s in settings}
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
               "methods": list(methods), "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin,
               "shape": {"num_q_heads": shape.num_q_heads, "num_kv_heads": shape.num_kv_heads,
                         "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},
-              "planner_options": {s: {m: planner_options(m, SETTINGS[s], wlb_rejoin=wlb_rejoin) for m in methods}
+              "planner_options": {s: {m: planner_options(m, chosen[s], wlb_rejoin=wlb_rejoin) for m in methods}
                                   for s in settings}}
     for s in settings:  # libra-kt's estimate must use the profile the cost model prices with
         for m in methods:
@@ -95,7 +104,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
 
     def context(setting_name):
         if setting_name not in cache:
-            st = SETTINGS[setting_name]
+            st = chosen[setting_name]
             cache[setting_name] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
         return cache[setting_name]
 
@@ -210,8 +219,9 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
 @click.option("--wlb-rejoin", type=click.Choice(["none", "context", "full"]), default=WLB_REJOIN_DEFAULT,
               show_default=True,
               help="WLB-LLM's rejoin option; anything but 'none' gives it more attention work than the others.")
+@tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-              settings_, methods, wlb_rejoin):
+              settings_, methods, wlb_rejoin, block_size, head_split, tau, pipeline_chunks):
     """Figure 12: mean and worst-step straggler of every method in both paper settings."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
@@ -225,6 +235,8 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
         df, summary, run, timings = run_straggler(workload, prof, settings, method_list, 1 if quick else windows,
                                                   seed, shape, out=out, force=force, quiet=no_progress,
                                                   wlb_rejoin=wlb_rejoin,
+                                                  tap_overrides={"block_size": block_size, "head_split": head_split,
+                                                                 "tau": tau, "pipeline_chunks": pipeline_chunks},
                                                   name="straggler-extension" if set(method_list) - set(METHODS)
                                                   else "straggler")
     except ValueError as exc:

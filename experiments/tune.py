@@ -8,8 +8,8 @@ profile and the parallel layout (DP, CP, S, GBS, head shape), it enumerates cand
 * head split H: powers of two up to 8 dividing ``hq`` with ``M | hq/H`` (``--head-splits``);
 * block size B: ``S/CP, S/(2 CP), ... , S/(16 CP)``, at least 1024 tokens (``--block-sizes``);
 
-simulates each with the full Libra planner (VRSP + TAP + Pipeliner with ``M`` chunks) over a few
-GBS windows, and Ulysses on the same windows and device jitter as the reference. Explicit values
+simulates each with the full Libra planner (VRSP + TAP + Pipeliner with ``M`` chunks, ``--pipeline-chunks``;
+soft load target ``--tau``; both TapConfig's defaults unless given) over a few GBS windows, and Ulysses on the same windows and device jitter as the reference. Explicit values
 that break a layout rule (P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
 hq/H) are errors, not silently dropped.
 
@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
 import numpy as np
 import pandas as pd
 
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     build_cost_model,
@@ -76,14 +78,16 @@ def default_block_sizes(tokens_per_rank: int) -> tuple[int, ...]:
     return tuple(out) or (tokens_per_rank,)
 
 
-def candidate_grid(par: ParallelConfig, shape, chunks: int, pool_sizes=None, head_splits=None,
+def candidate_grid(par: ParallelConfig, shape, tap: TapConfig, pool_sizes=None, head_splits=None,
                    block_sizes=None) -> list[tuple[int, int, int]]:
-    """All (P, H, B) to simulate, each checked by :func:`libra.config.check_layout`.
+    """All (P, H, B) to simulate, each checked by :func:`libra.config.check_layout` with the other
+    fields (``M``, tau, ...) of ``tap``.
 
     Raises:
         ValueError: an explicitly given value breaking a layout rule (the message names it), or no
             valid candidate at all.
     """
+    chunks = tap.pipeline_chunks
     per_rank = par.tokens_per_rank  # raises for CP not dividing S
     ps = tuple(pool_sizes) if pool_sizes else default_pool_sizes(par.dp)
     hs = tuple(head_splits) if head_splits else default_head_splits(shape.num_q_heads, chunks)
@@ -105,7 +109,7 @@ def candidate_grid(par: ParallelConfig, shape, chunks: int, pool_sizes=None, hea
                          f"M={chunks} | hq/H; lower --pipeline-chunks")
     grid = [(p, h, b) for p in ps for h in hs for b in bs]
     for p, h, b in grid:
-        check_layout(par, TapConfig(pool_size=p, block_size=b, head_split=h, pipeline_chunks=chunks), shape)
+        check_layout(par, replace(tap, pool_size=p, block_size=b, head_split=h), shape)
     return grid
 
 
@@ -139,7 +143,7 @@ def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str =
     return order.index[0]
 
 
-def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, chunks: int, tie_tolerance: float,
+def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, tie_tolerance: float,
                     objective: str = "mean") -> pd.DataFrame:
     """One row per candidate from the simulated steps, ranked by ``objective``, with speedups over
     Ulysses (same windows) and the ``recommended`` flag from :func:`recommend`."""
@@ -151,7 +155,8 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, chunks: int, tie_t
         all_bytes = g["bytes_nvlink"] + g["bytes_roce"] + g["bytes_inter_supernode"]
         mean_ms = g["straggler_ms"].mean()
         max_ms = g.groupby("window")["straggler_ms"].max().mean()
-        rows.append({"pool_size": int(p), "head_split": int(h), "block_size": int(b), "pipeline_chunks": chunks,
+        rows.append({"pool_size": int(p), "head_split": int(h), "block_size": int(b),
+                     "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
                      "tiles_per_sequence": tiles_per_sequence(par.seq_len, b, h), "mean_ms": mean_ms,
                      "max_ms": max_ms, "speedup": u_mean / mean_ms, "max_speedup": u_max / max_ms,
                      "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
@@ -168,21 +173,23 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, chunks: int, tie_t
     return table
 
 
-def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, chunks: int, windows: int, seed: int,
+def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapConfig, windows: int, seed: int,
              tie_tolerance: float = 0.01, objective: str = "mean", out=None, force=False, quiet=False,
              name: str = "tune"):
-    """Simulate Ulysses and every candidate of ``grid``; returns (ranked table, steps, run).
+    """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B) in ``tap``); returns (ranked
+    table, steps, run).
 
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
     """
-    from baselines.registry import get_planner  # noqa: PLC0415  (keeps `--help` fast)
-    from libra.data.packing import gbs_windows  # noqa: PLC0415
+    from baselines.registry import get_planner, options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
               "par": {"dp": par.dp, "cp": par.cp, "gbs": par.gbs, "seq_len": par.seq_len},
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes],
-              "method": TUNE_METHOD, "pipeline_chunks": chunks, "candidates": [list(c) for c in grid],
+              "method": TUNE_METHOD, "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
+              "candidates": [list(c) for c in grid],
               "windows": windows, "seed": seed, "tie_tolerance": tie_tolerance,
               "objective": objective}
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
@@ -192,8 +199,8 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, chunks: i
 
     def point(key):
         method, p, h, b, w = key
-        opts = {} if method == "ulysses" else {"pool_size": p, "head_split": h, "block_size": b,
-                                               "pipeline_chunks": chunks}
+        opts = {} if method == "ulysses" else options_from_tap(
+            method, replace(tap, pool_size=p, head_split=h, block_size=b))
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w))
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
@@ -202,7 +209,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, chunks: i
     keys = [["ulysses", 0, 0, 0, w] for w in range(windows)]
     keys += [[TUNE_METHOD, p, h, b, w] for p, h, b in grid for w in range(windows)]
     steps = pd.DataFrame(run.map(keys, point, desc="tune"))
-    return rank_candidates(steps, par, chunks, tie_tolerance, objective), steps, run
+    return rank_candidates(steps, par, tap, tie_tolerance, objective), steps, run
 
 
 def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "mean") -> None:
@@ -275,37 +282,36 @@ def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: st
 @click.option("--pool-sizes", default=None, help="Comma list of P (default: every divisor of DP).")
 @click.option("--head-splits", default=None, help="Comma list of H (default: 1, 2, 4, 8 where valid).")
 @click.option("--block-sizes", default=None, help="Comma list of B (default: S/CP halved up to 4 times, >= 1024).")
-@click.option("--pipeline-chunks", "chunks", type=int, default=4, show_default=True,
-              help="Pipeliner chunks M (1 = no overlap).")
+@tap_options("tau", "pipeline_chunks")
 @click.option("--tie-tolerance", type=float, default=0.01, show_default=True,
               help="Candidates within this fraction of the best mean straggler count as ties.")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="mean", show_default=True,
               help="Rank by mean straggler (throughput without PP) or worst step (PP bottleneck).")
 @click.option("--top", type=int, default=15, show_default=True, help="Rows of the printed ranking.")
 def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, dp, cp,
-         seq_len, gbs, pool_sizes, head_splits, block_sizes, chunks, tie_tolerance, objective, top):
+         seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, tie_tolerance, objective, top):
     """Search Libra's (P, H, B) for your workload and cluster and recommend one configuration."""
     check_counts(windows, seed)
     if top < 1:
         raise click.BadParameter(f"must be >= 1, got {top}", param_hint="--top")
     if not (tie_tolerance >= 0):
         raise click.BadParameter(f"must be >= 0, got {tie_tolerance}", param_hint="--tie-tolerance")
-    if chunks < 1:
-        raise click.BadParameter(f"must be >= 1, got {chunks}", param_hint="--pipeline-chunks")
     prof = resolve_profile(profile)
     try:
         par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)
         shape = make_shape(q_heads, kv_heads, head_dim)
-        grid = candidate_grid(par, shape, chunks,
+        tap = TapConfig(tau=tau, pipeline_chunks=pipeline_chunks)  # (P, H, B) come from each candidate
+        chunks = tap.pipeline_chunks
+        grid = candidate_grid(par, shape, tap,
                               parse_int_list(pool_sizes, "pool size") if pool_sizes else None,
                               parse_int_list(head_splits, "head split") if head_splits else None,
                               parse_int_list(block_sizes, "block size") if block_sizes else None)
         n_windows = 1 if quick else windows
         click.echo(f"simulating Ulysses + {len(grid)} Libra candidates x {n_windows} window(s) "
                    f"(DP {dp}, CP {cp}, S {seq_len}, GBS {gbs}, GA {par.ga}; hq {q_heads}, h_kv {kv_heads}, "
-                   f"d {head_dim}; M {chunks}) ...")
+                   f"d {head_dim}; M {chunks}, tau {tap.tau}) ...")
         t0 = time.perf_counter()
-        table, steps, run = run_tune(workload, prof, par, shape, grid, chunks, n_windows, seed, tie_tolerance,
+        table, steps, run = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
                                      objective, out=out, force=force, quiet=no_progress)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

@@ -84,7 +84,7 @@ def pool_spreads(window, setting, shape, pool_size: int, speeds_by_ga, rate_flop
     for k in range(setting.gbs // pool_size):
         seqs = [SequenceLayout.contiguous(j, j % pool_size, window[k * pool_size + j].sample_lengths, cp)
                 for j in range(pool_size)]
-        tiles = make_tiles(seqs, setting.block_size, setting.head_split, shape)
+        tiles = make_tiles(seqs, setting.tap.block_size, setting.tap.head_split, shape)
         ga, first = k // per_ga, (k % per_ga) * pool_size * cp
         speed = speeds_by_ga[ga][first:first + pool_size * cp]
         f_load = greedy_assign(tiles.flops, speed, use_speed=False)

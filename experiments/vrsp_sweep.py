@@ -28,8 +28,8 @@ from experiments.options import (
     grouping_sweep_options,
 )
 from experiments.runner import ExperimentRun
-from libra.data.packing import gbs_windows, window_workloads
 from libra.data.source import LengthSource
+from libra.data.windows import gbs_windows, window_workloads
 from libra.vrsp import pool_imbalance
 
 CSV_COLUMNS = ["workload", "seq_len", "gbs", "strategy", "pool_size", "window", "r_minus_1",

@@ -6,7 +6,7 @@ the bad value. Cross-field checks that involve the attention shape live in :func
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from libra.workload import AttentionShape
 
@@ -69,6 +69,11 @@ LOAD_ESTIMATES = ("flops", "kernel-time")
 class TapConfig:
     """Libra's pool and tiling knobs (Libra sec. 4.1, 4.3, 4.4).
 
+    The one declaration of the TAP layout and its defaults: the TAP planners (``libra-tap``,
+    ``libra-tap-vrsp``, ``libra``, ``libra-kt``, ``distca``) hold one as their config, the
+    experiments' settings hold one, and the ``libra-bench`` TAP options
+    (:func:`experiments.options.tap_options`) are generated from its fields.
+
     Attributes:
         pool_size: ``P`` DP replicas per pool; must divide DP.
         block_size: ``B`` tokens per SH-Tile; must divide ``S / CP``.
@@ -100,20 +105,25 @@ class TapConfig:
             raise ValueError(f"TapConfig.load_estimate must be one of {LOAD_ESTIMATES}, got {self.load_estimate!r}")
 
 
-def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> None:
-    """Check the divisibility rules that tie a TAP layout to the parallel layout and head shape.
+def check_block(block_size: int, seq_len: int, cp: int) -> None:
+    """Check that TAP's block size ``B`` divides the tokens per CP rank ``S / CP``.
 
     Raises:
-        ValueError: ``P`` not dividing DP, ``B`` not dividing ``S/CP``, ``H`` not dividing ``hq``,
-            or ``M`` not dividing ``hq / H``; the message names the offending values.
+        ValueError: ``CP`` not dividing ``S``, or ``B`` not dividing ``S/CP``; the message names them.
     """
-    if par.dp % tap.pool_size:
-        raise ValueError(f"pool size P={tap.pool_size} must divide DP={par.dp}")
-    per_rank = par.tokens_per_rank
-    if per_rank % tap.block_size:
-        raise ValueError(
-            f"block size B={tap.block_size} must divide S/CP={per_rank} (S={par.seq_len}, CP={par.cp})"
-        )
+    if seq_len % cp:
+        raise ValueError(f"CP={cp} must divide the sequence length S={seq_len}")
+    per_rank = seq_len // cp
+    if per_rank % block_size:
+        raise ValueError(f"block size B={block_size} must divide S/CP={per_rank} (S={seq_len}, CP={cp})")
+
+
+def check_heads(tap: TapConfig, shape: AttentionShape) -> None:
+    """Check the head-axis rules of a TAP layout: ``H`` divides ``hq`` and ``M`` divides ``hq / H``.
+
+    Raises:
+        ValueError: the message names the offending values.
+    """
     if shape.num_q_heads % tap.head_split:
         raise ValueError(f"head split H={tap.head_split} must divide num_q_heads={shape.num_q_heads}")
     width = shape.num_q_heads // tap.head_split
@@ -124,6 +134,17 @@ def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> 
         )
 
 
-def config_dict(*configs) -> dict:
-    """Merge dataclass configs into one JSON-ready dict keyed by class name (for run records)."""
-    return {type(c).__name__: asdict(c) for c in configs}
+def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> None:
+    """Check the divisibility rules that tie a TAP layout to the parallel layout and head shape.
+
+    The one layout check of a planning call: planners run it once per GBS window (``plan_window``)
+    and tell :func:`libra.tap.planner.plan_pool` so (``layout_checked=True``).
+
+    Raises:
+        ValueError: ``P`` not dividing DP, ``B`` not dividing ``S/CP``, ``H`` not dividing ``hq``,
+            or ``M`` not dividing ``hq / H``; the message names the offending values.
+    """
+    if par.dp % tap.pool_size:
+        raise ValueError(f"pool size P={tap.pool_size} must divide DP={par.dp}")
+    check_block(tap.block_size, par.seq_len, par.cp)
+    check_heads(tap, shape)

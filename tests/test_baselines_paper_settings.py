@@ -9,7 +9,7 @@ import pytest
 
 from baselines.registry import PLANNERS, get_planner
 from libra.config import ParallelConfig
-from libra.data.packing import gbs_windows
+from libra.data.windows import gbs_windows
 from libra.workload import AttentionShape
 
 SHAPE = AttentionShape(32, 4, 128)

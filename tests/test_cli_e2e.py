@@ -62,3 +62,11 @@ def test_bad_options_fail_with_clear_messages(args, match, tmp_path):
     res = CliRunner().invoke(main, args + ["--out", str(tmp_path)])
     assert res.exit_code != 0
     assert match in res.output
+
+
+def test_e2e_tap_options_are_for_the_simulated_settings(tmp_path):
+    res = _run(["e2e", "--measure", "--tau", "0.1", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "--tau set the simulated settings' TAP layout" in res.output
+    bad = _run(["dp-scaling", "--settings", "1m", "--dp", "1", "--windows", "1", "--block-size", "3000",
+                "--out", str(tmp_path)])
+    assert bad.exit_code != 0 and "block size B=3000 must divide S/CP=65536" in bad.output

@@ -14,6 +14,7 @@ from experiments.tune import (
     default_pool_sizes,
     recommend,
 )
+from libra.config import TapConfig
 
 GRID = ["grid-search", "--quick", "--no-progress", "--setting", "256k", "--head-splits", "1,4",
         "--block-sizes", "8192,3000"]
@@ -90,12 +91,14 @@ def test_tune_quick_ranks_and_recommends(tmp_path):
     assert t["mean_ms"].is_monotonic_increasing
     assert t["recommended"].sum() == 1
     assert set(t["pool_size"]) == {2, 4} and set(t["pipeline_chunks"]) == {4}
+    assert set(t["tau"]) == {TapConfig().tau}  # TapConfig's defaults unless --tau / --pipeline-chunks
     assert np.allclose(t["speedup"], t["ulysses_mean_ms"] / t["mean_ms"])
     assert (t["tiles_per_sequence"] == 16384 // t["block_size"] * t["head_split"]).all()
     rec = t[t["recommended"]].iloc[0]
     assert rec.name == recommend(t.drop(columns=["recommended"]), 0.01)
     run = json.loads((tmp_path / "run.json").read_text())
     assert run["recommendation"]["pool_size"] == rec["pool_size"]
+    assert (run["config"]["tau"], run["config"]["pipeline_chunks"]) == (TapConfig().tau, TapConfig().pipeline_chunks)
     assert run["recommendation"]["block_size"] == rec["block_size"]
     steps = pd.read_csv(tmp_path / "tune_steps.csv")
     assert set(steps["method"]) == {"ulysses", "libra"} and len(steps) == 9 * 2  # GA = 8 / 4

@@ -113,3 +113,66 @@ def test_wlb_llm_computes_the_same_attention_work_as_ulysses(tmp_path):
     total = df.groupby("method")["balance_bound_ms"].sum()
     assert total["wlb-llm"] == pytest.approx(total["ulysses"], rel=1e-9)
     assert json.loads((tmp_path / "run.json").read_text())["config"]["wlb_rejoin"] == "none"
+
+
+# --------------------------------------------------------------------------------------------
+# TAP options: one decorator generated from TapConfig's fields
+# --------------------------------------------------------------------------------------------
+
+TAP_COMMANDS = ("straggler", "pool-sweep", "grid-search", "tune", "plan-cost", "e2e", "dp-scaling", "pp-balance")
+
+
+def test_tap_options_are_generated_from_tapconfig():
+    from dataclasses import fields
+
+    import click
+
+    from experiments.options import TAP_OPTION_HELP, tap_options
+    from libra.config import TapConfig
+
+    names = [f.name for f in fields(TapConfig)]
+    assert list(TAP_OPTION_HELP) == names  # a new TapConfig field needs its flag and help here
+
+    @click.command()
+    @tap_options()
+    def show(**kw):
+        click.echo(json.dumps(kw, sort_keys=True))
+
+    @click.command()
+    @tap_options("block_size", "tau", per_setting=True)
+    def overrides(**kw):
+        click.echo(json.dumps(kw, sort_keys=True))
+
+    runner = CliRunner()
+    assert json.loads(runner.invoke(show, []).output) == {f.name: f.default for f in fields(TapConfig)}
+    given = runner.invoke(show, ["--tau", "0.1", "--block-size", "8K", "--flops-only"])
+    assert json.loads(given.output) == {f.name: f.default for f in fields(TapConfig)} | {
+        "tau": 0.1, "block_size": 8192, "comm_aware": False}
+    assert json.loads(runner.invoke(overrides, []).output) == {"block_size": None, "tau": None}
+    bad = runner.invoke(show, ["--tau", "-1"])
+    assert bad.exit_code != 0 and "--tau" in bad.output
+    helptext = runner.invoke(show, ["--help"]).output
+    for flag, _help in TAP_OPTION_HELP.values():
+        assert flag.split("/")[0] in helptext
+    with pytest.raises(ValueError, match="not TapConfig fields"):
+        tap_options("tau", "bogus")
+
+
+@pytest.mark.parametrize("name", TAP_COMMANDS)
+def test_tau_exists_wherever_the_tap_layout_is_used(name):
+    r = invoke([name, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "--tau" in r.output
+
+
+def test_straggler_tap_options_reach_the_planners_and_the_record(tmp_path):
+    r = invoke(STRAGGLER + ["--tau", "0.25", "--block-size", "8K", "--pipeline-chunks", "2", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "run.json").read_text())["config"]
+    tap = config["settings"][0]["tap"]
+    assert (tap["tau"], tap["block_size"], tap["pipeline_chunks"], tap["pool_size"]) == (0.25, 8192, 2, 8)
+    libra = config["planner_options"]["256k"]["libra"]
+    assert (libra["tau"], libra["block_size"], libra["pipeline_chunks"]) == (0.25, 8192, 2)
+    assert set(pd.read_csv(tmp_path / "straggler.csv").query("method == 'libra'")["pipeline_chunks"]) == {2}
+    bad = invoke(STRAGGLER + ["--pipeline-chunks", "3", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "Pipeliner chunks M=3 must divide hq/H=16" in bad.output

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from baselines.grouping import (
     GROUPINGS,
-    get_grouping,
     lower_bound_r_minus_1,
     max_pool_lower_bound,
     zigzag_grouping,
@@ -76,8 +75,6 @@ def test_lower_bound_values():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="unknown grouping strategy 'snake'"):
-        get_grouping("snake")
     with pytest.raises(ValueError, match="pool size P=3 must divide GBS=4"):
         GROUPINGS["zigzag"]([1, 2, 3, 4], 3)
     with pytest.raises(ValueError, match="pool size P=5 must divide GBS=4"):

@@ -1,9 +1,11 @@
 """The planner registry: names, options, errors, and the Planner interface every method exposes."""
 
+from dataclasses import fields, replace
+
 import pytest
 
-from baselines.registry import PLANNERS, Planner, get_planner
-from libra.config import ParallelConfig
+from baselines.registry import PLANNERS, Planner, get_planner, options_from_tap, planner_class
+from libra.config import ParallelConfig, TapConfig
 from libra.data.packing import PackedSequence
 from libra.workload import AttentionShape
 
@@ -71,3 +73,89 @@ def test_layout_errors_are_value_errors(name, opts, par, shape, match):
     window = [PackedSequence(i, [par.seq_len], [i]) for i in range(par.gbs)]
     with pytest.raises(ValueError, match=match):
         get_planner(name, **opts).plan_window(window, par, shape)
+
+
+# --------------------------------------------------------------------------------------------
+# TAP planners: the config is a TapConfig (one declaration of the layout and its defaults)
+# --------------------------------------------------------------------------------------------
+
+TAP_NAMES = ["distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt"]
+PINNED = {"distca": {"load_estimate": "flops", "comm_aware": False},
+          "libra-tap": {"load_estimate": "flops", "pipeline_chunks": 1},
+          "libra-tap-vrsp": {"load_estimate": "flops", "pipeline_chunks": 1},
+          "libra": {"load_estimate": "flops"},
+          "libra-kt": {"load_estimate": "kernel-time"}}
+
+
+@pytest.mark.parametrize("name", TAP_NAMES)
+def test_tap_planners_hold_a_tapconfig_with_its_defaults(name):
+    planner = get_planner(name)
+    assert isinstance(planner.tap, TapConfig)
+    assert planner.tap == replace(TapConfig(), **PINNED[name])
+    assert planner.pipeline_chunks == planner.tap.pipeline_chunks
+
+
+@pytest.mark.parametrize("name", TAP_NAMES)
+def test_tap_planner_options_are_the_tapconfig_fields_it_does_not_pin(name):
+    expected = {f.name for f in fields(TapConfig)} - set(PINNED[name])
+    if name == "distca":
+        expected -= {"pool_size"}  # P = DP, set per window
+    if name == "libra-kt":
+        expected |= {"profile"}
+    assert set(planner_class(name).option_names()) == expected
+
+
+def test_options_from_tap_round_trip():
+    tap = TapConfig(pool_size=4, block_size=2048, head_split=4, tau=0.1, pipeline_chunks=2, comm_aware=False)
+    assert options_from_tap("ulysses", tap) == {} and options_from_tap("wlb-llm", tap) == {}
+    assert get_planner("libra", **options_from_tap("libra", tap)).config == tap
+    assert get_planner("libra-tap", **options_from_tap("libra-tap", tap)).tap == replace(tap, pipeline_chunks=1)
+    kt = get_planner("libra-kt", **options_from_tap("libra-kt", tap))
+    assert kt.tap == replace(tap, load_estimate="kernel-time") and kt.config.profile == "h100-roce-v1"
+    distca = get_planner("distca", **options_from_tap("distca", tap)).tap
+    assert (distca.block_size, distca.head_split, distca.tau, distca.pipeline_chunks, distca.comm_aware) == \
+        (2048, 4, 0.1, 2, False)
+
+
+def test_tap_planner_takes_a_tapconfig_and_pins_its_fields():
+    from baselines.libra_planners import LibraKtConfig, LibraKtPlanner, LibraTapPlanner
+
+    assert LibraTapPlanner(TapConfig(pipeline_chunks=4, block_size=8192)).tap == \
+        TapConfig(pipeline_chunks=1, block_size=8192)
+    assert LibraKtPlanner(LibraKtConfig(TapConfig(pool_size=2))).tap == TapConfig(pool_size=2,
+                                                                                 load_estimate="kernel-time")
+    with pytest.raises(ValueError, match="takes a TapConfig"):
+        LibraTapPlanner({"pool_size": 8})
+    with pytest.raises(ValueError, match="LibraKtConfig.tap must be a TapConfig"):
+        LibraKtConfig(tap={"pool_size": 8})
+
+
+@pytest.mark.parametrize("name", TAP_NAMES)
+def test_layout_is_checked_once_per_window_not_per_pool(monkeypatch, name):
+    import baselines.libra_planners as lp
+    import libra.tap.planner as tp
+
+    checks, flags = [], []
+    real_check, real_pool = lp.check_layout, lp.plan_pool
+
+    def counting_check(*args):
+        checks.append(args)
+        return real_check(*args)
+
+    def recording_pool(*args, **kwargs):
+        flags.append(kwargs.get("layout_checked"))
+        return real_pool(*args, **kwargs)
+
+    def no_pool_check(*_args):
+        raise AssertionError("plan_pool re-checked a layout the planner had checked")
+
+    monkeypatch.setattr(lp, "check_layout", counting_check)
+    monkeypatch.setattr(lp, "plan_pool", recording_pool)
+    monkeypatch.setattr(tp, "check_block", no_pool_check)
+    monkeypatch.setattr(tp, "check_heads", no_pool_check)
+    par = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=64)
+    window = [PackedSequence(i, [40, 24], [2 * i, 2 * i + 1]) for i in range(par.gbs)]
+    opts = {"block_size": 16} | ({} if name == "distca" else {"pool_size": 2})
+    plans = get_planner(name, **opts).plan_window(window, par, AttentionShape(8, 2, 8))
+    assert len(plans) == par.ga and len(checks) == 1
+    assert len(flags) == sum(len(p.pools) for p in plans) > 1 and all(flags)

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.config import TapConfig, check_block, check_heads
 from libra.plan import PoolPlan, SequenceLayout
+from libra.plan import pool_index as make_pool_index
 from libra.tap.exchange import build_transfers
 from libra.tap.placement import place_tiles
 from libra.tap.tiles import make_tiles
@@ -24,7 +25,7 @@ def _is_standard(seq: SequenceLayout) -> bool:
 
 
 def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-              tap: TapConfig, shape: AttentionShape, kernel=None) -> PoolPlan:
+              tap: TapConfig, shape: AttentionShape, kernel=None, *, layout_checked: bool = False) -> PoolPlan:
     """Plan one pool with TAP: make SH-tiles, place them (Alg. 2), derive the transfers.
 
     Args:
@@ -36,12 +37,18 @@ def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Seq
         kernel: a :class:`libra.sim.kernel.KernelModel`, required when ``tap.load_estimate ==
             "kernel-time"`` (tiles are then balanced by :func:`kernel_time_weights` under it, with
             the plan's ``M``); must be None for ``"flops"``.
+        layout_checked: the caller already ran :func:`libra.config.check_layout` for this layout
+            (the planners do, once per GBS window), so the per-pool layout checks are skipped.
+            False (a direct call) checks ``B | S/CP`` for every standard-layout sequence length
+            and ``H | hq``, ``M | hq/H``, with the same messages.
 
     Raises:
         ValueError: the layout errors of :func:`libra.config.check_layout` (``B`` not dividing
-            ``S/CP``, ``H`` not dividing ``hq``, ``M`` not dividing ``hq/H``), a missing kernel for
-            ``"kernel-time"`` or one given for ``"flops"``, and those of :func:`make_tiles` /
-            :func:`place_tiles` / :func:`kernel_time_weights`.
+            ``S/CP``, ``H`` not dividing ``hq``, ``M`` not dividing ``hq/H``; unless
+            ``layout_checked``), a missing kernel for ``"kernel-time"`` or one given for
+            ``"flops"``, and those of :func:`make_tiles` (which also checks that blocks stay within
+            the holder ranges of non-standard layouts) / :func:`place_tiles` /
+            :func:`kernel_time_weights`.
     """
     if not isinstance(tap, TapConfig):
         raise ValueError(f"tap must be a TapConfig, got {type(tap).__name__}")
@@ -54,20 +61,19 @@ def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Seq
     sequences = tuple(sequences)
     if not sequences:
         raise ValueError(f"pool {pool_index} has no sequences")
-    checked = set()
-    for seq in sequences:
-        key = (len(seq.holder_start), seq.num_tokens)
-        if key not in checked and _is_standard(seq):
-            checked.add(key)
-            par = ParallelConfig(dp=tap.pool_size, cp=key[0], gbs=tap.pool_size, seq_len=key[1])
-            check_layout(par, tap, shape)
-    # non-standard layouts: make_tiles checks that blocks stay within holder ranges; H and M here
-    check_layout(ParallelConfig(dp=tap.pool_size, cp=1, gbs=tap.pool_size, seq_len=tap.block_size),
-                 tap, shape)
-    tiles = make_tiles(sequences, tap.block_size, tap.head_split, shape)
-    weights = (kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks)
+    if not layout_checked:
+        checked = set()
+        for seq in sequences:  # non-standard layouts: make_tiles checks blocks against holder ranges
+            key = (len(seq.holder_start), seq.num_tokens)
+            if key not in checked and _is_standard(seq):
+                checked.add(key)
+                check_block(tap.block_size, seq.num_tokens, key[0])
+        check_heads(tap, shape)
+    index = make_pool_index(sequences)  # built once per pool, passed to every step below
+    tiles = make_tiles(sequences, tap.block_size, tap.head_split, shape, index=index)
+    weights = (kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
                if tap.load_estimate == "kernel-time" else None)
     placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware,
-                                   weights=weights)
+                                   weights=weights, index=index)
     return PoolPlan(pool_index=pool_index, workers=tuple(workers), sequences=sequences, tiles=placed,
-                    transfers=build_transfers(sequences, placed, shape), fallback_tiles=fallback)
+                    transfers=build_transfers(sequences, placed, shape, index=index), fallback_tiles=fallback)
