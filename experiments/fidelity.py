@@ -19,12 +19,17 @@ of P = 2, CP = 2) two levels are checked, forward output and the three gradients
 
 Outputs (``results/gpu/<device>/fidelity/`` or ``--out``): ``fidelity.csv`` (one row per window,
 level, worker and quantity: errors, ratio, limit, pass), ``fidelity.png`` and ``run.json``.
+
+The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``) come from
+:func:`experiments.options.tap_options`, with this command's defaults (:data:`DEFAULT_TAP`: P = 2,
+B = 1024); the planner runs M = 1 (whatever M is, each head's arithmetic is the same). ``run.json`` records the
+layout under ``config.tap``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import click
@@ -44,9 +49,9 @@ from experiments.gpu_common import (
     resolve_device,
     worker_pieces,
 )
-from experiments.options import SizeType
+from experiments.options import SizeType, tap_options
 from experiments.runner import ExperimentRun
-from libra.config import TapConfig, check_layout
+from libra.config import TapConfig
 from libra.runtime.kernels import Segments, get_backend
 from libra.workload import AttentionShape
 
@@ -54,9 +59,19 @@ METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")
 QUANTITIES = ("out", "dq", "dk", "dv")
 
 
+DEFAULT_TAP = TapConfig(pool_size=2, block_size=1024, pipeline_chunks=1)
+"""fidelity's TAP layout: one pool of P = 2 replicas, B = 1024, TapConfig's H and tau, M = 1."""
+
+TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau")
+"""The TapConfig fields fidelity takes as options (M is always 1 here)."""
+
+
 @dataclass(frozen=True)
 class FidelityConfig(OnePoolLayout):
     """One pool (DP = GBS = P) of the scaled setting, limits of the tolerance rule.
+
+    Attributes:
+        tap: the TAP layout (P, B, H, tau, ...); planned with M = 1 whatever ``tap.pipeline_chunks``.
 
     Raises:
         ValueError: a bad size, a layout ``check_layout`` rejects, a limit < 1 or a floor <= 0.
@@ -65,10 +80,8 @@ class FidelityConfig(OnePoolLayout):
     method: str = "libra"
     workload: str = "libra-prod"
     seq_len: int = 8192
-    pool_size: int = 2
     cp: int = 2
-    block_size: int = 1024
-    head_split: int = 2
+    tap: TapConfig = DEFAULT_TAP
     q_heads: int = 16
     kv_heads: int = 4
     head_dim: int = 128
@@ -81,8 +94,7 @@ class FidelityConfig(OnePoolLayout):
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
-        for name in ("seq_len", "pool_size", "cp", "block_size", "head_split", "q_heads", "kv_heads", "head_dim",
-                     "windows"):
+        for name in ("seq_len", "cp", "q_heads", "kv_heads", "head_dim", "windows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -95,13 +107,10 @@ class FidelityConfig(OnePoolLayout):
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if not self.floor > 0:
             raise ValueError(f"floor must be > 0, got {self.floor!r}")
-        check_layout(self.par(), TapConfig(pool_size=self.pool_size, block_size=self.block_size,
-                                           head_split=self.head_split, pipeline_chunks=1), self.shape())
-
-    def planner(self):
-        # the Pipeliner's head chunks split calls along heads only; each head's arithmetic is
-        # the same whatever M is, so M = 1 checks the same numbers for any tile width
-        return self.make_planner(1)
+        # the Pipeliner's head chunks split calls along heads only; each head's arithmetic is the
+        # same whatever M is, so the planner runs M = 1 (OnePoolLayout.chunks): the same numbers
+        # for any tile width
+        self.check_tap()
 
 
 def ref_dtype_for(name: str, device: torch.device) -> torch.dtype:
@@ -268,7 +277,7 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
         ValueError: bad device/backend/dtype/workload, CUDA requested without CUDA, or a plan
             that leaves outputs uncomputed.
     """
-    from libra.data.packing import gbs_windows  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     dev = resolve_device(device)
     if dtype not in ("bf16", "fp16"):
@@ -300,17 +309,15 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 
-@click.command("fidelity")
+@click.command("fidelity", context_settings={"default_map": {f: getattr(DEFAULT_TAP, f) for f in TAP_FIELDS}})
 @device_options(timing=False)
 @click.option("--dtype", default="bf16", show_default=True, help="low precision under test: bf16 or fp16")
 @click.option("--ref-dtype", default="auto", show_default=True, help="reference: auto (fp32 on CUDA, fp64 on CPU)")
 @click.option("--method", default="libra", show_default=True, help=f"planner: {', '.join(METHODS)}")
 @click.option("--workload", default="libra-prod", show_default=True, help="length preset or length file")
 @click.option("--seq-len", type=SizeType(), default=8192, show_default=True, help="tokens per packed sequence S")
-@click.option("--pool-size", type=int, default=2, show_default=True, help="pool size P (= DP = GBS here)")
 @click.option("--cp", type=int, default=2, show_default=True, help="context-parallel degree CP")
-@click.option("--block-size", type=SizeType(), default=1024, show_default=True, help="TAP block size B")
-@click.option("--head-split", type=int, default=2, show_default=True, help="TAP head split H")
+@tap_options(*TAP_FIELDS)
 @click.option("--q-heads", type=int, default=16, show_default=True, help="query heads")
 @click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads")
 @click.option("--head-dim", type=int, default=128, show_default=True, help="head width")
@@ -322,16 +329,19 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
               help="intra-op threads on CPU (1 avoids thread contention on a shared machine)")
 @click.option("--check", is_flag=True, help="exit with status 1 when a ratio exceeds its limit")
 @click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): S 512, P 2, CP 2, B 64, 4 q heads, d 32")
-def fidelity(device, backend, seed, out, force, no_progress, dtype, ref_dtype, method, workload, seq_len, pool_size,
-             cp, block_size, head_split, q_heads, kv_heads, head_dim, windows, fwd_limit, grad_limit, cpu_threads, check, quick):
-    """bf16 tile computation vs a high-precision reference, relative to bf16 plain PyTorch (sec. 6.7)."""
+def fidelity(device, backend, seed, out, force, no_progress, dtype, ref_dtype, method, workload, seq_len, cp,
+             pool_size, block_size, head_split, tau, q_heads, kv_heads, head_dim, windows, fwd_limit, grad_limit,
+             cpu_threads, check, quick):
+    """bf16 tile computation vs a high-precision reference, relative to bf16 plain PyTorch (sec. 6.7).
+
+    P is also DP and GBS here (one pool)."""
     if quick:
         seq_len, pool_size, cp, block_size, head_split = 512, 2, 2, 64, 2
         q_heads, kv_heads, head_dim, windows = 4, 2, 32, 1
     try:
-        cfg = FidelityConfig(method=method, workload=workload, seq_len=seq_len, pool_size=pool_size, cp=cp,
-                             block_size=block_size, head_split=head_split, q_heads=q_heads, kv_heads=kv_heads,
-                             head_dim=head_dim, windows=windows, seed=seed, fwd_limit=fwd_limit,
+        tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau)
+        cfg = FidelityConfig(method=method, workload=workload, seq_len=seq_len, cp=cp, tap=tap, q_heads=q_heads,
+                             kv_heads=kv_heads, head_dim=head_dim, windows=windows, seed=seed, fwd_limit=fwd_limit,
                              grad_limit=grad_limit)
         res = run_fidelity(cfg, device=device, backend=backend, dtype=dtype, ref_dtype=ref_dtype, out=out,
                            force=force, quiet=no_progress, cpu_threads_n=cpu_threads)

@@ -8,7 +8,10 @@
 * :func:`make_inputs`: seeded, pre-allocated kernel input sets for one varlen batch;
 * :func:`worker_pieces`: a worker's kernel work list from ``PoolPlan.segments`` with the token and
   head coordinates needed to gather its inputs from a pool's packed tensors;
-* :func:`device_info`: device, driver, torch, CUDA and kernel versions recorded with every result.
+* :func:`device_info`: device, driver, torch, CUDA and kernel versions recorded with every result;
+* :class:`OnePoolLayout`: the one-pool layout of ``sim-check`` / ``fidelity`` and its planner, whose
+  options come from the config's :class:`libra.config.TapConfig`; :func:`chunks_alias` keeps
+  ``--chunks`` as an alias of the TAP option ``--pipeline-chunks``.
 
 Everything here runs on CPU too (tiny sizes), so CI exercises the same code paths as the GPU run.
 """
@@ -21,14 +24,14 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 
 import click
 import numpy as np
 import torch
 
-from libra.config import ParallelConfig
+from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend, resolve_backend_name
 from libra.workload import AttentionShape
 
@@ -250,11 +253,16 @@ def make_inputs(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, de
 
 class OnePoolLayout:
     """Mixin for the configs of the one-device checks (sim-check, fidelity): one pool of
-    ``pool_size`` replicas x ``cp`` workers planned by ``method``.
+    ``tap.pool_size`` replicas x ``cp`` workers planned by ``method``.
 
-    Expects the fields ``pool_size, cp, seq_len, q_heads, kv_heads, head_dim, block_size,
-    head_split, method``.
+    Expects the fields ``method, cp, seq_len, q_heads, kv_heads, head_dim`` and ``tap`` (the
+    :class:`libra.config.TapConfig` the planner takes its options from: P, B, H, tau, M, ...).
     """
+
+    @property
+    def pool_size(self) -> int:
+        """``P``, which is also DP and GBS here (one pool, one packed sequence per replica)."""
+        return self.tap.pool_size
 
     def par(self) -> ParallelConfig:
         return ParallelConfig(dp=self.pool_size, cp=self.cp, gbs=self.pool_size, seq_len=self.seq_len)
@@ -262,21 +270,28 @@ class OnePoolLayout:
     def shape(self) -> AttentionShape:
         return AttentionShape(num_q_heads=self.q_heads, num_kv_heads=self.kv_heads, head_dim=self.head_dim)
 
-    def make_planner(self, chunks: int):
-        """The registry planner of ``method``; ``chunks`` is Libra's Pipeliner M."""
-        from baselines.registry import get_planner  # noqa: PLC0415
+    @property
+    def chunks(self) -> int:
+        """The Pipeliner's M the planner runs with (1 here; a config may take ``tap.pipeline_chunks``)."""
+        return 1
 
-        if self.method == "ulysses":
-            return get_planner("ulysses")
-        opts = {"pool_size": self.pool_size, "block_size": self.block_size, "head_split": self.head_split}
-        if self.method == "libra":
-            opts["pipeline_chunks"] = chunks
-        return get_planner(self.method, **opts)
+    def check_tap(self) -> None:
+        """Check ``tap`` is a TapConfig whose layout (with ``M =`` :attr:`chunks`) fits the pool.
 
+        Raises:
+            ValueError: not a TapConfig, or a layout :func:`libra.config.check_layout` rejects.
+        """
+        if not isinstance(self.tap, TapConfig):
+            raise ValueError(f"tap must be a TapConfig, got {self.tap!r}")
+        check_layout(self.par(), replace(self.tap, pipeline_chunks=self.chunks), self.shape())
 
-def sequence_offsets(pool) -> np.ndarray:
-    """``(n_seq + 1,)`` start of each of the pool's packed sequences on the pool token axis."""
-    return np.concatenate(([0], np.cumsum([s.num_tokens for s in pool.sequences]))).astype(np.int64)
+    def planner(self):
+        """The registry planner of ``method`` with the options ``tap`` sets for it
+        (:func:`baselines.registry.options_from_tap`), Pipeliner M = :attr:`chunks`."""
+        from baselines.registry import get_planner, options_from_tap  # noqa: PLC0415
+
+        tap = replace(self.tap, pipeline_chunks=self.chunks)
+        return get_planner(self.method, **options_from_tap(self.method, tap))
 
 
 def worker_pieces(pool, shape: AttentionShape, worker: int) -> dict[str, np.ndarray]:
@@ -287,23 +302,15 @@ def worker_pieces(pool, shape: AttentionShape, worker: int) -> dict[str, np.ndar
     ``head_start``, ``head_end`` (query heads of the piece's tile), ``q_tok`` (first query token on
     the pool token axis) and ``kv_tok`` (first key token = the sample's start on that axis).
     """
-    segs = pool.segments(shape)
+    segs = pool.segments()  # ordered by tile, then position
     mine = np.nonzero(segs["dest"] == worker)[0]
-    mine = mine[np.argsort(segs["tile"][mine], kind="stable")]
     tiles = pool.tiles
-    tile = segs["tile"][mine].astype(np.int64)
-    q_len = segs["q_len"][mine].astype(np.int64)
-    kv_len = segs["kv_len"][mine].astype(np.int64)
-    # pieces of one tile are consecutive samples: each starts where the previous one ended
-    q_tok = np.zeros(len(mine), dtype=np.int64)
-    for i in range(len(mine)):
-        new_tile = i == 0 or tile[i - 1] != tile[i]
-        q_tok[i] = tiles.q_start[tile[i]] if new_tile else q_tok[i - 1] + q_len[i - 1]
-    seq_off = sequence_offsets(pool)[tiles.seq[tile].astype(np.int64)]
-    return {"tile": tile, "q_len": q_len, "kv_len": kv_len, "heads": segs["heads"][mine].astype(np.int64),
-            "area": segs["area"][mine].astype(np.int64),
+    tile = segs["tile"][mine]
+    seq_off = pool.index().base[segs["seq"][mine]]
+    return {"tile": tile, "q_len": segs["q_len"][mine], "kv_len": segs["kv_len"][mine],
+            "heads": segs["heads"][mine], "area": segs["area"][mine],
             "head_start": tiles.head_start[tile].astype(np.int64), "head_end": tiles.head_end[tile].astype(np.int64),
-            "q_tok": seq_off + q_tok, "kv_tok": seq_off + q_tok - (kv_len - q_len)}
+            "q_tok": seq_off + segs["q_start"][mine], "kv_tok": seq_off + segs["sample_start"][mine]}
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,6 +408,22 @@ def device_options(timing: bool = True):
         return fn
 
     return deco
+
+
+def chunks_alias(ctx: click.Context, pipeline_chunks: int, chunks: int | None) -> int:
+    """The Pipeliner's M of a command that keeps ``--chunks`` (its old name) as a hidden alias of
+    ``--pipeline-chunks`` (:func:`experiments.options.tap_options`): ``--chunks`` when given.
+
+    Raises:
+        click.UsageError: both given, with different values.
+    """
+    if chunks is None:
+        return pipeline_chunks
+    if ctx.get_parameter_source("pipeline_chunks") == click.core.ParameterSource.COMMANDLINE and \
+            pipeline_chunks != chunks:
+        raise click.UsageError(f"--chunks {chunks} and --pipeline-chunks {pipeline_chunks} disagree "
+                               "(--chunks is an alias of --pipeline-chunks)")
+    return chunks
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,13 @@ Outputs (``results/microbench/`` or ``--out``): ``microbench.csv`` (the straggle
 ``measured = True``, backend, device, dtype and per-step memory; bytes per link class are NaN, the
 measured ``bytes_sent`` replaces them; ``balance_bound_ms`` is the measured mean worker compute), ``microbench_summary.csv``
 (per method: mean / max straggler, speedup over Ulysses), ``microbench.png`` and ``run.json``.
+
+The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
+``--pipeline-chunks``; ``--chunks`` is kept as an alias of the last) come from
+:func:`experiments.options.tap_options`, with this command's small defaults (:data:`DEFAULT_TAP`).
+Every planner gets the options of that one TapConfig it takes
+(:func:`baselines.registry.options_from_tap`: P for Libra's variants, M for ``libra`` and
+``distca``); ``run.json`` records the layout under ``config.tap``.
 """
 
 from __future__ import annotations
@@ -25,13 +32,16 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
 import numpy as np
 import pandas as pd
 
+from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
+from libra.config import ParallelConfig, TapConfig, check_layout
 
 METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
 DTYPES = ("fp32", "bf16", "fp64", "fp16")
@@ -40,6 +50,10 @@ STRAGGLER_COLUMNS = ["workload", "setting", "method", "window", "step", "straggl
                      "comm_exposed_ms", "straggler_worker", "straggler_pool", "comm_serial_ms", "mean_worker_ms",
                      "balance_bound_ms", "bytes_nvlink", "bytes_roce", "bytes_inter_supernode", "pipeline_chunks",
                      "bound_ratio"]
+DEFAULT_TAP = TapConfig(pool_size=2, block_size=256, pipeline_chunks=2)
+"""microbench's TAP layout at its CPU sizes: P = 2, B = 256, TapConfig's H and tau, M = 2."""
+TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
+"""The TapConfig fields microbench takes as options."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -47,18 +61,16 @@ STRAGGLER_COLUMNS = ["workload", "setting", "method", "window", "step", "straggl
 # --------------------------------------------------------------------------------------------
 
 
-def make_config(*, dp, cp, pool_size, seq_len, gbs, block_size, head_split, chunks, q_heads, kv_heads,
-                head_dim, dtype, device, backend, comm, methods, windows, workload, seed, repeats, warmup,
-                backward, timeout) -> dict:
-    """Validated, JSON-ready configuration (raises ValueError naming the bad value)."""
-    from libra.config import ParallelConfig, TapConfig, check_layout  # noqa: PLC0415
+def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head_dim, dtype, device, backend, comm,
+                methods, windows, workload, seed, repeats, warmup, backward, timeout) -> dict:
+    """Validated, JSON-ready configuration (raises ValueError naming the bad value); the TAP layout
+    is ``config["tap"]`` (:func:`tap_of` reads it back)."""
     from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
     par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)
     shape = AttentionShape(q_heads, kv_heads, head_dim, 2)
-    check_layout(par, TapConfig(pool_size=pool_size, block_size=block_size, head_split=head_split,
-                                pipeline_chunks=chunks), shape)
+    check_layout(par, tap, shape)
     for name, value, low in (("windows", windows, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
                              ("seed", seed, 0)):
         if value < low:
@@ -77,22 +89,22 @@ def make_config(*, dp, cp, pool_size, seq_len, gbs, block_size, head_split, chun
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     if "ulysses" in method_list and q_heads % cp:
         raise ValueError(f"ulysses needs CP={cp} to divide q_heads={q_heads}")
-    return {"dp": dp, "cp": cp, "pool_size": pool_size, "seq_len": seq_len, "gbs": gbs, "block_size": block_size,
-            "head_split": head_split, "chunks": chunks, "q_heads": q_heads, "kv_heads": kv_heads,
-            "head_dim": head_dim, "dtype": dtype, "device": device, "backend": backend, "comm": comm,
-            "methods": list(method_list), "windows": windows, "workload": workload, "seed": seed,
+    return {"dp": dp, "cp": cp, "seq_len": seq_len, "gbs": gbs, "tap": asdict(tap), "q_heads": q_heads,
+            "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "device": device, "backend": backend,
+            "comm": comm, "methods": list(method_list), "windows": windows, "workload": workload, "seed": seed,
             "repeats": repeats, "warmup": warmup, "backward": bool(backward), "timeout": float(timeout)}
 
 
+def tap_of(cfg: dict) -> TapConfig:
+    """The TapConfig of a :func:`make_config` configuration."""
+    return TapConfig(**cfg["tap"])
+
+
 def planner_options(method: str, cfg: dict) -> dict:
-    if method in ("ulysses", "wlb-llm"):
-        return {}
-    opts = {"block_size": cfg["block_size"], "head_split": cfg["head_split"]}
-    if method in ("libra-tap", "libra-tap-vrsp", "libra"):
-        opts["pool_size"] = cfg["pool_size"]
-    if method == "libra":
-        opts["pipeline_chunks"] = cfg["chunks"]
-    return opts
+    """The registry options of ``method``: those the run's TapConfig sets for it."""
+    from baselines.registry import options_from_tap  # noqa: PLC0415
+
+    return options_from_tap(method, tap_of(cfg))
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,14 +166,13 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
     Returns ``{key_hash: rows}`` on rank 0 (rows of every step) and ``{}`` elsewhere.
     """
     import torch  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
 
     from baselines.registry import get_planner  # noqa: PLC0415
     from baselines.ulysses_runtime import UlyssesAttention  # noqa: PLC0415
     from libra.config import ParallelConfig  # noqa: PLC0415
-    from libra.data.packing import gbs_windows  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
     from libra.runtime.attention import prepare  # noqa: PLC0415
-    from libra.runtime.groups import RankGrid, build_groups  # noqa: PLC0415
+    from libra.runtime.groups import RankGrid, all_gather_single, build_groups  # noqa: PLC0415
     from libra.runtime.kernels import get_backend  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
@@ -173,7 +184,7 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
     backend = get_backend(cfg["backend"], device)
     par = ParallelConfig(dp=cfg["dp"], cp=cfg["cp"], gbs=cfg["gbs"], seq_len=cfg["seq_len"])
     shape = AttentionShape(cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], torch.empty(0, dtype=dtype).element_size())
-    pool_sizes = sorted({1, cfg["pool_size"], cfg["dp"]})
+    pool_sizes = sorted({1, tap_of(cfg).pool_size, cfg["dp"]})
     groups = {p: build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=p), timeout_s=cfg["timeout"])
               for p in pool_sizes}
     world_group = None
@@ -210,8 +221,7 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
             sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
             mine = torch.tensor(np.concatenate([times, compute, wait, [peak, sent, P]]), dtype=torch.float64)
             allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            gather(allv, mine.to(device))
+            all_gather_single(allv, mine.to(device))
             allv = allv.view(world, -1).cpu()
             if rank == 0:
                 rows.append(_step_row(method, w, plan.ga_index, allv.numpy(), cfg, chunks, backend.name, str(device)))
@@ -331,17 +341,15 @@ def _missing_point(key):
 
 
 
-@click.command("microbench")
+@click.command("microbench", context_settings={"default_map": {f: getattr(DEFAULT_TAP, f) for f in TAP_FIELDS}})
 @click.option("--nproc", type=int, default=None, help="Spawn this many local gloo processes (= DP*CP). "
               "Omit under torchrun.")
 @click.option("--dp", type=int, default=2, show_default=True)
 @click.option("--cp", type=int, default=2, show_default=True)
-@click.option("--pool-size", type=int, default=2, show_default=True, help="Libra's P.")
 @click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per packed sequence S.")
 @click.option("--gbs", type=int, default=4, show_default=True, help="Packed sequences per window.")
-@click.option("--block-size", type=int, default=256, show_default=True, help="TAP block size B.")
-@click.option("--head-split", type=int, default=2, show_default=True, help="TAP head split H.")
-@click.option("--chunks", type=int, default=2, show_default=True, help="Pipeliner chunks M of `libra`.")
+@tap_options(*TAP_FIELDS)
+@click.option("--chunks", type=click.IntRange(min=1), default=None, hidden=True, help="Alias of --pipeline-chunks.")
 @click.option("--q-heads", type=int, default=8, show_default=True)
 @click.option("--kv-heads", type=int, default=2, show_default=True)
 @click.option("--head-dim", type=int, default=32, show_default=True)
@@ -360,13 +368,18 @@ def _missing_point(key):
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder.")
 @click.option("--force", is_flag=True, help="Recompute cached points.")
 @click.option("--no-progress", is_flag=True)
-def microbench(nproc, dp, cp, pool_size, seq_len, gbs, block_size, head_split, chunks, q_heads, kv_heads, head_dim,
-               dtype, device, backend, comm, methods, windows, workload, seed, repeats, warmup, forward_only, timeout,
-               out, force, no_progress):
+@click.pass_context
+def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, chunks,
+               q_heads, kv_heads, head_dim, dtype, device, backend, comm, methods, windows, workload, seed, repeats,
+               warmup, forward_only, timeout, out, force, no_progress):
     """Measured core-attention straggler per step (Libra sec. 6.3) for Ulysses and Libra."""
+    from experiments.gpu_common import chunks_alias  # noqa: PLC0415  (imports torch: keeps `--help` fast)
+
+    pipeline_chunks = chunks_alias(ctx, pipeline_chunks, chunks)
     try:
-        cfg = make_config(dp=dp, cp=cp, pool_size=pool_size, seq_len=seq_len, gbs=gbs, block_size=block_size,
-                          head_split=head_split, chunks=chunks, q_heads=q_heads, kv_heads=kv_heads,
+        tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
+                      pipeline_chunks=pipeline_chunks)
+        cfg = make_config(dp=dp, cp=cp, seq_len=seq_len, gbs=gbs, tap=tap, q_heads=q_heads, kv_heads=kv_heads,
                           head_dim=head_dim, dtype=dtype, device=device, backend=backend, comm=comm,
                           methods=methods, windows=windows, workload=workload, seed=seed, repeats=repeats,
                           warmup=warmup, backward=not forward_only, timeout=timeout)

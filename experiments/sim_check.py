@@ -18,11 +18,16 @@ communication is timed -- that is the cost model's other half, which one device 
 Outputs (``results/gpu/<device>/sim-check/`` or ``--out``): ``sim_check.csv`` (one row per window
 and worker), ``sim_check.png`` (predicted vs measured, with y = x and a +-10 % band),
 ``run.json`` with the median and worst relative error (target: median within 10 %).
+
+The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
+``--pipeline-chunks``; ``--chunks`` is kept as an alias of the last) come from
+:func:`experiments.options.tap_options`, with this command's defaults (:data:`DEFAULT_TAP`:
+TapConfig's but P = 2); ``run.json`` records the layout under ``config.tap``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import click
@@ -32,6 +37,7 @@ import torch
 
 from experiments.gpu_common import (
     OnePoolLayout,
+    chunks_alias,
     cpu_threads,
     device_info,
     device_options,
@@ -47,22 +53,34 @@ from experiments.gpu_common import (
     time_calls,
     worker_pieces,
 )
-from experiments.options import SizeType
+from experiments.options import SizeType, tap_options
 from experiments.runner import ExperimentRun
-from libra.config import TapConfig, check_layout
+from libra.config import TapConfig
 from libra.runtime.kernels import Segments
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
+from libra.tap.pipeline import ChunkSchedule
 from libra.workload import AttentionShape, attention_flops
 
 METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")
 TARGET_MEDIAN_ERR = 0.10
 
 
+DEFAULT_TAP = TapConfig(pool_size=2)
+"""sim-check's TAP layout: TapConfig's (B = 4096, H = 2, tau, M = 4) in one pool of P = 2 replicas."""
+
+TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
+"""The TapConfig fields sim-check takes as options."""
+
+
 @dataclass(frozen=True)
 class SimCheckConfig(OnePoolLayout):
     """The scaled-down pool setting (one pool: DP = GBS = P, so one Plan per window).
+
+    Attributes:
+        tap: the TAP layout (P, B, H, tau, M, ...); ``tap.pipeline_chunks`` is used by ``libra``
+            only (the TAP-only variants run M = 1, Ulysses takes no TAP options).
 
     Raises:
         ValueError: a bad size or a layout ``libra.config.check_layout`` rejects (P, B, H, M).
@@ -71,11 +89,8 @@ class SimCheckConfig(OnePoolLayout):
     method: str = "libra"
     workload: str = "libra-prod"
     seq_len: int = 65536
-    pool_size: int = 2
     cp: int = 4
-    block_size: int = 4096
-    head_split: int = 2
-    chunks: int = 4
+    tap: TapConfig = DEFAULT_TAP
     q_heads: int = 32
     kv_heads: int = 4
     head_dim: int = 128
@@ -89,8 +104,7 @@ class SimCheckConfig(OnePoolLayout):
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
-        for name in ("seq_len", "pool_size", "cp", "block_size", "head_split", "chunks", "q_heads", "kv_heads",
-                     "head_dim", "windows", "repeats", "rotate", "rotate_mb"):
+        for name in ("seq_len", "cp", "q_heads", "kv_heads", "head_dim", "windows", "repeats", "rotate", "rotate_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -98,23 +112,23 @@ class SimCheckConfig(OnePoolLayout):
             raise ValueError(f"warmup and seed must be >= 0, got {self.warmup}, {self.seed}")
         if self.seq_len % self.cp:
             raise ValueError(f"CP={self.cp} must divide seq_len={self.seq_len}")
-        chunks = self.chunks if self.method == "libra" else 1
-        check_layout(self.par(), TapConfig(pool_size=self.pool_size, block_size=self.block_size,
-                                           head_split=self.head_split, pipeline_chunks=chunks), self.shape())
+        self.check_tap()
 
-    def planner(self):
-        return self.make_planner(self.chunks)
+    @property
+    def chunks(self) -> int:
+        """The Pipeliner's M the method runs: ``tap.pipeline_chunks`` for ``libra``, else 1."""
+        return self.tap.pipeline_chunks if self.method == "libra" else 1
 
 
-def worker_calls(pieces: dict, shape: AttentionShape, chunks: int) -> list[tuple[Segments, int, int]]:
-    """The varlen calls of one worker: per tile head width, ``chunks`` calls of
+def worker_calls(pieces: dict, shape: AttentionShape, schedule: ChunkSchedule) -> list[tuple[Segments, int, int]]:
+    """The varlen calls of one worker: per tile head width, the schedule's ``M`` calls of
     ``(segments, query heads per call, KV heads per call)`` (the cost model's geometry)."""
     calls = []
     for width in np.unique(pieces["heads"]):
         sel = pieces["heads"] == width
-        qh = int(width) // chunks
+        qh = int(schedule.heads_per_call(width))
         seg = Segments(pieces["q_len"][sel], pieces["kv_len"][sel])
-        calls.extend([(seg, qh, kv_heads_per_call(qh, shape.group_size))] * chunks)
+        calls.extend([(seg, qh, kv_heads_per_call(qh, shape.group_size))] * schedule.chunks)
     return calls
 
 
@@ -154,7 +168,7 @@ def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device)
             pieces = worker_pieces(pool, shape, worker)
             if not len(pieces["q_len"]):
                 continue
-            calls = worker_calls(pieces, shape, plan.pipeline_chunks)
+            calls = worker_calls(pieces, shape, ChunkSchedule.for_pool(pool, shape, plan.pipeline_chunks))
             meas = measure_worker(backend, calls, shape.head_dim, dtype, device, cfg,
                                   seed=cfg.seed * 100003 + w * 1009 + worker)
             pf, pb = float(cost.compute_fwd_ms[worker]), float(cost.compute_bwd_ms[worker])
@@ -233,7 +247,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     Raises:
         ValueError: bad device/backend/dtype/profile/workload, or CUDA requested without CUDA.
     """
-    from libra.data.packing import gbs_windows  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -270,33 +284,37 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 
-@click.command("sim-check")
+@click.command("sim-check", context_settings={"default_map": {f: getattr(DEFAULT_TAP, f) for f in TAP_FIELDS}})
 @device_options()
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="hardware profile to predict with (a name or the profile.json `calibrate` wrote)")
 @click.option("--method", default="libra", show_default=True, help=f"planner: {', '.join(METHODS)}")
 @click.option("--workload", default="libra-prod", show_default=True, help="length preset or length file")
 @click.option("--seq-len", type=SizeType(), default=65536, show_default=True, help="tokens per packed sequence S")
-@click.option("--pool-size", type=int, default=2, show_default=True, help="pool size P (= DP = GBS here)")
 @click.option("--cp", type=int, default=4, show_default=True, help="context-parallel degree CP")
-@click.option("--block-size", type=SizeType(), default=4096, show_default=True, help="TAP block size B")
-@click.option("--head-split", type=int, default=2, show_default=True, help="TAP head split H")
-@click.option("--chunks", type=int, default=4, show_default=True, help="Pipeliner chunks M (libra only)")
+@tap_options(*TAP_FIELDS)
+@click.option("--chunks", type=click.IntRange(min=1), default=None, hidden=True,
+              help="alias of --pipeline-chunks")
 @click.option("--q-heads", type=int, default=32, show_default=True, help="query heads")
 @click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads")
 @click.option("--head-dim", type=int, default=128, show_default=True, help="head width")
 @click.option("--windows", type=int, default=4, show_default=True, help="GBS windows (one plan each)")
 @click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): S 2048, P 2, CP 2, B 256, 4 q heads, d 32")
-def sim_check(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force, no_progress,
-              profile, method, workload, seq_len, pool_size, cp, block_size, head_split, chunks, q_heads, kv_heads,
-              head_dim, windows, quick):
-    """Cost-model compute time vs measured kernel time of each worker's tiles, on one device."""
+@click.pass_context
+def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force,
+              no_progress, profile, method, workload, seq_len, cp, pool_size, block_size, head_split, tau,
+              pipeline_chunks, chunks, q_heads, kv_heads, head_dim, windows, quick):
+    """Cost-model compute time vs measured kernel time of each worker's tiles, on one device.
+
+    P is also DP and GBS here (one pool); the Pipeliner's M applies to ``libra`` only."""
+    pipeline_chunks = chunks_alias(ctx, pipeline_chunks, chunks)
     if quick:
-        seq_len, pool_size, cp, block_size, head_split, chunks = 2048, 2, 2, 256, 2, 2
+        seq_len, pool_size, cp, block_size, head_split, pipeline_chunks = 2048, 2, 2, 256, 2, 2
         q_heads, kv_heads, head_dim, windows, warmup, repeats, rotate = 4, 2, 32, 2, 1, 3, 2
     try:
-        cfg = SimCheckConfig(method=method, workload=workload, seq_len=seq_len, pool_size=pool_size, cp=cp,
-                             block_size=block_size, head_split=head_split, chunks=chunks, q_heads=q_heads,
+        tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
+                      pipeline_chunks=pipeline_chunks)
+        cfg = SimCheckConfig(method=method, workload=workload, seq_len=seq_len, cp=cp, tap=tap, q_heads=q_heads,
                              kv_heads=kv_heads, head_dim=head_dim, windows=windows, seed=seed, warmup=warmup,
                              repeats=repeats, rotate=rotate, rotate_mb=rotate_mb)
         res = run_sim_check(cfg, device=device, backend=backend, dtype=dtype, profile=profile, out=out,

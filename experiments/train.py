@@ -11,17 +11,24 @@ Launch modes:
 + TAP plans + ``libra_attention``). Results go through :class:`experiments.runner.ExperimentRun`:
 ``train.csv`` (one row per step: loss, step time, tokens/GPU/s), ``train.png`` (loss curve) and
 ``run.json`` under ``results/train/`` unless ``--out``.
+
+The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
+``--pipeline-chunks``) come from :func:`experiments.options.tap_options`, with
+:class:`TrainConfig`'s defaults (P = DP, CPU-sized B and M); ``run.json`` records them with the
+rest of the TrainConfig.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
 
 import click
 import pandas as pd
 
-from experiments.training.config import TrainConfig, sample_lengths
+from experiments.options import tap_options
+from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES
 from experiments.training.model import ModelConfig
@@ -51,17 +58,19 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-@click.command("train")
+# TrainConfig's TAP defaults (P's, None, means DP: the option's default then reads "DP")
+_TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP_FIELDS and f.default is not None}
+
+
+@click.command("train", context_settings={"default_map": _TAP_DEFAULTS})
 @click.option("--nproc", type=click.IntRange(min=1), default=4, show_default=True, help="processes = DP x CP")
 @click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--attention", type=click.Choice(ATTENTION), default="libra", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), default=1024, show_default=True)
 @click.option("--gbs", type=click.IntRange(min=1), default=None, help="packed sequences per step [2 x DP]")
-@click.option("--pool-size", type=click.IntRange(min=1), default=None, help="Libra P [DP]")
-@click.option("--block-size", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--head-split", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--pipeline-chunks", type=click.IntRange(min=1), default=2, show_default=True)
+@tap_options("pool_size", per_setting=True)
+@tap_options("block_size", "head_split", "tau", "pipeline_chunks")
 @click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--experts", type=click.IntRange(min=0), default=0, show_default=True, help="MoE experts (0 = dense)")
@@ -71,7 +80,7 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
-def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, pipeline_chunks, layers,
+def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, layers,
           hidden, experts, dtype, lr, workload, seed, out, force):
     """Train the small Qwen3-style model with DP x CP; log loss and tokens/GPU/s per step."""
     from experiments.runner import ExperimentRun
@@ -79,7 +88,7 @@ def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head
     try:
         model = ModelConfig(layers=layers, hidden=hidden, num_experts=experts)
         cfg = TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=steps, seq_len=seq_len, gbs=gbs,
-                          pool_size=pool_size, block_size=block_size, head_split=head_split,
+                          pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
                           pipeline_chunks=pipeline_chunks, workload=workload, model=model, dtype=dtype, lr=lr,
                           seed=seed)
     except ValueError as exc:
@@ -102,3 +111,6 @@ def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head
         click.echo(f"step {r['step']}: loss {r['loss']:.4f}  {r['step_ms']:.0f} ms  "
                    f"{r['tokens_per_gpu_s']:.0f} tokens/GPU/s")
     click.echo(f"median tokens/GPU/s {df.tokens_per_gpu_s.median():.0f}; wrote {paths['csv']}")
+
+
+next(p for p in train.params if p.name == "pool_size").show_default = "DP"  # TrainConfig resolves None to DP

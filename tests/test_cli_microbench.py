@@ -19,7 +19,7 @@ TINY = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "
 @pytest.mark.distributed
 def test_tiny_spawned_run_and_resume(tmp_path):
     out = tmp_path / "mb"
-    res = CliRunner().invoke(main, TINY + ["--out", str(out)])
+    res = CliRunner().invoke(main, TINY + ["--tau", "0.2", "--out", str(out)])
     assert res.exit_code == 0, res.output + repr(res.exception)
     df = pd.read_csv(out / "microbench.csv")
     from experiments.microbench import STRAGGLER_COLUMNS
@@ -34,9 +34,10 @@ def test_tiny_spawned_run_and_resume(tmp_path):
     assert df.set_index("method").loc["libra", "pipeline_chunks"] == 2
     run = json.loads((out / "run.json").read_text())
     assert run["measured"] and run["kernel_backend"] == "cpu-flash" and run["device"] == "cpu"
+    assert run["config"]["tap"]["tau"] == 0.2 and run["config"]["tap"]["pipeline_chunks"] == 2
     assert (out / "microbench.png").exists() and (out / "microbench_summary.csv").exists()
     # a rerun of the same config reuses the finished points (no processes spawned)
-    again = CliRunner().invoke(main, TINY + ["--out", str(out)])
+    again = CliRunner().invoke(main, TINY + ["--tau", "0.2", "--out", str(out)])
     assert again.exit_code == 0, again.output
     assert json.loads((out / "run.json").read_text())["points_reused"] == 2
 
@@ -48,9 +49,43 @@ def test_tiny_spawned_run_and_resume(tmp_path):
     (["--block-size", "100"], "block size B=100 must divide S/CP=256"),
     (["--comm", "nccl"], "unknown comm mode 'nccl'"),
     (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--tau", "-0.5"], "--tau"),
     (["--device", "cuda"], "torchrun"),
 ])
 def test_bad_input_is_rejected_before_spawning(tmp_path, args, message):
     res = CliRunner().invoke(main, TINY + args + ["--out", str(tmp_path / "x")])
     assert res.exit_code == 2, res.output
     assert message in res.output
+
+
+def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
+    res = CliRunner().invoke(main, ["microbench", "--help"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    for flag in ("--pool-size", "--block-size", "--head-split", "--tau", "--pipeline-chunks"):
+        assert flag in text
+    assert "soft load-target slack" in text and "[default: 0.03; x>=0.0]" in text
+    assert "(accepts 4K) [default: 256]" in text  # microbench's CPU-sized B, not TapConfig's 4096
+
+
+def test_tau_reaches_every_tap_planner():
+    from dataclasses import replace
+
+    from baselines.registry import get_planner
+    from experiments.microbench import DEFAULT_TAP, make_config, planner_options
+
+    cfg = make_config(dp=2, cp=2, seq_len=2048, gbs=4, tap=replace(DEFAULT_TAP, tau=0.2), q_heads=8, kv_heads=2,
+                      head_dim=32, dtype="fp32", device="cpu", backend="auto", comm="p2p",
+                      methods="ulysses,wlb-llm,distca,libra-tap,libra-tap-vrsp,libra", windows=1,
+                      workload="libra-prod", seed=0, repeats=1, warmup=0, backward=True, timeout=60.0)
+    assert cfg["tap"]["tau"] == 0.2 and cfg["tap"]["block_size"] == 256  # what run.json records
+    assert planner_options("ulysses", cfg) == {} and planner_options("wlb-llm", cfg) == {}
+    for method in ("distca", "libra-tap", "libra-tap-vrsp", "libra"):
+        planner = get_planner(method, **planner_options(method, cfg))
+        assert planner.tap.tau == 0.2 and planner.tap.block_size == 256, method
+    assert get_planner("libra", **planner_options("libra", cfg)).tap.pipeline_chunks == 2
+
+
+def test_chunks_is_an_alias_of_pipeline_chunks(tmp_path):
+    res = CliRunner().invoke(main, TINY + ["--pipeline-chunks", "1", "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2 and "--chunks 2 and --pipeline-chunks 1 disagree" in res.output

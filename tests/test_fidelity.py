@@ -16,15 +16,16 @@ from hypothesis import strategies as st
 
 from experiments.fidelity import FidelityConfig, _head_groups, _rows, fidelity, window_rows
 from experiments.gpu_common import cpu_threads
-from libra.data.packing import gbs_windows
+from libra.config import TapConfig
+from libra.data.windows import gbs_windows
 from libra.plan import TileTable
 from libra.runtime.kernels import get_backend
 from libra.workload import AttentionShape
 
 TINY = ["--device", "cpu", "--seq-len", "256", "--pool-size", "2", "--cp", "2", "--block-size", "32",
         "--head-split", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "16", "--windows", "1", "--no-progress"]
-CFG = FidelityConfig(seq_len=256, pool_size=2, cp=2, block_size=32, head_split=2, q_heads=4, kv_heads=2,
-                     head_dim=16, windows=1)
+TAP = TapConfig(pool_size=2, block_size=32, head_split=2, pipeline_chunks=1)
+CFG = FidelityConfig(seq_len=256, cp=2, tap=TAP, q_heads=4, kv_heads=2, head_dim=16, windows=1)
 CPU = torch.device("cpu")
 
 
@@ -108,12 +109,44 @@ def test_rows_and_head_groups():
 @pytest.mark.parametrize("kwargs, match", [
     ({"fwd_limit": 0.5}, "fwd_limit must be >= 1"),
     ({"floor": 0.0}, "floor must be > 0"),
-    ({"head_split": 3}, "head split H=3"),
+    ({"tap": dataclasses.replace(TAP, head_split=3)}, "head split H=3"),
+    ({"tap": (2, 32, 2)}, "tap must be a TapConfig"),
     ({"method": "distca"}, "unknown method 'distca'"),
 ])
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         dataclasses.replace(CFG, **kwargs)
+
+
+def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
+    res = CliRunner().invoke(fidelity, ["--help"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    for flag in ("--pool-size", "--block-size", "--head-split", "--tau"):
+        assert flag in text
+    assert "--pipeline-chunks" not in text  # fidelity always plans M = 1
+    assert "soft load-target slack" in text and "[default: 0.03; x>=0.0]" in text
+    assert "(accepts 4K) [default: 1024]" in text  # fidelity's B, not TapConfig's 4096
+
+
+def test_tau_reaches_the_planner_and_the_run_record(tmp_path, monkeypatch):
+    import baselines.registry as registry
+
+    seen = []
+    real = registry.get_planner
+
+    def spy(name, **options):
+        seen.append((name, options))
+        return real(name, **options)
+
+    monkeypatch.setattr(registry, "get_planner", spy)
+    res = CliRunner().invoke(fidelity, [*TINY, "--tau", "0.5", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert seen == [("libra", {"pool_size": 2, "block_size": 32, "head_split": 2, "tau": 0.5,
+                               "pipeline_chunks": 1, "comm_aware": True})]
+    tap = json.loads((tmp_path / "run.json").read_text())["config"]["tap"]
+    assert tap["tau"] == 0.5 and tap["block_size"] == 32 and tap["pool_size"] == 2
+    assert FidelityConfig().tap.tau == TapConfig.tau
 
 
 @pytest.mark.parametrize("args, match", [
@@ -149,7 +182,7 @@ def test_fidelity_on_cuda(tmp_path):
        block=st.sampled_from([16, 32, 64]))
 def test_property_emulation_exact_for_any_plan(seed, method, block):
     """In float64 the tiled computation of any planner's plan equals whole-sample attention."""
-    cfg = dataclasses.replace(CFG, method=method, block_size=block, seed=seed)
+    cfg = dataclasses.replace(CFG, method=method, tap=dataclasses.replace(TAP, block_size=block), seed=seed)
     window = gbs_windows(cfg.workload, cfg.seq_len, cfg.par().gbs, 1, seed=seed)[0]
     for plan in cfg.planner().plan_window(window, cfg.par(), cfg.shape()):
         rows = window_rows(0, plan, cfg, get_backend("cpu-flash", CPU), torch.float64, torch.float64, CPU)

@@ -3,6 +3,7 @@ cost model's, summary arithmetic, bad input; the GPU run is marked."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from experiments.gpu_common import worker_pieces
 from experiments.sim_check import SimCheckConfig, sim_check, summarize, worker_calls
+from libra.config import TapConfig
 from libra.data.windows import gbs_windows
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
@@ -24,8 +26,8 @@ from libra.tap.pipeline import ChunkSchedule
 TINY = ["--device", "cpu", "--seq-len", "1024", "--pool-size", "2", "--cp", "2", "--block-size", "128",
         "--head-split", "2", "--chunks", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "16",
         "--windows", "1", "--warmup", "0", "--repeats", "2", "--rotate", "1", "--no-progress"]
-CFG = SimCheckConfig(seq_len=1024, pool_size=2, cp=2, block_size=128, head_split=2, chunks=2, q_heads=4,
-                     kv_heads=2, head_dim=16, windows=1)
+TAP = TapConfig(pool_size=2, block_size=128, head_split=2, pipeline_chunks=2)
+CFG = SimCheckConfig(seq_len=1024, cp=2, tap=TAP, q_heads=4, kv_heads=2, head_dim=16, windows=1)
 
 
 @pytest.fixture(scope="module")
@@ -96,16 +98,55 @@ def test_summarize_hand_computed():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"method": "nope"}, "unknown method 'nope'"),
-    ({"block_size": 100}, "block size B=100"),
-    ({"chunks": 3}, "M=3"),
+    ({"tap": dataclasses.replace(TAP, block_size=100)}, "block size B=100"),
+    ({"tap": dataclasses.replace(TAP, pipeline_chunks=3)}, "M=3"),
+    ({"tap": {"pool_size": 2}}, "tap must be a TapConfig"),
     ({"kv_heads": 3}, "num_kv_heads=3 must divide"),
     ({"seq_len": 0}, "seq_len must be a positive integer"),
 ])
 def test_config_rejects_bad_values(kwargs, match):
-    base = dict(seq_len=1024, pool_size=2, cp=2, block_size=128, head_split=2, chunks=2, q_heads=4, kv_heads=2,
-                head_dim=16)
+    base = dict(seq_len=1024, cp=2, tap=TAP, q_heads=4, kv_heads=2, head_dim=16)
     with pytest.raises(ValueError, match=match):
         SimCheckConfig(**{**base, **kwargs})
+
+
+def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
+    res = CliRunner().invoke(sim_check, ["--help"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    for flag in ("--pool-size", "--block-size", "--head-split", "--tau", "--pipeline-chunks"):
+        assert flag in text
+    assert "soft load-target slack" in text and "[default: 0.03; x>=0.0]" in text
+    assert "must divide DP [default: 2; x>=1]" in text  # sim-check's P, not TapConfig's 8
+
+
+def test_tau_reaches_the_planner_and_the_run_record(tmp_path, monkeypatch):
+    import baselines.registry as registry
+
+    seen = []
+    real = registry.get_planner
+
+    def spy(name, **options):
+        seen.append((name, options))
+        return real(name, **options)
+
+    monkeypatch.setattr(registry, "get_planner", spy)
+    res = CliRunner().invoke(sim_check, [*TINY, "--tau", "0.25", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert seen == [("libra", {"pool_size": 2, "block_size": 128, "head_split": 2, "tau": 0.25,
+                               "pipeline_chunks": 2, "comm_aware": True})]
+    tap = json.loads((tmp_path / "run.json").read_text())["config"]["tap"]
+    assert tap["tau"] == 0.25 and tap["block_size"] == 128 and tap["pipeline_chunks"] == 2
+    # TapConfig's default when --tau is not given; the TAP-only variants run M = 1
+    assert SimCheckConfig().tap.tau == TapConfig.tau
+    assert SimCheckConfig(method="libra-tap", seq_len=1024, cp=2, tap=TAP, q_heads=4, kv_heads=2,
+                          head_dim=16).planner().tap == dataclasses.replace(TAP, pipeline_chunks=1)
+
+
+def test_chunks_is_an_alias_of_pipeline_chunks(tmp_path):
+    # TINY passes --chunks 2 (the default M is 4): the test above saw M = 2 reach the planner
+    both = CliRunner().invoke(sim_check, [*TINY, "--pipeline-chunks", "1", "--out", str(tmp_path)])
+    assert both.exit_code == 2 and "--chunks 2 and --pipeline-chunks 1 disagree" in both.output
 
 
 @pytest.mark.parametrize("args, match", [
@@ -143,8 +184,8 @@ def test_sim_check_on_cuda(tmp_path):
 def test_property_pieces_partition_the_pool(seed, block, method, cp):
     """Any plan: each worker's pieces, over all workers, cover every (query token, head) exactly once,
     and each piece reads exactly its sample's prefix up to its last query row."""
-    cfg = SimCheckConfig(method=method, seq_len=1024, pool_size=2, cp=cp, block_size=block, head_split=2,
-                         chunks=2, q_heads=4, kv_heads=2, head_dim=16, windows=1, seed=seed)
+    cfg = SimCheckConfig(method=method, seq_len=1024, cp=cp, tap=dataclasses.replace(TAP, block_size=block), q_heads=4,
+                         kv_heads=2, head_dim=16, windows=1, seed=seed)
     window = gbs_windows(cfg.workload, cfg.seq_len, cfg.par().gbs, 1, seed=seed)[0]
     for plan in cfg.planner().plan_window(window, cfg.par(), cfg.shape()):
         for pool in plan.pools:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from experiments.train import TrainConfig, run_training, sample_lengths, train
 from experiments.training.data import IGNORE, PieceDataset, collate_packed
 from experiments.training.loop import _plans_for_step
 from experiments.training.model import ModelConfig
+from libra.config import TapConfig
 from libra.sampler import LibraSampler, SamplePiece
 
 SMALL = ModelConfig(vocab_size=64, hidden=32, layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8, ffn=64)
@@ -103,3 +106,28 @@ def test_train_command_single_process_writes_results(tmp_path):
     assert list(df.step) == [0, 1] and (df.tokens_per_gpu_s > 0).all() and (tmp_path / "train.png").exists()
     bad = CliRunner().invoke(train, ["--nproc", "4", "--cp", "3", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "CP=3 must divide nproc=4" in bad.output
+
+
+def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
+    res = CliRunner().invoke(train, ["--help"])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    for flag in ("--pool-size", "--block-size", "--head-split", "--tau", "--pipeline-chunks"):
+        assert flag in text
+    assert "soft load-target slack" in text and "[default: 0.03; x>=0.0]" in text
+    assert "(accepts 4K) [default: 128]" in text and "[default: (DP); x>=1]" in text  # train's B and P
+
+
+def test_tau_is_part_of_the_tap_layout_and_the_run_record(tmp_path):
+    cfg = _cfg("libra", 4, 2, pool_size=2)
+    assert cfg.tau == TapConfig.tau and cfg.tap == TapConfig(pool_size=2, block_size=32, head_split=2,
+                                                             pipeline_chunks=2)
+    res = CliRunner().invoke(train, ["--nproc", "1", "--cp", "1", "--attention", "reference", "--steps", "1",
+                                     "--seq-len", "128", "--gbs", "2", "--layers", "1", "--hidden", "32",
+                                     "--tau", "0.25", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    config = json.loads((tmp_path / "run.json").read_text())["config"]
+    assert config["tau"] == 0.25 and config["block_size"] == 128 and config["pipeline_chunks"] == 2
+    with pytest.raises(ValueError, match="tau must be a number >= 0"):
+        _cfg("libra", 4, 2, tau=-1.0)
+    assert _cfg("libra", 4, 2, tau=0.25).loop_config().tau == 0.25  # the training planner gets it

@@ -8,6 +8,11 @@ import numpy as np
 
 from experiments.training.loop import ATTENTION, DTYPES, LoopConfig
 from experiments.training.model import ModelConfig
+from libra.config import TapConfig
+
+TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
+"""The :class:`TapConfig` fields a training run takes (its other fields keep TapConfig's defaults)."""
+
 
 
 @dataclass(frozen=True)
@@ -20,8 +25,9 @@ class TrainConfig:
         attention: ``reference``, ``ulysses`` or ``libra``.
         steps: optimizer steps.
         seq_len: packed-sequence length ``S``; ``gbs``: packed sequences per step (default ``2 * DP``).
-        pool_size: Libra's ``P`` (default ``DP``); block_size ``B``, head_split ``H``,
-            pipeline_chunks ``M`` (Libra sec. 4.3, 4.4).
+        pool_size: Libra's ``P`` (default ``DP``); block_size ``B``, head_split ``H``, tau (soft
+            load-target slack), pipeline_chunks ``M`` (Libra sec. 4.3, 4.4): the TAP layout,
+            :attr:`tap`. B and M default to CPU-sized values; H and tau to TapConfig's.
         workload: length preset or file the sample lengths come from.
         model: the model shape; dtype: ``float64``, ``float32`` or ``bfloat16``.
         lr, seed: AdamW learning rate and the run's seed (data order, init, tokens).
@@ -39,9 +45,10 @@ class TrainConfig:
     seq_len: int = 1024
     gbs: int | None = None
     pool_size: int | None = None
-    block_size: int = 128
-    head_split: int = 2
-    pipeline_chunks: int = 2
+    block_size: int = 128  # CPU-sized (the paper: 4096)
+    head_split: int = TapConfig.head_split
+    tau: float = TapConfig.tau
+    pipeline_chunks: int = 2  # the small model's hq/H = 2 (the paper: 4)
     workload: str = "libra-prod"
     model: ModelConfig = field(default_factory=ModelConfig)
     dtype: str = "float32"
@@ -50,7 +57,7 @@ class TrainConfig:
     timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("nproc", "cp", "steps", "seq_len", "block_size", "head_split", "pipeline_chunks"):
+        for name in ("nproc", "cp", "steps", "seq_len"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"TrainConfig.{name} must be a positive integer, got {v!r}")
@@ -75,12 +82,12 @@ class TrainConfig:
             raise ValueError(f"pool size P={pool!r} must divide DP={dp}")
         if self.seq_len % self.cp:
             raise ValueError(f"CP={self.cp} must divide S={self.seq_len}")
+        tap = self.tap  # validates B, H, tau and M
         if self.attention == "libra":
-            from libra.config import ParallelConfig, TapConfig, check_layout
+            from libra.config import ParallelConfig, check_layout
 
-            check_layout(ParallelConfig(dp=dp, cp=self.cp, gbs=gbs, seq_len=self.seq_len),
-                         TapConfig(pool_size=pool, block_size=self.block_size, head_split=self.head_split,
-                                   pipeline_chunks=self.pipeline_chunks), self.model.attention_shape)
+            check_layout(ParallelConfig(dp=dp, cp=self.cp, gbs=gbs, seq_len=self.seq_len), tap,
+                         self.model.attention_shape)
         if not self.lr > 0 or not self.timeout_s > 0:
             raise ValueError(f"lr={self.lr!r} and timeout_s={self.timeout_s!r} must be > 0")
 
@@ -88,11 +95,20 @@ class TrainConfig:
     def dp(self) -> int:
         return self.nproc // self.cp
 
+    @property
+    def tap(self) -> TapConfig:
+        """The run's TAP layout (P resolved; fields the run does not set keep TapConfig's defaults).
+
+        Raises:
+            ValueError: a value :class:`TapConfig` rejects.
+        """
+        return TapConfig(**{name: getattr(self, name) for name in TAP_FIELDS})
+
     def loop_config(self) -> LoopConfig:
         return LoopConfig(attention=self.attention, dp=self.dp, cp=self.cp, seq_len=self.seq_len, gbs=self.gbs,
                           steps=self.steps, pool_size=self.pool_size, block_size=self.block_size,
                           head_split=self.head_split, pipeline_chunks=self.pipeline_chunks, model=self.model,
-                          dtype=self.dtype, lr=self.lr, seed=self.seed)
+                          dtype=self.dtype, lr=self.lr, seed=self.seed, tau=self.tau)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from experiments.training.attention import libra_core_attention, reference_attention, ulysses_core_attention
 from experiments.training.data import IGNORE, PieceDataset, collate_packed
 from experiments.training.model import ModelConfig, Qwen3Small
+from libra.config import TapConfig
 from libra.sampler import LibraSampler
 
 ATTENTION = ("reference", "ulysses", "libra")
@@ -58,6 +59,7 @@ class LoopConfig:
     dtype: str
     lr: float
     seed: int
+    tau: float = TapConfig.tau
 
 
 @dataclass(frozen=True)
@@ -81,10 +83,10 @@ def step_metadata(assignment) -> dict:
 def plan_step(cfg: LoopConfig, shape, metadata: dict):
     """TAP plans of every GA index from sequence-length metadata (VRSP pools come from the sampler)."""
     from baselines.libra_planners import plan_grouped_window
-    from libra.config import ParallelConfig, TapConfig
+    from libra.config import ParallelConfig
 
     par = ParallelConfig(dp=cfg.dp, cp=cfg.cp, gbs=cfg.gbs, seq_len=cfg.seq_len)
-    tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split,
+    tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split, tau=cfg.tau,
                     pipeline_chunks=cfg.pipeline_chunks)
     return plan_grouped_window("libra", metadata["lengths"], metadata["groups"], par, tap, shape,
                                {"source": "LibraSampler", "step": metadata["step"]})
