@@ -126,7 +126,7 @@ def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> 
     """``n_windows`` GBS windows of ``setting`` from a preset name or a length file.
 
     Raises:
-        ValueError: unknown workload or bad counts (from :func:`libra.data.packing.gbs_windows`).
+        ValueError: unknown workload or bad counts (from :func:`libra.data.windows.gbs_windows`).
     """
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 

@@ -199,7 +199,7 @@ if [ "$CPU_SMOKE" = 1 ]; then
 else
   CAL_ARGS=(--device cuda --lengths 1024,2048,4096,8192,16384,32768,65536 --heads 1,2,4,8,16,32 --q-heads 32
             --kv-heads 4 --head-dim 128 --heads-length 16384 --warmup 3 --repeats 10 --rotate 4 --copy-mb 2048)
-  SIM_ARGS=(--device cuda --seq-len 65536 --pool-size 2 --cp 4 --block-size 4096 --head-split 2 --chunks 4
+  SIM_ARGS=(--device cuda --seq-len 65536 --pool-size 2 --cp 4 --block-size 4096 --head-split 2 --pipeline-chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 4 --warmup 2 --repeats 5 --rotate 2)
   FID_ARGS=(--device cuda --seq-len 8192 --pool-size 2 --cp 2 --block-size 1024 --head-split 2 --q-heads 16
             --kv-heads 4 --head-dim 128 --windows 2)
@@ -208,7 +208,7 @@ if [ "$BACKEND" = math ] && [ "$CPU_SMOKE" = 0 ]; then
   # plain PyTorch materialises (heads, L, L) scores: keep whole documents at <= 8K tokens
   CAL_ARGS=(--device cuda --lengths 512,1024,2048,4096,8192 --heads 1,2,4,8,16,32 --q-heads 32 --kv-heads 4
             --head-dim 128 --heads-length 4096 --warmup 2 --repeats 5 --rotate 2 --copy-mb 2048)
-  SIM_ARGS=(--device cuda --seq-len 32768 --pool-size 2 --cp 4 --block-size 2048 --head-split 2 --chunks 4
+  SIM_ARGS=(--device cuda --seq-len 32768 --pool-size 2 --cp 4 --block-size 2048 --head-split 2 --pipeline-chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 2 --warmup 1 --repeats 3 --rotate 1)
 fi
 run_step calibrate 120 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/calibrate"
