@@ -16,8 +16,9 @@ from libra.plan import (
     SequenceLayout,
     TileTable,
     TransferTable,
+    check_plan_agreement,
+    check_pool,
 )
-from libra.plan import check_plan_agreement, check_pool
 from libra.tap import build_transfers, make_tiles
 from libra.workload import AttentionShape, attention_flops
 

@@ -6,9 +6,9 @@ import pytest
 from libra.config import ParallelConfig
 from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout, TileTable, TransferTable
 from libra.sim.cost import CostModel, pipelined_exposed
-from libra.tap.pipeline import pipeline_events
 from libra.sim.profiles import load_profile, profile_from_dict
 from libra.sim.topology import Topology
+from libra.tap.pipeline import pipeline_events
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 
 SHAPE = AttentionShape(num_q_heads=4, num_kv_heads=2, head_dim=8, dtype_bytes=2)

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tap_strategies import placed_with, pools, scattered_pools
 
-from libra.plan import KV, O, PoolPlan, Q, SequenceLayout, TileTable, tile_flops
-from libra.plan import check_pool
+from libra.plan import KV, O, PoolPlan, Q, SequenceLayout, TileTable, check_pool, tile_flops
 from libra.tap import build_transfers, make_tiles
 from libra.tap.exchange import merge_intervals
 from libra.workload import AttentionShape
