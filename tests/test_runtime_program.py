@@ -11,7 +11,11 @@ from dist_utils import long_tail_lengths
 from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
 from libra.runtime.async_planner import AsyncPlanner
 from libra.runtime.groups import RankGrid
-from libra.runtime.program import BD, BR, FD, FR, compile_worker
+from libra.runtime.program import compile_worker
+from libra.tap.pipeline import BWD_DISPATCH as BD
+from libra.tap.pipeline import BWD_RETURN as BR
+from libra.tap.pipeline import FWD_DISPATCH as FD
+from libra.tap.pipeline import FWD_RETURN as FR
 from libra.workload import AttentionShape
 
 

@@ -35,11 +35,17 @@ from libra.runtime.executor import Exchanger, MemoryMeter, pack
 from libra.runtime.groups import PoolGroup
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend
 from libra.runtime.program import WorkerProgram, compile_worker
-from libra.tap.pipeline import BWD_DISPATCH as BD
-from libra.tap.pipeline import BWD_RETURN as BR
-from libra.tap.pipeline import COMPUTE, ISSUE_DISPATCH, ISSUE_RETURN, WAIT_DISPATCH, WAIT_RETURN
-from libra.tap.pipeline import FWD_DISPATCH as FD
-from libra.tap.pipeline import FWD_RETURN as FR
+from libra.tap.pipeline import (
+    BWD_DISPATCH,
+    BWD_RETURN,
+    COMPUTE,
+    FWD_DISPATCH,
+    FWD_RETURN,
+    ISSUE_DISPATCH,
+    ISSUE_RETURN,
+    WAIT_DISPATCH,
+    WAIT_RETURN,
+)
 from libra.workload import AttentionShape
 
 
@@ -197,7 +203,7 @@ class LibraAttention:
             if len(r):
                 out_rows[self._idx(l_rows, q.device)] = recv[self._idx(r, q.device)]
 
-        wait_s, compute_s = self._run_pass((FD, FR), "fd", stores, meter, compute, unpack)
+        wait_s, compute_s = self._run_pass((FWD_DISPATCH, FWD_RETURN), "fd", stores, meter, compute, unpack)
         held = {**{f"fd{m}": stores[f"fd{m}"] for m in range(M)}, **saved}
         st = self.stats
         st.held_for_backward_bytes = meter.current
@@ -268,7 +274,7 @@ class LibraAttention:
                 if len(r):
                     target.index_add_(0, self._idx(rows, q.device), recv[self._idx(r, q.device)])
 
-        wait_s, compute_s = self._run_pass((BD, BR), "bd", stores, meter, compute, unpack, after_return)
+        wait_s, compute_s = self._run_pass((BWD_DISPATCH, BWD_RETURN), "bd", stores, meter, compute, unpack, after_return)
         for m in range(M):
             meter.free(stores.pop(f"fd{m}"), grads.pop(f"fd{m}"))
         meta.clear()

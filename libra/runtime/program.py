@@ -26,11 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
-from libra.tap.pipeline import BWD_DISPATCH as BD
-from libra.tap.pipeline import BWD_RETURN as BR
-from libra.tap.pipeline import FWD_DISPATCH as FD
-from libra.tap.pipeline import FWD_RETURN as FR
-from libra.tap.pipeline import PHASES, ChunkSchedule
+from libra.tap.pipeline import BWD_DISPATCH, BWD_RETURN, FWD_DISPATCH, FWD_RETURN, PHASES, ChunkSchedule
 from libra.workload import AttentionShape, causal_area
 
 
@@ -316,8 +312,8 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 r_off += 2 * n
             recv_rows[p] = r_off - start
             bd_recv[p] = bd_r_off - bd_recv.sum()
-        messages[FD].append(Message(send_rows, recv_rows, _gather(0, pack)[1]))
-        messages[BD].append(Message(bd_send, bd_recv, _gather(0, bd_pack)[1]))
+        messages[FWD_DISPATCH].append(Message(send_rows, recv_rows, _gather(0, pack)[1]))
+        messages[BWD_DISPATCH].append(Message(bd_send, bd_recv, _gather(0, bd_pack)[1]))
         cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))  # noqa: E731
         q_index = KeyIndex(cat(q_recv_keys), cat(q_recv_rows))
         bd_index = KeyIndex(cat(bd_keys), cat(bd_rows))
@@ -449,8 +445,8 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 b_r_off += 2 * n
             recv_rows[p] = r_off - start
             br_recv[p] = b_r_off - b_start
-        messages[FR].append(Message(send_rows, recv_rows, _gather(0, pack)[1]))
-        messages[BR].append(Message(br_send, br_recv, br_pack))
+        messages[FWD_RETURN].append(Message(send_rows, recv_rows, _gather(0, pack)[1]))
+        messages[BWD_RETURN].append(Message(br_send, br_recv, br_pack))
         fr_unpack.append((cat(unpack_r), cat(unpack_l)))
         br_dq.append((cat(dq_r), cat(dq_l)))
         br_dk.append((cat(dk_r), cat(dk_l)))
@@ -459,7 +455,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
     # resolve backward dKV pack keys (gfd{c}k/v placeholders) into rows of the fd{c} buffers
     for m in range(M):
         resolved = []
-        for store, src, dst in messages[BR][m].pack:
+        for store, src, dst in messages[BWD_RETURN][m].pack:
             if store.startswith("gfd"):
                 c, which = int(store[3:-1]), store[-1]
                 idx, v_of = fd_kv_index[c]
@@ -469,7 +465,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
                 resolved.append((f"gfd{c}", rows if which == "k" else v_of[rows], dst))
             else:
                 resolved.append((store, src, dst))
-        messages[BR][m].pack = _gather(0, resolved)[1]
+        messages[BWD_RETURN][m].pack = _gather(0, resolved)[1]
 
     # every local output row written exactly once (no dropped, duplicated or misrouted tile)
     count = np.zeros(local.num * hq, dtype=np.int64)
