@@ -31,6 +31,20 @@ class UlyssesConfig:
     """Ulysses has no tunable knobs; the head split is fixed to CP."""
 
 
+def check_ulysses_heads(num_q_heads: int, cp: int) -> None:
+    """The one head-geometry condition of Ulysses: CP divides the query heads.
+
+    Shared by this planner and the deployed runtime (:class:`baselines.ulysses_runtime.UlyssesAttention`)
+    so both refuse exactly the same shapes with the same message. Any ``hkv | hq`` is fine: a head
+    shard that cuts a GQA group reads the KV heads :meth:`AttentionShape.kv_head_range` gives.
+
+    Raises:
+        ValueError: ``CP`` does not divide ``num_q_heads``.
+    """
+    if num_q_heads % cp:
+        raise ValueError(f"Ulysses needs CP={cp} to divide num_q_heads={num_q_heads}")
+
+
 def ulysses_tiles(seq: SequenceLayout, cp: int, shape: AttentionShape) -> TileTable:
     """Head-sharded work of one packed sequence in its CP group.
 
@@ -46,8 +60,7 @@ def ulysses_tiles(seq: SequenceLayout, cp: int, shape: AttentionShape) -> TileTa
     Raises:
         ValueError: CP does not divide the query heads, or the layout is not ``cp`` ranges.
     """
-    if shape.num_q_heads % cp:
-        raise ValueError(f"Ulysses needs CP={cp} to divide num_q_heads={shape.num_q_heads}")
+    check_ulysses_heads(shape.num_q_heads, cp)
     if len(seq.holder_start) != cp:
         raise ValueError(f"Ulysses expects {cp} holder ranges, sequence {seq.seq_id} has {len(seq.holder_start)}")
     width = shape.num_q_heads // cp
@@ -74,8 +87,7 @@ class UlyssesPlanner(Planner):
         Raises:
             ValueError: window/layout mismatch, CP not dividing ``hq`` or ``S``.
         """
-        if shape.num_q_heads % par.cp:
-            raise ValueError(f"Ulysses needs CP={par.cp} to divide num_q_heads={shape.num_q_heads}")
+        check_ulysses_heads(shape.num_q_heads, par.cp)
         lengths = window_lengths(window, par)
         groups = production_groups(par)
         plans = []

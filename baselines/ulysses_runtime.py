@@ -5,8 +5,15 @@ tokens, all heads) into a head-sharded one (each rank: all ``S`` tokens, ``hq/CP
 and the KV heads they read), varlen causal attention over the packed sequence's samples, and a
 second all-to-all back to the sequence layout. Backward (its own autograd.Function): dO takes the
 forward's first all-to-all, the kernel backward runs on the saved head-sharded tensors, and dQ,
-dK, dV take the way back; KV heads replicated to several ranks (``hkv < CP``) have their
-gradients summed at the holder.
+dK, dV take the way back; KV heads replicated to several ranks (``hkv < CP``, or a GQA group cut
+by a head-shard boundary) have their gradients summed at the holder.
+
+GQA: rank ``j`` receives exactly the KV heads its query heads read
+(:meth:`libra.workload.AttentionShape.kv_head_range`). When its local query-head -> KV-head map is
+the kernels' standard contiguous grouping (the common case: CP | hkv, or the shard inside one
+group) the kernel runs on the received KV as is; otherwise (the shard starts or ends inside a GQA
+group, e.g. hq=12, hkv=3, CP=2: rank 0's heads 0-5 read KV heads 0,0,0,0,1,1) the KV is expanded to
+one head per query head for the kernel and dK/dV are summed back before they travel home.
 
 Shapes: ``q (S/CP, hq, d)``, ``k, v (S/CP, hkv, d)`` in, ``out (S/CP, hq, d)``.
 """
@@ -19,10 +26,28 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from baselines.ulysses import check_ulysses_heads
 from libra.runtime.attention import RunnerFunction
 from libra.runtime.executor import MemoryMeter
 from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend
+from libra.workload import AttentionShape
+
+
+def local_kv_map(shape: AttentionShape, q_head_start: int, q_head_end: int):
+    """KV heads read by query heads ``[q_head_start, q_head_end)`` and the local map between them.
+
+    Returns:
+        ``(kv_start, kv_end, index)``: the KV head range (:meth:`AttentionShape.kv_head_range`) and
+        ``None`` when local query head ``i`` reads local KV head ``i // (qh / kvh)`` (the kernels'
+        contiguous grouping), else the int64 array of local KV heads, one per local query head.
+    """
+    a, b = shape.kv_head_range(q_head_start, q_head_end)
+    qh, kvh = q_head_end - q_head_start, b - a
+    index = np.arange(q_head_start, q_head_end, dtype=np.int64) // shape.group_size - a
+    if qh % kvh == 0 and np.array_equal(index, np.arange(qh) // (qh // kvh)):
+        return a, b, None
+    return a, b, index
 
 
 class UlyssesAttention:
@@ -31,11 +56,13 @@ class UlyssesAttention:
     Args:
         sample_lengths: the packed sequence's sample lengths (sum = ``S``, ``CP | S``).
         group: the CP group (group rank ``r`` holds tokens ``[r S/CP, (r+1) S/CP)``).
-        num_q_heads, num_kv_heads: head geometry; ``CP | hq`` and ``hkv | hq``.
+        num_q_heads, num_kv_heads: head geometry; ``CP | hq`` (the planner's condition,
+            :func:`baselines.ulysses.check_ulysses_heads`) and ``hkv | hq``; a head shard may cut
+            a GQA group.
         backend: kernel backend name or instance.
 
     Raises:
-        ValueError: ``CP`` not dividing ``hq`` or ``S``, bad lengths.
+        ValueError: ``CP`` not dividing ``hq`` or ``S``, ``hkv`` not dividing ``hq``, bad lengths.
     """
 
     def __init__(self, sample_lengths, group: PoolGroup, num_q_heads: int, num_kv_heads: int,
@@ -44,18 +71,20 @@ class UlyssesAttention:
         if not len(lengths) or lengths.min() < 1:
             raise ValueError(f"sample lengths must be positive, got {lengths.tolist()[:8]}")
         C, S = group.size, int(lengths.sum())
-        if num_q_heads % C:
-            raise ValueError(f"Ulysses needs CP={C} to divide num_q_heads={num_q_heads}")
+        # refuse exactly what the planner refuses, in its order: the shape (hkv | hq), CP | hq, CP | S
+        shape = AttentionShape(num_q_heads=int(num_q_heads), num_kv_heads=int(num_kv_heads), head_dim=1)
+        check_ulysses_heads(shape.num_q_heads, C)
         if S % C:
             raise ValueError(f"CP={C} must divide the packed sequence length {S}")
-        if num_q_heads % num_kv_heads:
-            raise ValueError(f"num_kv_heads={num_kv_heads} must divide num_q_heads={num_q_heads}")
         self.group, self.C, self.S, self.n = group, C, S, S // C
         self.hq, self.hkv, self.qh = num_q_heads, num_kv_heads, num_q_heads // C
-        g = num_q_heads // num_kv_heads
-        # KV heads each rank's query heads read: [kv_lo[j], kv_hi[j])
-        self.kv_lo = [(j * self.qh) // g for j in range(C)]
-        self.kv_hi = [-(-((j + 1) * self.qh) // g) for j in range(C)]
+        # KV heads each rank's query heads read, [kv_lo[j], kv_hi[j]), and this rank's local
+        # query-head -> KV-head index when it is not the kernels' contiguous grouping (else None)
+        maps = [local_kv_map(shape, j * self.qh, (j + 1) * self.qh) for j in range(C)]
+        self.kv_lo = [m[0] for m in maps]
+        self.kv_hi = [m[1] for m in maps]
+        index = maps[group.rank][2]
+        self.kv_index = None if index is None else torch.as_tensor(index, device=device)
         self.seg = Segments(lengths, lengths)
         self.backend = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
         self.scale = scale
@@ -75,6 +104,22 @@ class UlyssesAttention:
         wait_all([work], self.group, f"Ulysses {what}")
         self.stats["comm_wait_s"] += time.perf_counter() - t0
         return recv
+
+    def _expand(self, kf, vf, meter):
+        """K, V as the kernel reads them: as received, or one KV head per local query head."""
+        if self.kv_index is None:
+            return kf, vf
+        idx = self.kv_index.to(kf.device)
+        kx, vx = kf.index_select(1, idx), vf.index_select(1, idx)
+        meter.alloc(kx, vx)
+        return kx, vx
+
+    def _reduce(self, gx, like):
+        """Sum the per-query-head gradient ``gx (T, qh, d)`` onto ``like``'s KV heads (``T, kvh, d``)."""
+        acc = torch.float32 if gx.dtype in (torch.float16, torch.bfloat16) else gx.dtype
+        out = torch.zeros(like.shape, dtype=acc, device=gx.device)
+        out.index_add_(1, self.kv_index.to(gx.device), gx.to(acc))
+        return out.to(like.dtype)
 
     def forward(self, q, k, v):
         t0 = time.perf_counter()
@@ -100,8 +145,12 @@ class UlyssesAttention:
         meter.free(recv)
         del recv, blocks
         tc = time.perf_counter()
-        out_full, lse = self.backend.forward(qf, kf, vf, self.seg, self.scale)
+        kx, vx = self._expand(kf, vf, meter)
+        out_full, lse = self.backend.forward(qf, kx, vx, self.seg, self.scale)
         self.stats["compute_s"] += time.perf_counter() - tc
+        if kx is not kf:
+            meter.free(kx, vx)
+        del kx, vx
         meter.alloc(out_full, lse)
         send = out_full.reshape(-1, d)  # token-major: rank i's tokens are rows [i n qh, (i+1) n qh)
         recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "head-to-sequence all-to-all")
@@ -126,11 +175,16 @@ class UlyssesAttention:
         meter.free(send)
         do_full = recv.view(C, n, qh, d).reshape(C * n, qh, d)
         tc = time.perf_counter()
-        gq, gk, gv = self.backend.backward(do_full, qf, kf, vf, out_full, lse, self.seg, self.scale)
-        self.stats["compute_s"] += time.perf_counter() - tc
+        kx, vx = self._expand(kf, vf, meter)
+        gq, gk, gv = self.backend.backward(do_full, qf, kx, vx, out_full, lse, self.seg, self.scale)
         meter.alloc(gq, gk, gv)
+        if kx is not kf:  # one KV head per query head: sum dK/dV back onto the received KV heads
+            meter.free(kx, vx, gk, gv)
+            gk, gv = self._reduce(gk, kf), self._reduce(gv, vf)
+            meter.alloc(gk, gv)
+        self.stats["compute_s"] += time.perf_counter() - tc
         meter.free(recv, qf, kf, vf, out_full, lse)
-        del qf, kf, vf, out_full, lse
+        del qf, kf, vf, kx, vx, out_full, lse
         kvh = gk.shape[1]
         parts, rows = [], []
         for i in range(C):  # to rank i: dQ, dK, dV of its tokens for this rank's heads

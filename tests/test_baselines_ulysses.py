@@ -120,3 +120,18 @@ def test_window_mismatch_is_an_error():
         get_planner("ulysses").plan_window(make_window(2, 64, 0), par, shape)
     with pytest.raises(ValueError, match="expected S=128"):
         get_planner("ulysses").plan_window(make_window(4, 64, 0), ParallelConfig(2, 2, 4, 128), shape)
+
+
+@pytest.mark.parametrize("hq,hkv,cp", [(12, 3, 2), (24, 6, 4), (6, 3, 2), (6, 2, 3)])
+def test_head_shards_cutting_gqa_groups_fetch_exactly_the_kv_heads_they_read(hq, hkv, cp):
+    """A shard that starts or ends inside a GQA group is planned; it fetches kv_head_range's heads."""
+    shape = AttentionShape(hq, hkv, 8)
+    par = ParallelConfig(dp=1, cp=cp, gbs=1, seq_len=24 * cp)
+    (plan,) = get_planner("ulysses").plan_window(make_window(1, 24 * cp, 5), par, shape)
+    plan.validate()
+    t, qh = plan.pools[0].transfers, hq // cp
+    for r in range(cp):
+        kv = (t.kind == KV) & (t.dst == r)
+        assert int(kv.sum()) == cp - 1
+        want = shape.kv_head_range(r * qh, (r + 1) * qh)
+        assert set(zip(t.head_start[kv].tolist(), t.head_end[kv].tolist())) == {want}

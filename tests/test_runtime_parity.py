@@ -195,3 +195,35 @@ def test_parity_larger_grids_more_cases(tmp_path):
     results = run_ranks(_parity_rank, 8, tmp_path, [(4, 2, 4), (2, 4, 2), (8, 1, 8)], CASES_SLOW, 512, 13,
                         deadline_s=900, pg_timeout_s=300)
     _assert_results(results)
+
+
+# Ulysses head shards that cut a GQA group (issue 13): rank 0 of hq=12, hkv=3, CP=2 holds query
+# heads 0-5, which read KV heads 0,0,0,0,1,1 (not the kernels' contiguous grouping); hq=6, hkv=3,
+# CP=2 gives 3 query heads over 2 KV heads. (grid, case) pairs: each shape only where CP | hq.
+GQA_CUT = {"method": "ulysses", "d": 8}
+ULYSSES_GQA_ITEMS = [
+    ((2, 2, 2), {**GQA_CUT, "hq": 12, "hkv": 3, "dtypes": ["float64", "float32", "bfloat16"]}),
+    ((2, 2, 2), {**GQA_CUT, "hq": 6, "hkv": 3, "dtypes": ["float64"]}),
+    ((2, 2, 2), {**GQA_CUT, "hq": 24, "hkv": 6, "dtypes": ["float64"]}),   # aligned at CP 2
+    ((1, 4, 1), {**GQA_CUT, "hq": 24, "hkv": 6, "dtypes": ["float64", "float32"]}),
+    ((1, 4, 1), {**GQA_CUT, "hq": 12, "hkv": 3, "dtypes": ["float64"]}),   # 3 heads over 1-2 KV heads
+]
+
+
+def _ulysses_gqa_rank(rank, world, items, seq_len, seed):
+    from libra.runtime.groups import RankGrid, build_groups  # noqa: PLC0415
+
+    out, built = [], {}
+    for grid, case in items:
+        if grid not in built:
+            built[grid] = build_groups(RankGrid(dp=grid[0], cp=grid[1], pool_size=grid[2]), timeout_s=60)
+        dtypes = [getattr(torch, n) for n in case["dtypes"]]
+        r = _ulysses_case(rank, built[grid], case, grid[0], grid[1], seq_len, seed, dtypes)
+        out.append(({"grid": grid, **case}, r))
+    return out
+
+
+def test_parity_ulysses_gqa_groups_cut_by_head_shards(tmp_path):
+    """Ulysses where a rank's query-head shard starts or ends inside a GQA group, CP 2 and CP 4."""
+    results = run_ranks(_ulysses_gqa_rank, 4, tmp_path, ULYSSES_GQA_ITEMS, 128, 17, deadline_s=150)
+    _assert_results(results)
