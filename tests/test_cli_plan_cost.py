@@ -14,18 +14,31 @@ def test_plan_cost_quick_writes_and_prints(tmp_path):
     result = runner.invoke(main, ["plan-cost", "--quick", "--out", str(out)])
     assert result.exit_code == 0, result.output
     df = pd.read_csv(out / "plan-cost.csv")
-    assert {"setting", "stage", "median_ms", "iqr_ms", "repeats", "paper_ms"} <= set(df.columns)
-    main_rows = df[df["stage"].isin(["vrsp", "tap"])].set_index(["setting", "stage"])
-    assert main_rows.loc[("256K", "vrsp"), "paper_ms"] == 2.2
-    assert main_rows.loc[("1M", "tap"), "paper_ms"] == 10.7
+    assert list(df.columns) == ["setting", "stage", "median_ms", "iqr_ms", "repeats", "paper_ms"]
+    stages = {"vrsp", "tap", "tap.tiles", "tap.placement", "tap.exchange", "compile", "prepare",
+              "prepare.unpickle", "prepare.runner", "prepare.digest"}
+    for setting in ("256k", "1m"):  # every stage at both paper settings, nothing else (no JIT warmup row)
+        assert set(df[df["setting"] == setting]["stage"]) == stages
+    assert set(df["setting"]) == {"256k", "1m"}
+    main_rows = df[df["stage"].isin(["vrsp", "tap", "compile", "prepare"])].set_index(["setting", "stage"])
+    assert main_rows.loc[("256k", "vrsp"), "paper_ms"] == 2.2
+    assert main_rows.loc[("1m", "tap"), "paper_ms"] == 10.7
+    assert pd.isna(main_rows.loc[("1m", "compile"), "paper_ms"])      # the paper gives no figure
     assert (main_rows["median_ms"] > 0).all()
-    assert main_rows.loc[("256K", "tap"), "repeats"] == 2 * 16      # 2 repeats x 16 pools (4 GA x 4 pools)
-    assert {"tap.tiles", "tap.placement", "tap.exchange"} <= set(df["stage"])
+    assert main_rows.loc[("256k", "tap"), "repeats"] == 2 * 16      # 2 repeats x 16 pools (4 GA x 4 pools)
+    for stage in ("compile", "prepare"):                            # 2 repeats x 2 sampled workers
+        assert main_rows.loc[("1m", stage), "repeats"] == 2 * 2
     assert (out / "plan-cost.png").stat().st_size > 0
     record = json.loads((out / "run.json").read_text())
     assert record["config"]["repeats"] == 2 and record["points_computed"] > 0
+    assert record["placer"] == record["config"]["placer"] and record["placer"] in ("numba", "python")
+    assert isinstance(record["jit_warmup_ms"], dict)
+    assert record["targets_ms"]["256k"] == {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0}
+    assert f"placer: {record['placer']}" in result.output
+    assert "compile per worker" in result.output and "target <= 50 ms" in result.output
+    assert "target <= 1.2 ms" in result.output and "target <= 5.4 ms" in result.output
     quality = pd.read_csv(out / "plan-cost-quality.csv").set_index(["setting", "method"])
-    for setting in ("256K", "1M"):
+    for setting in ("256k", "1m"):
         # Libra moves fewer bytes than the cluster-wide DistCA pool and balances far better than Ulysses
         assert quality.loc[(setting, "libra"), "bytes_total"] < quality.loc[(setting, "distca"), "bytes_total"]
         assert quality.loc[(setting, "libra"), "stage_max_over_mean"] < quality.loc[(setting, "ulysses"), "stage_max_over_mean"]
@@ -45,3 +58,13 @@ def test_plan_cost_bad_input(tmp_path):
     assert bad.exit_code != 0 and "no-such-preset" in bad.output
     zero = runner.invoke(main, ["plan-cost", "--repeats", "0", "--out", str(tmp_path)])
     assert zero.exit_code != 0 and "repeats" in zero.output
+    none = runner.invoke(main, ["plan-cost", "--compile-workers", "0", "--out", str(tmp_path)])
+    assert none.exit_code != 0 and "compile-workers" in none.output
+
+
+def test_compile_sample_spreads_over_the_pool():
+    from experiments.plan_cost import sample_ranks
+
+    assert sample_ranks(64, 1) == [32]
+    assert sample_ranks(64, 4) == [13, 25, 38, 50]
+    assert sample_ranks(3, 5) == [0, 1, 2]

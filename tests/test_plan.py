@@ -174,3 +174,23 @@ def test_worker_flops_unsorted_workers_and_disjoint_pools(pool):
     plan = Plan(method="test", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=1, pools=(pool, pool))
     with pytest.raises(PlanValidationError, match="worker 0 is in pool 0 and pool 0"):
         plan.validate()
+
+
+def test_table_columns_are_read_only_and_converted_once():
+    """Columns already of the column's dtype are kept (made read-only, no copy); others are
+    converted into fresh read-only arrays."""
+    kind = np.array([KV], dtype=np.int8)
+    src = np.array([3], dtype=np.int64)  # converted to int32: a copy
+    tr = TransferTable(kind=kind, src=src, dst=[0], seq=[1], tok_start=[6], tok_end=[8], head_start=[0],
+                       head_end=[2], nbytes=[32])
+    assert tr.kind is kind and not kind.flags.writeable
+    assert tr.src.dtype == np.int32 and not np.shares_memory(tr.src, src) and src.flags.writeable
+    for name in TransferTable.FIELDS:
+        assert not getattr(tr, name).flags.writeable and getattr(tr, name).flags.c_contiguous
+    strided = np.arange(4, dtype=np.int64)[::2]  # right dtype, not contiguous: copied
+    t = TileTable(seq=[0, 0], q_start=strided, q_end=strided + 1, head_start=[0, 0], head_end=[1, 1],
+                  q_home=[0, 0], dest=[0, 0], flops=[1.0, 1.0])
+    assert t.q_start.flags.c_contiguous and not np.shares_memory(t.q_start, strided)
+    with pytest.raises(ValueError, match="rows, expected"):
+        TileTable(seq=[0], q_start=[0, 1], q_end=[1], head_start=[0], head_end=[1], q_home=[0], dest=[0],
+                  flops=[1.0])

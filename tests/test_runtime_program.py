@@ -71,9 +71,13 @@ def test_mutated_plans_are_rejected():
     pool = plan.pools[0]
     n = len(pool.tiles)
     compile_all = (lambda p: [compile_worker(p, shape, w, 2) for w in p.workers])  # noqa: E731
-    # dropped tile
-    with pytest.raises(PlanValidationError, match="written 0 times"):
+    # dropped tile (computed away from home: its destination has an O row for rows it no longer computes)
+    with pytest.raises(PlanValidationError, match="written 0 times|returns rows no tile computes here"):
         compile_all(_with(pool, tiles=pool.tiles.select(np.arange(1, n))))
+    home = np.nonzero(pool.tiles.dest == pool.tiles.q_home)[0]
+    assert len(home), "the plan must compute some tile at home for this test"
+    with pytest.raises(PlanValidationError, match="written 0 times"):  # a dropped tile computed at home
+        compile_all(_with(pool, tiles=pool.tiles.select(np.arange(n) != home[0])))
     # duplicated tile (computed twice, returned twice)
     dup = np.concatenate([np.arange(n), [0]])
     with pytest.raises(PlanValidationError):

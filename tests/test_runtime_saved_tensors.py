@@ -101,7 +101,26 @@ def _libra(groups, seq_len, seed) -> dict:
         before = attn.stats.calls
         res[mode] = _compare(mode, _run(mode, attn, q, k, v, do), ref, stats)
         res[mode]["calls"] -= before
+    res["index_builds"] = _index_builds(lambda: _run("plain", attn, q, k, v, do))
     return res
+
+
+def _index_builds(fn) -> int:
+    """How many numpy arrays ``fn`` turns into tensors (index construction on the step's path)."""
+    from unittest import mock  # noqa: PLC0415
+
+    calls = [0]
+
+    def counting(real):
+        def wrapper(*args, **kwargs):
+            calls[0] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    with mock.patch.object(torch, "as_tensor", counting(torch.as_tensor)), \
+            mock.patch.object(torch, "from_numpy", counting(torch.from_numpy)):
+        fn()
+    return calls[0]
 
 
 def _ulysses(groups, seq_len, seed) -> dict:
@@ -140,6 +159,8 @@ def test_saved_tensors_visible_to_hooks_and_checkpoint(tmp_path):
     assert sum(r["libra"]["moved"] for r in results) > 0, "no tile left its Q-home: no remote work exercised"
     for rank, res in enumerate(results):
         assert res["libra"]["chunks"] == 2
+        # a prepared runner's forward and backward execute block copies: no index arrays are built
+        assert res["libra"]["index_builds"] == 0, f"rank {rank}: {res['libra']['index_builds']} index tensors built"
         for method in ("libra", "ulysses"):
             for mode in MODES:
                 got = res[method][mode]

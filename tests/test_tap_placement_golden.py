@@ -7,7 +7,9 @@ a choice, including a tie-break, fails here. The cases cover both implementation
 (``_place_grouped`` for SH-tiles, ``_place_dense`` for tiles that are not a block partition) and
 the FLOPs-only path, GQA shapes whose tiles span one or several KV atoms, permuted and scattered
 holder layouts, long samples that cross blocks and holders, ``tau`` in {0, 0.03, 0.2}, caller
-``weights=`` (with ties and zeros), and pools where the least-loaded fallback fires.
+``weights=`` (with ties and zeros), and pools where the least-loaded fallback fires. Every case
+runs through each available placer (the Python loops, which make the fixture, and the compiled
+numba kernels when numba is installed).
 
 Every case's *inputs* are stored in the fixture too (sample lengths, layouts, explicit tiles), so it
 does not depend on a random generator's stream; weights come from an integer hash of the tile index.
@@ -27,7 +29,7 @@ import numpy as np
 import pytest
 
 from libra.plan import SequenceLayout, TileTable, tile_flops
-from libra.tap.placement import is_block_partition, place_tiles
+from libra.tap.placement import available_placers, is_block_partition, place_tiles
 from libra.tap.tiles import kv_atoms, make_tiles, pool_index
 from libra.workload import AttentionShape
 
@@ -234,7 +236,7 @@ def build_case(spec):
 
 def run_case(spec) -> tuple[list[int], int]:
     tiles, sequences, workers, shape, kwargs = build_case(spec)
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, **kwargs)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, placer="python", **kwargs)
     return placed.dest.tolist(), int(fallback)
 
 
@@ -260,14 +262,16 @@ def _load() -> list[dict]:
 CASES = _load() if FIXTURE.exists() else []
 
 
+@pytest.mark.parametrize("placer", sorted(available_placers()))  # the Python loops, and numba if installed
 @pytest.mark.parametrize("case", CASES,
                          ids=[f"{i}-{c['spec']['kind']}-{c['spec']['path']}" for i, c in enumerate(CASES)])
-def test_placement_matches_golden(case):
-    """Same destinations (every tile) and the same fallback count as when the fixture was made."""
+def test_placement_matches_golden(case, placer):
+    """Same destinations (every tile) and the same fallback count as when the fixture was made,
+    from every placer (:func:`libra.tap.placement.available_placers`)."""
     spec = case["spec"]
     tiles, sequences, workers, shape, kwargs = build_case(spec)
     assert is_block_partition(tiles) == (spec["path"] != "dense")  # the case exercises its path
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, **kwargs)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, placer=placer, **kwargs)
     assert fallback == case["fallback"]
     assert placed.dest.tolist() == case["dest"]
 

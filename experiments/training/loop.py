@@ -5,9 +5,11 @@ Per optimizer step (Libra sec. 1, 5, 6.7):
 1. Every rank builds the step's :class:`~libra.sampler.StepAssignment` from the same seeded
    sampler state (the sampler is deterministic, so no broadcast is needed) and, for ``libra``,
    plans every GA index from its sequence-length metadata: VRSP pools come from the sampler, TAP
-   placement from :func:`baselines.libra_planners.plan_grouped_window`. Each GA index's plan is
-   compiled once per step (``libra.runtime.attention.prepare``) and reused by every layer; the
-   pool's ranks check that plan digests agree on the first step.
+   placement from :func:`baselines.libra_planners.plan_grouped_window`. The
+   :class:`~libra.runtime.async_planner.AsyncPlanner` plans step ``s + 1`` while step ``s`` trains
+   and also compiles this rank's :class:`~libra.runtime.program.WorkerProgram` of every GA index
+   (``compile_for``), so on the step's path ``libra.runtime.attention.prepare`` only builds the
+   runner (reused by every layer); the pool's ranks check that plan digests agree on the first step.
 2. A ``DataLoader`` over :class:`PieceDataset` with the sampler as ``batch_sampler`` hands this DP
    rank its packed sequences in GA order; each CP rank keeps its contiguous ``S / CP`` slice.
 3. Loss = sum of token cross-entropies / the step's total labelled tokens (counted over the whole
@@ -100,7 +102,8 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     """Run ``cfg.steps`` optimizer steps on this rank.
 
     Returns:
-        ``{"steps": [{"step", "loss", "step_ms", "tokens", "tokens_per_gpu_s", "plan_ms"}],
+        ``{"steps": [{"step", "loss", "step_ms", "tokens", "tokens_per_gpu_s", "plan_ms", "compile_ms",
+        "plan_wait_ms"}],
         "params": {name: tensor}}`` (params on every rank; identical across ranks).
     """
     dtype = DTYPES[cfg.dtype]
@@ -121,11 +124,13 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     log = []
     planner = None
     if cfg.attention == "libra":
-        # Libra sec. 5: plans of step s+1 are built on a CPU thread while step s trains
+        # Libra sec. 5: plans of step s+1 are built -- and this rank's programs compiled -- on a CPU
+        # thread while step s trains
         from libra.runtime.async_planner import AsyncPlanner
 
+        worker = ctx.pool_group.worker if ctx.pool_group is not None else ctx.rank
         planner = AsyncPlanner(functools.partial(plan_step, cfg, cfg.model.attention_shape), mode="thread",
-                               max_pending=2)
+                               max_pending=2, compile_for=worker, keep_plans=False)
         planner.submit(0, step_metadata(sampler.step(0)))
     try:
         for step in range(cfg.steps):
@@ -144,13 +149,13 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, c
     t0 = time.perf_counter()
     assignment = sampler.step(step)
     total_targets = sum(dataset.valid_targets(s) for s in assignment.sequences)
-    plans, wait_ms, plan_ms = None, 0.0, 0.0
+    programs, wait_ms, plan_ms, compile_ms = None, 0.0, 0.0, 0.0
     if planner is not None:
         if step + 1 < cfg.steps:
             planner.submit(step + 1, step_metadata(sampler.step(step + 1)))
-        plans = planner.get(step, timeout=PLAN_WAIT_S)
+        programs = planner.get(step, timeout=PLAN_WAIT_S).programs  # this rank's, one per GA index
         rec = planner.records[step]
-        wait_ms, plan_ms = rec.wait_s * 1e3, rec.plan_s * 1e3
+        wait_ms, plan_ms, compile_ms = rec.wait_s * 1e3, rec.plan_s * 1e3, rec.compile_s * 1e3
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for g in range(ga):
         batch = next(batches)
@@ -161,7 +166,7 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, c
             attn = ulysses_core_attention(batch.sample_lengths, ctx.cp_group, cfg.model.num_q_heads,
                                           cfg.model.num_kv_heads, device=ctx.device)
         else:
-            attn = libra_core_attention(plans[g], ctx.pool_group, verify_plan=(step == 0))
+            attn = libra_core_attention(programs[g], ctx.pool_group, verify_plan=(step == 0))
         logits = model(ids, pos, attn)
         loss = F.cross_entropy(logits.float() if dtype == torch.bfloat16 else logits, labels,
                                ignore_index=IGNORE, reduction="sum") / total_targets
@@ -181,5 +186,6 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, c
     dt = time.perf_counter() - t0
     tokens = cfg.gbs * cfg.seq_len
     return {"step": step, "loss": float(loss_sum), "step_ms": dt * 1e3, "tokens": tokens,
-            "tokens_per_gpu_s": tokens / dt / world, "plan_ms": plan_ms, "plan_wait_ms": wait_ms}
+            "tokens_per_gpu_s": tokens / dt / world, "plan_ms": plan_ms, "compile_ms": compile_ms,
+            "plan_wait_ms": wait_ms}
 

@@ -60,7 +60,7 @@ class PoolPlan:
     fallback_tiles: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "workers", tuple(int(w) for w in self.workers))
+        object.__setattr__(self, "workers", tuple(map(int, self.workers)))
         object.__setattr__(self, "sequences", tuple(self.sequences))
 
     @property

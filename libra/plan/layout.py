@@ -132,20 +132,30 @@ class PoolIndex(NamedTuple):
 
 def pool_index(sequences: Sequence[SequenceLayout]) -> PoolIndex:
     """Build the :class:`PoolIndex` of ``sequences`` (their layouts are validated on creation)."""
-    lengths = np.array([s.num_tokens for s in sequences], dtype=np.int64)
-    base = np.concatenate(([0], np.cumsum(lengths)))
-    if not len(sequences):
+    n_seq = len(sequences)
+    if not n_seq:
+        base = np.zeros(1, dtype=np.int64)
         empty = np.zeros(0, dtype=np.int64)
         return PoolIndex(base, base.copy(), empty, empty, empty.astype(np.int32), empty)
-    offs = np.concatenate([s.sample_offsets[:-1] + base[i] for i, s in enumerate(sequences)] + [base[-1:]])
-    orders = [s.holder_order for s in sequences]
-    n = np.array([len(o) for o in orders])
-    shift = np.repeat(base[:-1], n)
-    return PoolIndex(base, offs,
-                     np.concatenate([s.holder_start[o] for s, o in zip(sequences, orders)]) + shift,
-                     np.concatenate([s.holder_end[o] for s, o in zip(sequences, orders)]) + shift,
-                     np.concatenate([s.holder_worker[o] for s, o in zip(sequences, orders)]),
-                     np.repeat(np.arange(len(sequences)), n))
+    # every sample start of every sequence, then the total: the cumulative sum of all sample lengths
+    # (a valid layout has tokens, so each sequence starts where the previous one's samples end)
+    samples = np.concatenate([s.sample_lengths for s in sequences])
+    offs = np.zeros(len(samples) + 1, dtype=np.int64)
+    np.add.accumulate(samples, out=offs[1:])
+    first = np.zeros(n_seq + 1, dtype=np.int64)
+    np.add.accumulate(np.fromiter([len(s.sample_lengths) for s in sequences], np.int64, n_seq), out=first[1:])
+    base = offs[first]
+    n = np.fromiter([len(s.holder_start) for s in sequences], np.int64, n_seq)
+    shift = base[:-1].repeat(n)
+    start = np.concatenate([s.holder_start for s in sequences])
+    start += shift
+    end = np.concatenate([s.holder_end for s in sequences])
+    end += shift
+    # holder ranges are disjoint and each sequence's lie in its own [base, base + length): one sort
+    # by global start orders them by (sequence, start)
+    order = start.argsort()
+    return PoolIndex(base, offs, start[order], end[order],
+                     np.concatenate([s.holder_worker for s in sequences])[order], np.arange(n_seq).repeat(n))
 
 
 def kv_need_start(sequences: Sequence[SequenceLayout], tiles: TileTable, index: PoolIndex | None = None) -> np.ndarray:

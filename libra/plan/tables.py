@@ -21,7 +21,11 @@ class PlanValidationError(ValueError):
 
 
 def frozen_array(values, dtype) -> np.ndarray:
-    """A contiguous read-only copy (plan data is immutable once built)."""
+    """``values`` as a contiguous read-only array of ``dtype`` (plan data is immutable once built).
+
+    A copy only when a conversion is needed: an array already contiguous and of ``dtype`` is kept
+    and made read-only in place, so whoever built it must not write to it (or to its base) later.
+    """
     out = np.ascontiguousarray(np.asarray(values, dtype=dtype))
     out.setflags(write=False)
     return out
@@ -45,14 +49,21 @@ class _Table:
         if missing:
             raise TypeError(f"{type(self).__name__} missing columns {sorted(missing)}")
         n = None
+        cols = self.__dict__
         for name, dtype in self.FIELDS.items():
-            col = frozen_array(columns[name], dtype).reshape(-1)
+            col = columns[name]
+            # fast path (the planners build columns in their final dtype): no conversion, no view.
+            # Like frozen_array, a matching array is kept, not copied, and made read-only.
+            if type(col) is np.ndarray and col.dtype == dtype and col.ndim == 1 and col.flags.c_contiguous:
+                col.flags.writeable = False
+            else:
+                col = frozen_array(col, dtype).reshape(-1)
             if n is None:
                 n = len(col)
             elif len(col) != n:
                 raise ValueError(f"{type(self).__name__}.{name} has {len(col)} rows, expected {n}")
-            object.__setattr__(self, name, col)
-        object.__setattr__(self, "_n", n or 0)
+            cols[name] = col
+        cols["_n"] = n or 0
 
     def __setattr__(self, key, value):
         raise AttributeError(f"{type(self).__name__} is immutable")

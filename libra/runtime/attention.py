@@ -31,7 +31,8 @@ import torch.distributed as dist
 
 from libra.plan import Plan, PoolPlan
 from libra.runtime.agreement import check_finite_inputs, check_plan_agreement
-from libra.runtime.executor import Exchanger, MemoryMeter, pack
+from libra.runtime.blocks import DK, DO, DQ, DV, OUT, K, Q, V, do_recv_key, grad_recv_key, kout_key, recv_key
+from libra.runtime.executor import Exchanger, MemoryMeter, copy_blocks, pack
 from libra.runtime.groups import PoolGroup
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend
 from libra.runtime.program import WorkerProgram, compile_worker
@@ -93,16 +94,8 @@ class LibraAttention:
         self.exchanger = Exchanger(group, comm)
         self.scale, self.check_finite = scale, check_finite
         self.stats = RuntimeStats()
-        self._cache: dict = {}
-
-    def _idx(self, arr, device) -> torch.Tensor:
-        """numpy index array -> cached int64 tensor on ``device`` (index_add_ needs it there)."""
-        key = (id(arr), str(device))
-        got = self._cache.get(key)
-        if got is None:
-            got = (torch.as_tensor(arr, device=device), arr)  # keep arr alive: its id keys the cache
-            self._cache[key] = got
-        return got[0]
+        # kernel geometry of each chunk, built once (no index construction on the step's path)
+        self._segments = [Segments(k.q_lens, k.kv_lens) if k.total_q else None for k in program.kernels]
 
     # -- checks -------------------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
@@ -121,21 +114,21 @@ class LibraAttention:
             check_finite_inputs({"q": q, "k": k, "v": v}, self.group)
 
     # -- forward ------------------------------------------------------------------------------
-    def _kernel_inputs(self, kern, stores, d, names=("q", "k", "v")):
-        qh, kvh = kern.qh, kern.kvh
-        like = stores["q"]
-        kq = pack(like.new_empty(kern.total_q * qh, d), kern.q_pack, stores, self._cache)
-        kk = pack(like.new_empty(kern.total_k * kvh, d), kern.k_pack, stores, self._cache)
-        kv = pack(like.new_empty(kern.total_k * kvh, d), kern.v_pack, stores, self._cache)
-        return kq.view(-1, qh, d), kk.view(-1, kvh, d), kv.view(-1, kvh, d)
+    @staticmethod
+    def _kernel_inputs(kern, stores: dict, d: int):
+        like = stores[Q]
+        kq = pack(like.new_empty(kern.total_q * kern.qh, d), kern.q_pack, stores)
+        kk = pack(like.new_empty(kern.total_k * kern.kvh, d), kern.k_pack, stores)
+        kv = pack(like.new_empty(kern.total_k * kern.kvh, d), kern.v_pack, stores)
+        return kq.view(-1, kern.qh, d), kk.view(-1, kern.kvh, d), kv.view(-1, kern.kvh, d)
 
-    def _run_pass(self, phases: tuple[str, str], tag: str, stores: dict, meter: MemoryMeter,
+    def _run_pass(self, phases: tuple[str, str], recv_of, stores: dict, meter: MemoryMeter,
                   compute, unpack, after_return=None) -> tuple[float, float]:
         """Execute one pass as the pool's :class:`~libra.tap.pipeline.ChunkSchedule` lists it
         (Libra sec. 4.4): the same events the cost model prices, in the same order.
 
-        ``phases``: (dispatch, return) phase names; chunk ``m``'s received dispatch is stored as
-        ``{tag}{m}``. ``compute(m)`` runs chunk ``m``'s kernels, ``unpack(m, recv)`` consumes its
+        ``phases``: (dispatch, return) phase names; chunk ``m``'s received dispatch is stored under
+        ``recv_of(m)``. ``compute(m)`` runs chunk ``m``'s kernels, ``unpack(m, recv)`` consumes its
         returned rows, ``after_return(m)`` (optional) runs once its return is issued.
         Returns (seconds waiting on communication, seconds computing).
         """
@@ -144,17 +137,17 @@ class LibraAttention:
         pending, returns, wait_s, compute_s = {}, {}, 0.0, 0.0
         for ev, m in prog.schedule.events:
             if ev == ISSUE_DISPATCH:
-                pending[m] = ex.issue(prog.messages[disp][m], stores, self._cache, stores["q"], disp, m, meter)
+                pending[m] = ex.issue(prog.messages[disp][m], stores, stores[Q], disp, m, meter)
             elif ev == WAIT_DISPATCH:
                 tw = time.perf_counter()
-                stores[f"{tag}{m}"] = ex.finish(pending.pop(m), meter)
+                stores[recv_of(m)] = ex.finish(pending.pop(m), meter)
                 wait_s += time.perf_counter() - tw
             elif ev == COMPUTE:
                 tc = time.perf_counter()
                 compute(m)
                 compute_s += time.perf_counter() - tc
             elif ev == ISSUE_RETURN:
-                returns[m] = ex.issue(prog.messages[ret][m], stores, self._cache, stores["q"], ret, m, meter)
+                returns[m] = ex.issue(prog.messages[ret][m], stores, stores[Q], ret, m, meter)
                 if after_return is not None:
                     after_return(m)
             elif ev == WAIT_RETURN:
@@ -168,15 +161,15 @@ class LibraAttention:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Non-autograd forward. Returns ``(out, tensors, meta)`` for :meth:`backward`.
 
-        ``tensors``: every tensor backward needs besides q, k, v (chunk ``m``'s fetched dispatch
-        buffer ``fd{m}`` and, where it computes, its kernel output ``o{m}`` and ``lse{m}``), in the
-        order of ``meta["names"]``; :class:`RunnerFunction` saves them with ``save_for_backward``.
+        ``tensors``: every tensor backward needs besides q, k, v (chunk ``m``'s received dispatch
+        buffer and, where it computes, its kernel output and lse), in the order of
+        ``meta["names"]``; :class:`RunnerFunction` saves them with ``save_for_backward``.
         ``meta``: non-tensor state (names, per-chunk Segments, the memory meter).
         """
         t0 = time.perf_counter()
         prog, meter = self.program, MemoryMeter()
         d, M = q.shape[-1], prog.chunks
-        stores = {"q": q.reshape(-1, d), "k": k.reshape(-1, d), "v": v.reshape(-1, d)}
+        stores = {Q: q.reshape(-1, d), K: k.reshape(-1, d), V: v.reshape(-1, d)}
         out = torch.empty_like(q)
         out_rows = out.view(-1, d)
         saved, segs = {}, {}
@@ -187,24 +180,19 @@ class LibraAttention:
                 return
             kq, kk, kv = self._kernel_inputs(kern, stores, d)
             meter.alloc(kq, kk, kv)
-            seg = Segments(kern.q_lens, kern.kv_lens)
+            seg = self._segments[m]
             o, lse = self.backend.forward(kq, kk, kv, seg, self.scale)
             meter.alloc(o, lse)
             meter.free(kq, kk, kv)
-            o_rows = o.reshape(-1, d)
-            stores[f"out{m}"] = o_rows
-            saved[f"o{m}"], saved[f"lse{m}"], segs[m] = o, lse, seg
-            src, dst = kern.out_local
-            if len(dst):
-                out_rows[self._idx(dst, q.device)] = o_rows[self._idx(src, q.device)]
+            stores[kout_key(m)] = o_rows = o.reshape(-1, d)
+            saved[("o", m)], saved[("lse", m)], segs[m] = o, lse, seg
+            copy_blocks(o_rows, kern.out_local, {Q: out_rows}, reverse=True)
 
         def unpack(m, recv):
-            r, l_rows = prog.fr_unpack[m]
-            if len(r):
-                out_rows[self._idx(l_rows, q.device)] = recv[self._idx(r, q.device)]
+            copy_blocks(recv, prog.messages[FWD_RETURN][m].unpack, {OUT: out_rows}, reverse=True)
 
-        wait_s, compute_s = self._run_pass((FWD_DISPATCH, FWD_RETURN), "fd", stores, meter, compute, unpack)
-        held = {**{f"fd{m}": stores[f"fd{m}"] for m in range(M)}, **saved}
+        wait_s, compute_s = self._run_pass((FWD_DISPATCH, FWD_RETURN), recv_key, stores, meter, compute, unpack)
+        held = {**{("recv", m): stores[recv_key(m)] for m in range(M)}, **saved}
         st = self.stats
         st.held_for_backward_bytes = meter.current
         st.forward_s += time.perf_counter() - t0
@@ -215,26 +203,20 @@ class LibraAttention:
 
     # -- backward -----------------------------------------------------------------------------
     def _backward_chunk(self, m: int, kern, stores: dict, grads: dict, saved: dict, seg, meter, dq_rows) -> None:
-        """Chunk ``m``'s backward kernels: dQ rows into the store / local dq, dK/dV scattered back."""
+        """Chunk ``m``'s backward kernels: dQ into the store / local dq, dK/dV added onto their sources."""
         d = dq_rows.shape[-1]
-        device = dq_rows.device
-        o, lse = saved.pop(f"o{m}"), saved.pop(f"lse{m}")
+        o, lse = saved.pop(("o", m)), saved.pop(("lse", m))
         kq, kk, kv = self._kernel_inputs(kern, stores, d)
-        kdo = pack(stores["q"].new_empty(kern.total_q * kern.qh, d), kern.do_pack, stores, self._cache)
+        kdo = pack(stores[Q].new_empty(kern.total_q * kern.qh, d), kern.do_pack, stores)
         meter.alloc(kq, kk, kv, kdo)
         gq, gk, gv = self.backend.backward(kdo.view(-1, kern.qh, d), kq, kk, kv, o, lse, seg, self.scale)
         meter.alloc(gq, gk, gv)
         meter.free(kq, kk, kv, kdo, o, lse)
-        stores.pop(f"out{m}", None)
-        gq_rows = gq.reshape(-1, d)
-        stores[f"dq{m}"] = gq_rows
-        src, dst = kern.out_local
-        if len(dst):
-            dq_rows[self._idx(dst, device)] = gq_rows[self._idx(src, device)]
-        # dK/dV: scatter-add back onto the rows the kernel inputs were gathered from
-        for parts, gk_rows in ((kern.k_pack, gk.reshape(-1, d)), (kern.v_pack, gv.reshape(-1, d))):
-            for name, idx, pos in parts:
-                grads[name].index_add_(0, self._idx(idx, device), gk_rows[self._idx(pos, device)])
+        stores[kout_key(m)] = gq_rows = gq.reshape(-1, d)  # the dQ return reads it
+        copy_blocks(gq_rows, kern.out_local, {Q: dq_rows}, reverse=True)
+        # dK/dV: add back onto the rows the kernel inputs were read from (local or fetched)
+        copy_blocks(gk.reshape(-1, d), kern.k_pack, grads["k"], reverse=True, add=True)
+        copy_blocks(gv.reshape(-1, d), kern.v_pack, grads["v"], reverse=True, add=True)
         meter.free(gk, gv)
 
     def backward(self, dout: torch.Tensor, q, k, v, tensors: list, meta: dict) -> tuple[torch.Tensor, ...]:
@@ -246,37 +228,36 @@ class LibraAttention:
         d, M = q.shape[-1], prog.chunks
         if len(tensors) != len(meta["names"]):
             raise RuntimeError(f"backward got {len(tensors)} saved tensors, forward saved {len(meta['names'])}")
-        saved = dict(zip(meta["names"], tensors))
+        saved = {name: t.contiguous() for name, t in zip(meta["names"], tensors)}
         tensors.clear()
-        stores = {"q": q.reshape(-1, d), "k": k.reshape(-1, d), "v": v.reshape(-1, d),
-                  "do": dout.reshape(-1, d), **{f"fd{m}": saved.pop(f"fd{m}") for m in range(M)}}
+        stores = {Q: q.reshape(-1, d), K: k.reshape(-1, d), V: v.reshape(-1, d), DO: dout.reshape(-1, d),
+                  **{recv_key(m): saved.pop(("recv", m)) for m in range(M)}}
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dq_rows, dk_rows, dv_rows = dq.view(-1, d), dk.view(-1, d), dv.view(-1, d)
-        grads = {"k": dk_rows, "v": dv_rows}
         for m in range(M):
-            grads[f"fd{m}"] = stores[f"gfd{m}"] = torch.zeros_like(stores[f"fd{m}"])
-            meter.alloc(grads[f"fd{m}"])
+            stores[grad_recv_key(m)] = torch.zeros_like(stores[recv_key(m)])
+            meter.alloc(stores[grad_recv_key(m)])
+        fetched = {recv_key(m): stores[grad_recv_key(m)] for m in range(M)}
+        grads = {"k": {K: dk_rows, **fetched}, "v": {V: dv_rows, **fetched}}
 
         def compute(m):
             if prog.kernels[m].total_q:
                 self._backward_chunk(m, prog.kernels[m], stores, grads, saved, meta["segs"][m], meter, dq_rows)
 
         def after_return(m):
-            if f"dq{m}" in stores:
-                meter.free(stores.pop(f"dq{m}"))
-            meter.free(stores.pop(f"bd{m}"))
+            if kout_key(m) in stores:
+                meter.free(stores.pop(kout_key(m)))
+            meter.free(stores.pop(do_recv_key(m)))
 
         def unpack(m, recv):
-            r, rows = prog.br_dq[m]
-            if len(r):
-                dq_rows[self._idx(rows, q.device)] = recv[self._idx(r, q.device)]
-            for (r, rows), target in ((prog.br_dk[m], dk_rows), (prog.br_dv[m], dv_rows)):
-                if len(r):
-                    target.index_add_(0, self._idx(rows, q.device), recv[self._idx(r, q.device)])
+            msg = prog.messages[BWD_RETURN][m]
+            copy_blocks(recv, msg.unpack, {DQ: dq_rows}, reverse=True)
+            copy_blocks(recv, msg.unpack_add, {DK: dk_rows, DV: dv_rows}, reverse=True, add=True)
 
-        wait_s, compute_s = self._run_pass((BWD_DISPATCH, BWD_RETURN), "bd", stores, meter, compute, unpack, after_return)
+        wait_s, compute_s = self._run_pass((BWD_DISPATCH, BWD_RETURN), do_recv_key, stores, meter, compute, unpack,
+                                           after_return)
         for m in range(M):
-            meter.free(stores.pop(f"fd{m}"), grads.pop(f"fd{m}"))
+            meter.free(stores.pop(recv_key(m)), stores.pop(grad_recv_key(m)))
         meta.clear()
         st = self.stats
         st.backward_s += time.perf_counter() - t0
@@ -323,23 +304,40 @@ class RunnerFunction(torch.autograd.Function):
 def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | None = None,
             backend: str | AttentionBackend = "auto", comm: str = "p2p", scale: float | None = None,
             check_finite: bool = True, verify_plan: bool = True, device=None) -> LibraAttention:
-    """Compile this worker's part of ``plan`` and check that the pool agrees on it.
+    """Build this worker's runner for ``plan`` and check that the pool agrees on it.
+
+    The step's path passes a :class:`~libra.runtime.program.WorkerProgram` compiled ahead of time
+    (``AsyncPlanner(..., compile_for=worker)`` or :func:`libra.runtime.async_planner.compile_plans`):
+    then nothing is compiled here, only the digest agreement is checked and the runner built. A
+    Plan or PoolPlan is compiled on demand (:func:`~libra.runtime.program.compile_worker`).
 
     Args:
-        plan: a :class:`~libra.plan.Plan` (this worker's pool is selected) or a PoolPlan
-            (then ``shape`` is required).
+        plan: a WorkerProgram (its ``worker`` must be the group's worker; its ``chunks`` and
+            ``shape`` are used), a :class:`~libra.plan.Plan` (this worker's pool is selected) or a
+            PoolPlan (then ``shape`` is required).
         group: the pool's :class:`~libra.runtime.groups.PoolGroup` (or a raw ProcessGroup whose
             rank ``i`` is ``pool.workers[i]``).
-        chunks: Pipeliner chunks ``M`` (default: the plan's ``pipeline_chunks``; 1 for a PoolPlan).
+        chunks: Pipeliner chunks ``M`` (default: the plan's ``pipeline_chunks``; 1 for a PoolPlan;
+            a WorkerProgram's own, which a different value contradicts).
         backend: kernel backend name (``"auto"`` resolves per device) or instance.
         comm: ``"p2p"`` (batch_isend_irecv) or ``"a2a"`` (all_to_all_single).
         verify_plan: all_gather the plan digest first (raises PlanMismatchError naming ranks).
 
     Raises:
-        ValueError: bad arguments; PlanValidationError: plan inconsistent for this worker;
+        ValueError: bad arguments, including a WorkerProgram compiled for another worker, pool,
+            ``chunks`` or ``shape``; PlanValidationError: plan inconsistent for this worker;
         PlanMismatchError: pool ranks hold different plans.
     """
-    if isinstance(plan, Plan):
+    program = None
+    if isinstance(plan, WorkerProgram):
+        program = plan
+        if chunks is not None and chunks != program.chunks:
+            raise ValueError(f"chunks={chunks!r} contradicts the WorkerProgram, compiled with {program.chunks} "
+                             f"Pipeliner chunks (omit chunks=, or compile with the chunks you want)")
+        if shape is not None and shape != program.shape:
+            raise ValueError(f"shape {shape} differs from the WorkerProgram's {program.shape}")
+        workers = program.workers
+    elif isinstance(plan, Plan):
         shape = plan.shape
         chunks = plan.pipeline_chunks if chunks is None else chunks
         worker = group.worker if isinstance(group, PoolGroup) else None
@@ -347,26 +345,34 @@ def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | N
             raise ValueError("pass a PoolGroup with a Plan (the worker id selects the pool)")
         pool = plan.pool_of_worker(worker)
         digest = plan.digest()
+        workers = pool.workers
     elif isinstance(plan, PoolPlan):
         if shape is None:
             raise ValueError("shape is required when a PoolPlan is passed")
         pool, chunks, digest = plan, (1 if chunks is None else chunks), None
+        workers = pool.workers
     else:
-        raise ValueError(f"plan must be a Plan or PoolPlan, got {type(plan).__name__}")
-    group = as_pool_group(group, pool.workers)
+        raise ValueError(f"plan must be a WorkerProgram, Plan or PoolPlan, got {type(plan).__name__}")
+    group = as_pool_group(group, workers)
+    if program is not None and group.worker != program.worker:
+        raise ValueError(f"the WorkerProgram was compiled for worker {program.worker}, but this rank is worker "
+                         f"{group.worker} of pool workers {list(group.workers)}: pass this rank's program "
+                         f"(AsyncPlanner(compile_for=group.worker))")
     if device is None:
         device = "cuda" if dist.is_initialized() and dist.get_backend(group.group) == "nccl" else "cpu"
     be = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    program = compile_worker(pool, shape, group.worker, chunks, digest=digest or pool.digest())
+    if program is None:
+        program = compile_worker(pool, shape, group.worker, chunks, digest=digest or pool.digest())
     if verify_plan:
         check_plan_agreement(program.digest, group)
     return LibraAttention(program, group, be, comm=comm, scale=scale, check_finite=check_finite)
 
 
 def libra_attention(q, k, v, plan, group, **kwargs) -> torch.Tensor:
-    """One-shot form: ``prepare(plan, group, **kwargs)(q, k, v)``; pass a prepared
-    :class:`LibraAttention` as ``plan`` to skip compilation and the digest check."""
+    """One-shot form: ``prepare(plan, group, **kwargs)(q, k, v)``; ``plan`` is a Plan, PoolPlan or
+    WorkerProgram (see :func:`prepare`), or a prepared :class:`LibraAttention`, which skips
+    compilation and the digest check."""
     runner = plan if isinstance(plan, LibraAttention) else prepare(plan, group, **kwargs)
     return runner(q, k, v)

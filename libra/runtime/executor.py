@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from libra.runtime.blocks import Blocks
 from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
 from libra.runtime.program import PHASES, Message
 
@@ -54,30 +55,40 @@ class Handle:
     what: str = ""
 
 
-def _stores_get(stores: dict, name: str) -> torch.Tensor:
+def _stores_get(stores: dict, key) -> torch.Tensor:
     try:
-        return stores[name]
+        return stores[key]
     except KeyError:
-        raise RuntimeError(f"runtime store {name!r} is not available (program/plan inconsistency)") from None
+        raise RuntimeError(f"runtime buffer {key!r} is not available (program/plan inconsistency)") from None
 
 
-def pack(dst: torch.Tensor, parts, stores: dict, index_cache: dict) -> torch.Tensor:
-    """``dst[pos] = stores[name][idx]`` for each part (indices cached as tensors per device)."""
-    for name, idx, pos in parts:
-        src = _stores_get(stores, name)
-        ti, tp = _indices(index_cache, idx, pos, dst.device)
-        dst[tp] = src[ti]
-    return dst
+def _rect(buf: torch.Tensor, off: int, stride: int, h0: int, n: int, nh: int) -> torch.Tensor:
+    """The ``n`` x ``nh`` rectangle of a flat row buffer (:mod:`libra.runtime.blocks`), as a view."""
+    return buf[off:off + n * stride].view(n, stride, buf.shape[-1])[:, h0:h0 + nh]
 
 
-def _indices(cache: dict, idx: np.ndarray, pos: np.ndarray, device):
-    key = (id(idx), id(pos), str(device))
-    got = cache.get(key)
-    if got is None:
-        # identity of the arrays keys the cache; the program owning them outlives the cache
-        got = (torch.as_tensor(idx, device=device), torch.as_tensor(pos, device=device), idx, pos)
-        cache[key] = got
-    return got[0], got[1]
+def copy_blocks(target: torch.Tensor, blocks: Blocks, stores: dict, reverse: bool = False,
+                add: bool = False) -> torch.Tensor:
+    """Execute a block table on the flat row buffer ``target`` (one strided copy per block).
+
+    Forward: ``target[dst] = stores[key][src]``. ``reverse``: ``stores[key][src] = target[dst]``
+    (``add``: ``+=``, for gradients of rows that several kernel inputs read).
+    """
+    for k, so, ss, sh, do, ds, dh, n, nh in blocks.rows():
+        src = _rect(_stores_get(stores, blocks.keys[k]), so, ss, sh, n, nh)
+        dst = _rect(target, do, ds, dh, n, nh)
+        if not reverse:
+            dst.copy_(src)
+        elif add:
+            src.add_(dst)
+        else:
+            src.copy_(dst)
+    return target
+
+
+def pack(dst: torch.Tensor, blocks: Blocks, stores: dict) -> torch.Tensor:
+    """Fill ``dst`` from ``stores`` (every row of ``dst`` is written: compile_worker checked it)."""
+    return copy_blocks(dst, blocks, stores)
 
 
 class Exchanger:
@@ -118,11 +129,11 @@ class Exchanger:
         except RuntimeError as exc:
             raise CollectiveTimeoutError(f"worker {g.worker}: starting {what} failed: {exc}") from exc
 
-    def issue(self, msg: Message, stores: dict, cache: dict, like: torch.Tensor, phase: str, chunk: int,
+    def issue(self, msg: Message, stores: dict, like: torch.Tensor, phase: str, chunk: int,
               meter: MemoryMeter) -> Handle:
         """Pack ``msg`` from ``stores`` and start it; returns the in-flight handle."""
         d = like.shape[-1]
-        send = pack(like.new_empty(msg.n_send, d), msg.pack, stores, cache)
+        send = pack(like.new_empty(msg.n_send, d), msg.pack, stores)
         recv = like.new_empty(msg.n_recv, d)
         meter.alloc(send, recv)
         return Handle(send, recv, self.start(msg, send, recv, phase, chunk), f"{phase} exchange of chunk {chunk}")

@@ -91,9 +91,14 @@ class Segments:
         return int(self.kv_lens.max()) if len(self) else 0
 
     def cu_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """int32 cumulative offsets on ``device`` (what flash-attn style kernels take)."""
-        return (torch.as_tensor(self.cu_q, dtype=torch.int32, device=device),
-                torch.as_tensor(self.cu_k, dtype=torch.int32, device=device))
+        """int32 cumulative offsets on ``device`` (what flash-attn style kernels take); built once
+        per device, so a prepared runner moves them at its first call and never again."""
+        cache = self.__dict__.setdefault("_cu_cache", {})
+        key = str(device)
+        if key not in cache:
+            cache[key] = (torch.as_tensor(self.cu_q, dtype=torch.int32, device=device),
+                          torch.as_tensor(self.cu_k, dtype=torch.int32, device=device))
+        return cache[key]
 
 
 def _check_inputs(q, k, v, seg: Segments) -> None:

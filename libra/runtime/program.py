@@ -1,22 +1,17 @@
-"""Compile one worker's share of a PoolPlan into index arrays (numpy only, no communication).
+"""Compile one worker's share of a PoolPlan into block copies (numpy only, no communication).
 
-A :class:`WorkerProgram` says, for the calling worker and each Pipeliner chunk, which rows to pack
-into each outgoing message, how to read each incoming message, and how to pack the varlen kernel
-inputs (Libra sec. 4.3.3, 4.4). Every tensor is handled as *rows* of width ``d``: an element
-``(sequence, token, head)`` of Q/K/V/O is one row. Row keys are ``(seq * BIG + token) * heads +
-head``; the sender and the receiver derive the same keys in the same order from the same
-TransferTable, which is why the pool's ranks must agree on the plan digest first.
-
-The TransferTable is executed literally. The Pipeliner (:class:`~libra.tap.pipeline.ChunkSchedule`,
-the same object the cost model prices) splits each transfer by heads: chunk ``m`` holds the
-``m``-th head piece of every tile, a KV head travels (forward) with the first chunk whose query
-heads read it and its gradient (backward) with the last, so KV is fetched once per destination
-however ``M`` cuts a GQA group.
+A :class:`WorkerProgram` says, for the calling worker and each Pipeliner chunk, which rectangles
+(:mod:`libra.runtime.blocks`) to copy into each outgoing message, where each incoming piece lands,
+and how to assemble the varlen kernel inputs (Libra sec. 4.3.3, 4.4). The sender and the receiver
+lay a message out the same way from the same TransferTable (peers in pool-rank order, then the
+phase's transfer kinds, then table order), which is why the pool's ranks agree on the plan digest
+first. The TransferTable is executed literally; the pool's :class:`~libra.tap.pipeline.ChunkSchedule`
+(the object the cost model prices) says which heads of each transfer travel with which chunk.
 
 Compilation checks the plan against the data flow it implies and raises
-:class:`~libra.plan.PlanValidationError` when a tile's Q or KV is not delivered, an output row is
-returned twice or never (dropped or duplicated tiles), or a transfer's source does not hold its
-rows.
+:class:`~libra.plan.PlanValidationError` when a tile's Q or KV is not delivered (or delivered
+twice), an output row is returned twice or never (dropped or duplicated tiles), or a transfer's
+source does not hold its rows.
 """
 
 from __future__ import annotations
@@ -26,40 +21,30 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
+from libra.runtime.blocks import (
+    DK,
+    DO,
+    DQ,
+    DV,
+    N_HEADS,
+    N_TOK,
+    OUT,
+    Blocks,
+    BufKey,
+    Rects,
+    do_recv_key,
+    first_missing,
+    grad_recv_key,
+    kout_key,
+    layout,
+    recv_key,
+    resolve,
+)
+from libra.runtime.blocks import K as LK
+from libra.runtime.blocks import Q as LQ
+from libra.runtime.blocks import V as LV
 from libra.tap.pipeline import BWD_DISPATCH, BWD_RETURN, FWD_DISPATCH, FWD_RETURN, PHASES, ChunkSchedule
 from libra.workload import AttentionShape, causal_area
-
-
-class KeyIndex:
-    """Sorted lookup from int64 row keys to row positions."""
-
-    def __init__(self, keys: np.ndarray, rows: np.ndarray | None = None):
-        keys = np.asarray(keys, dtype=np.int64)
-        rows = np.arange(len(keys), dtype=np.int64) if rows is None else np.asarray(rows, dtype=np.int64)
-        order = np.argsort(keys, kind="stable")
-        self.keys, self.rows = keys[order], rows[order]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def find(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of ``query`` keys and a found mask (first match when a key repeats)."""
-        query = np.asarray(query, dtype=np.int64)
-        if not len(self.keys):
-            return np.zeros(len(query), dtype=np.int64), np.zeros(len(query), dtype=bool)
-        pos = np.clip(np.searchsorted(self.keys, query, side="left"), 0, len(self.keys) - 1)
-        found = self.keys[pos] == query
-        return np.where(found, self.rows[pos], 0), found
-
-    def duplicates(self) -> int:
-        return int(np.sum(self.keys[1:] == self.keys[:-1])) if len(self.keys) > 1 else 0
-
-
-Gather = list  # list[(store, src_idx, dst_pos)]: dst[dst_pos] = stores[store][src_idx]
-
-
-def _gather(n_rows: int, parts: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[int, Gather]:
-    return n_rows, [(s, np.asarray(i, np.int64), np.asarray(p, np.int64)) for s, i, p in parts if len(p)]
 
 
 @dataclass
@@ -68,12 +53,16 @@ class Message:
 
     ``send_rows[r]``/``recv_rows[r]``: rows exchanged with pool rank ``r`` (0 for self and
     non-peers); the flat send/recv buffers hold peers in pool-rank order. ``pack`` fills the send
-    buffer; the unpack fields are phase specific (see :class:`WorkerProgram`).
+    buffer from this worker's buffers; ``unpack`` (returns only) copies the receive buffer into
+    local tensors and ``unpack_add`` adds into them (dK/dV), each block read in reverse (target
+    rectangle -> source buffer).
     """
 
     send_rows: np.ndarray
     recv_rows: np.ndarray
-    pack: Gather = field(default_factory=list)
+    pack: Blocks = field(default_factory=Blocks.empty)
+    unpack: Blocks = field(default_factory=Blocks.empty)
+    unpack_add: Blocks = field(default_factory=Blocks.empty)
 
     @property
     def n_send(self) -> int:
@@ -88,20 +77,20 @@ class Message:
 class ChunkKernel:
     """Kernel work of one Pipeliner chunk at this worker (tile pieces; adjacent blocks merged).
 
-    ``q_pack``/``k_pack``/``v_pack``/``do_pack`` build the packed kernel inputs
-    ``(total_q * qh, d)`` / ``(total_k * kvh, d)`` rows from the stores; ``out_local`` copies kernel
-    output rows of tiles whose Q-home is this worker into the local output.
+    ``q_pack``/``k_pack``/``v_pack``/``do_pack`` fill the packed kernel inputs ``(total_q, qh, d)``
+    / ``(total_k, kvh, d)``; ``out_local`` are the ``q_pack`` blocks read from this worker's own Q:
+    their outputs (and dQ) go straight to the local tensors.
     """
 
     q_lens: np.ndarray
     kv_lens: np.ndarray
     qh: int
     kvh: int
-    q_pack: Gather
-    k_pack: Gather
-    v_pack: Gather
-    do_pack: Gather
-    out_local: tuple[np.ndarray, np.ndarray]  # (kernel out rows, local output rows)
+    q_pack: Blocks
+    k_pack: Blocks
+    v_pack: Blocks
+    do_pack: Blocks
+    out_local: Blocks
     flops: float = 0.0
 
     @property
@@ -124,9 +113,9 @@ class WorkerProgram:
         chunks: Pipeliner chunks ``M``; ``schedule``: the pool's :class:`ChunkSchedule`.
         kernels: ``M`` :class:`ChunkKernel`.
         messages: ``{phase: [Message] * M}``.
-        fr_unpack[m]: (recv rows, local output rows) for returned outputs.
-        br_dq[m]: (recv rows, local dq rows); br_dk[m]/br_dv[m]: (recv rows, local kv rows) to add.
         digest: the plan digest the program was compiled from.
+        local_ranges: ``(sequence index, start, end)`` token ranges this worker holds, in the order
+            its q/k/v rows concatenate them.
     """
 
     worker: int
@@ -137,10 +126,6 @@ class WorkerProgram:
     chunks: int
     kernels: list[ChunkKernel]
     messages: dict[str, list[Message]]
-    fr_unpack: list[tuple[np.ndarray, np.ndarray]]
-    br_dq: list[tuple[np.ndarray, np.ndarray]]
-    br_dk: list[tuple[np.ndarray, np.ndarray]]
-    br_dv: list[tuple[np.ndarray, np.ndarray]]
     digest: str
     schedule: ChunkSchedule
     local_ranges: list[tuple[int, int, int]] = field(default_factory=list)
@@ -151,53 +136,307 @@ class WorkerProgram:
 
 
 # --------------------------------------------------------------------------------------------
-# helpers
+# compilation context: the worker's holdings and transfer pieces
 # --------------------------------------------------------------------------------------------
 
 
-def _keys(seq, tok_start, tok_end, heads, n_heads, big) -> np.ndarray:
-    """Row keys of tokens ``[tok_start, tok_end)`` x ``heads`` (token-major)."""
-    toks = np.arange(tok_start, tok_end, dtype=np.int64)
-    return np.add.outer((seq * big + toks) * n_heads, np.asarray(heads, dtype=np.int64)).ravel()
+class _Context:
+    """What every compilation step reads: the pool, this worker's holdings, the schedule."""
 
-
-class _Local:
-    """This worker's pre-attention holdings: (seq, start, end) ranges, concatenated in that order."""
-
-    def __init__(self, pool: PoolPlan, me: int, big: int):
-        ranges = []
-        for s, seq in enumerate(pool.sequences):
-            for a, b, w in zip(seq.holder_start, seq.holder_end, seq.holder_worker):
-                if int(w) == me and b > a:
-                    ranges.append((s, int(a), int(b)))
-        ranges.sort()
+    def __init__(self, pool: PoolPlan, shape: AttentionShape, worker: int, chunks: int):
+        if worker not in pool.workers:
+            raise ValueError(f"worker {worker} is not in pool {pool.pool_index} (workers {list(pool.workers)})")
+        self.sched = ChunkSchedule.for_pool(pool, shape, chunks)
+        self.pool, self.shape, self.me, self.M = pool, shape, int(worker), self.sched.chunks
+        self.rank_of = {w: i for i, w in enumerate(pool.workers)}
+        t = pool.tiles
+        bad = np.nonzero((t.head_end > shape.num_q_heads) | (t.head_start < 0) | (t.head_end <= t.head_start))[0]
+        if len(bad):
+            raise self.fail(f"tile {int(bad[0])} has head range outside [0, {shape.num_q_heads})")
+        ranges = sorted((s, int(a), int(b)) for s, seq in enumerate(pool.sequences)
+                        for a, b, w in zip(seq.holder_start, seq.holder_end, seq.holder_worker)
+                        if int(w) == self.me and b > a)
         self.ranges = ranges
-        self.big = big
-        offs = np.cumsum([0] + [b - a for _, a, b in ranges])
-        self.num = int(offs[-1])
-        self._start = np.array([s * big + a for s, a, _ in ranges], dtype=np.int64)
-        self._end = np.array([s * big + b for s, _, b in ranges], dtype=np.int64)
-        self._off = offs[:-1].astype(np.int64)
+        lens = np.array([b - a for _, a, b in ranges], dtype=np.int64)
+        self.local_off = np.cumsum(lens) - lens
+        self.num_local = int(lens.sum())
+        self._local: dict = {}
+        self.keys = _keys(self.M)
+        self.index = {k: i for i, k in enumerate(self.keys)}
 
-    def rows(self, keys: np.ndarray, n_heads: int) -> tuple[np.ndarray, np.ndarray]:
-        """Local row (token * n_heads + head) of each key, and whether it is held here."""
-        keys = np.asarray(keys, dtype=np.int64)
-        tok, head = np.divmod(keys, n_heads)
-        if not len(self._start):
-            return np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
-        i = np.clip(np.searchsorted(self._start, tok, side="right") - 1, 0, len(self._start) - 1)
-        held = (tok >= self._start[i]) & (tok < self._end[i])
-        local_tok = self._off[i] + tok - self._start[i]
-        return np.where(held, local_tok * n_heads + head, 0), held
+    def fail(self, what: str) -> PlanValidationError:
+        return PlanValidationError(f"pool {self.pool.pool_index}, worker {self.me}: {what}")
+
+    def local(self, heads: int, key: int) -> Rects:
+        """This worker's holdings as sources in a local tensor of ``heads`` heads per token."""
+        got = self._local.get((heads, key))
+        if got is None:
+            r = self.ranges
+            got = Rects.make(np.array([s for s, _, _ in r], np.int64), np.array([a for _, a, _ in r], np.int64),
+                             np.array([b for _, _, b in r], np.int64), 0, heads, key, self.local_off * heads,
+                             heads, 0)
+            self._local[(heads, key)] = got
+        return got
+
+    def pieces(self, kind: int, chunk: int, incoming: bool, backward: bool = False) -> dict:
+        """Transfer pieces of ``kind`` to (``incoming=False``) or from this worker in ``chunk``."""
+        tr = self.pool.transfers
+        rows = np.nonzero((tr.kind == kind) & ((tr.dst if incoming else tr.src) == self.me))[0]
+        i, h0, h1 = self.sched.row_pieces(kind, tr.head_start[rows], tr.head_end[rows], chunk, backward)
+        rows = rows[i]
+        other = (tr.src if incoming else tr.dst)[rows]
+        peer = np.array([self.rank_of[int(w)] for w in other], dtype=np.int64)
+        n = (tr.tok_end[rows] - tr.tok_start[rows]).astype(np.int64)
+        return {"row": rows.astype(np.int64), "peer": peer, "seq": tr.seq[rows].astype(np.int64),
+                "t0": tr.tok_start[rows].astype(np.int64), "t1": tr.tok_end[rows].astype(np.int64),
+                "h0": h0, "h1": h1, "rows": n * (h1 - h0) * (2 if kind == KV else 1)}
 
 
-def _fail(pool: PoolPlan, me: int, what: str) -> PlanValidationError:
-    return PlanValidationError(f"pool {pool.pool_index}, worker {me}: {what}")
+def _concat_pieces(parts: list[dict]) -> dict:
+    keys = ("row", "peer", "seq", "t0", "t1", "h0", "h1", "rows", "group")
+    return {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0, np.int64) for k in keys}
+
+
+def _with_layout(parts: list[dict], W: int) -> tuple[dict, np.ndarray]:
+    """Pieces of one message (groups in ``parts`` order) with their buffer offsets; rows per peer."""
+    for g, p in enumerate(parts):
+        p["group"] = np.full(len(p["row"]), g, dtype=np.int64)
+    allp = _concat_pieces(parts)
+    off, per_peer = layout(allp["peer"], allp["group"], allp["row"], allp["rows"], W)
+    allp["off"] = off
+    return allp, per_peer
+
+
+def _rects(p: dict, sel, key: int, off=None, kv_half: int = 0) -> Rects:
+    """Pieces ``sel`` as rectangles placed at their buffer offsets (``kv_half`` 1: the V block)."""
+    n, nh = p["t1"][sel] - p["t0"][sel], p["h1"][sel] - p["h0"][sel]
+    base = p["off"][sel] if off is None else off
+    return Rects.make(p["seq"][sel], p["t0"][sel], p["t1"][sel], p["h0"][sel], p["h1"][sel], key,
+                      base + kv_half * n * nh, nh)
+
+
+def _found_all(ctx: _Context, req: Rects, src: Rects, found: np.ndarray, missing, twice) -> None:
+    """Raise when a request is not covered exactly once (``missing``/``twice`` build the message)."""
+    area = req.area()
+    short = np.nonzero(found < area)[0]
+    if len(short):
+        tok, head = first_missing(req, int(short[0]), src)
+        raise ctx.fail(missing(int(short[0]), int(req.seq[short[0]]), tok, head))
+    over = np.nonzero(found > area)[0]
+    if len(over):
+        raise ctx.fail(twice(int(over[0])))
+
+
+def _keys(M: int) -> tuple[BufKey, ...]:
+    """Every buffer a program names, in a fixed order (block tables index into it)."""
+    per_chunk = [f(m) for m in range(M) for f in (recv_key, grad_recv_key, do_recv_key, kout_key)]
+    return (LQ, LK, LV, DO, OUT, DQ, DK, DV, *per_chunk)
 
 
 # --------------------------------------------------------------------------------------------
-# compilation
+# dispatch messages (forward Q + KV, backward dO)
 # --------------------------------------------------------------------------------------------
+
+
+def _from_local(ctx: _Context, p: dict, sel, heads: int, key: BufKey, kv_half: int, name: str) -> Blocks:
+    """Send-buffer blocks of pieces ``sel`` read from a local tensor; every row must be held here."""
+    req = _rects(p, sel, -1, kv_half=kv_half)
+    src = ctx.local(heads, ctx.index[key])
+    blocks, found = resolve(req, src, ctx.keys)
+    bad = np.nonzero(found != req.area())[0]
+    if len(bad):
+        row = int(p["row"][sel][bad[0]])
+        raise ctx.fail(f"{name} transfer row {row} sends tokens this worker does not hold")
+    return blocks
+
+
+def _dispatch(ctx: _Context, m: int) -> tuple[Message, Message, dict]:
+    """Chunk ``m``'s forward dispatch (Q, then KV per peer) and backward dispatch (dO) messages,
+    and the sources they deliver here: ``{"q": Rects, "k": Rects, "v": Rects, "do": Rects}``."""
+    W, hq, hkv = len(ctx.pool.workers), ctx.shape.num_q_heads, ctx.shape.num_kv_heads
+    out, send = _with_layout([ctx.pieces(Q, m, False), ctx.pieces(KV, m, False)], W)
+    inn, recv = _with_layout([ctx.pieces(Q, m, True), ctx.pieces(KV, m, True)], W)
+    oq, okv, iq, ikv = out["group"] == 0, out["group"] == 1, inn["group"] == 0, inn["group"] == 1
+    pack = Blocks.concat([_from_local(ctx, out, oq, hq, LQ, 0, "Q"), _from_local(ctx, out, okv, hkv, LK, 0, "KV"),
+                          _from_local(ctx, out, okv, hkv, LV, 1, "KV")])
+    fd = Message(send, recv, pack)
+    # dO retraces Q: the same pieces, laid out on their own
+    dq_out, bsend = _with_layout([ctx.pieces(Q, m, False)], W)
+    dq_in, brecv = _with_layout([ctx.pieces(Q, m, True)], W)
+    bd = Message(bsend, brecv, _from_local(ctx, dq_out, slice(None), hq, DO, 0, "Q"))
+    rk, dk = ctx.index[recv_key(m)], ctx.index[do_recv_key(m)]
+    got = {"q": _rects(inn, iq, rk), "k": _rects(inn, ikv, rk), "v": _rects(inn, ikv, rk, kv_half=1),
+           "do": _rects(dq_in, slice(None), dk)}
+    return fd, bd, got
+
+
+# --------------------------------------------------------------------------------------------
+# kernel work list and inputs
+# --------------------------------------------------------------------------------------------
+
+
+def _work_list(pool: PoolPlan, me: int) -> dict:
+    """This worker's kernel segments (:meth:`PoolPlan.segments`), adjacent pieces merged.
+
+    Pieces of one sample and head range whose query rows are contiguous here (adjacent blocks placed
+    on the same worker) become one segment: it reads the KV prefix once instead of once per block.
+    """
+    segs = pool.segments()
+    mine = np.nonzero(segs["dest"] == me)[0]
+    tiles = pool.tiles
+    cols = {"seq": segs["seq"][mine], "s0": segs["sample_start"][mine],
+            "hs": tiles.head_start[segs["tile"][mine]].astype(np.int64),
+            "he": tiles.head_end[segs["tile"][mine]].astype(np.int64),
+            "qtok": segs["q_start"][mine], "q": segs["q_len"][mine], "kv": segs["kv_len"][mine]}
+    if not len(mine):
+        return cols
+    order = np.lexsort((cols["qtok"], cols["he"], cols["hs"], cols["s0"], cols["seq"]))
+    c = {k: v[order] for k, v in cols.items()}
+    cont = np.zeros(len(order), dtype=bool)
+    cont[1:] = ((c["seq"][1:] == c["seq"][:-1]) & (c["s0"][1:] == c["s0"][:-1]) & (c["hs"][1:] == c["hs"][:-1])
+                & (c["he"][1:] == c["he"][:-1]) & (c["qtok"][1:] == c["qtok"][:-1] + c["q"][:-1]))
+    first = np.nonzero(~cont)[0]
+    last = np.append(first[1:], len(order)) - 1
+    out = {k: v[first] for k, v in c.items()}
+    out["q"], out["kv"] = np.add.reduceat(c["q"], first), c["kv"][last]
+    return out
+
+
+def _kv_requests(ctx: _Context, w: dict, c0: np.ndarray, qh: int, ck: np.ndarray):
+    """KV rectangles each segment's kernel call reads, placed in the packed KV input; and ``kvh``.
+
+    Query heads ``[c0, c0 + qh)`` read whole GQA groups (``kvh = qh / g``), lie inside one group
+    (``kvh = 1``), or straddle groups unevenly: then each query head gets its own KV head.
+    """
+    g = ctx.shape.group_size
+    if qh % g == 0 and np.all(c0 % g == 0):
+        kvh, width, rep = qh // g, qh // g, np.arange(len(c0))
+        col, k0 = np.zeros(len(c0), np.int64), c0 // g
+    elif np.all(c0 // g == (c0 + qh - 1) // g):
+        kvh, width, rep = 1, 1, np.arange(len(c0))
+        col, k0 = np.zeros(len(c0), np.int64), c0 // g
+    else:
+        kvh, width, rep = qh, 1, np.repeat(np.arange(len(c0)), qh)
+        col = np.tile(np.arange(qh), len(c0))
+        k0 = (c0[rep] + col) // g
+    req = Rects.make(w["seq"][rep], w["s0"][rep], w["s0"][rep] + w["kv"][rep], k0, k0 + width, -1,
+                     ck[rep] * kvh, kvh, k0 - col)
+    return req, kvh
+
+
+def _kernel(ctx: _Context, w: dict, m: int, got: list[dict]) -> tuple[ChunkKernel, Rects]:
+    """Chunk ``m``'s kernel inputs, resolved against local holdings and what chunks ``<= m`` delivered.
+
+    Returns the kernel and its outputs as sources (for the O / dQ returns).
+    """
+    hq, hkv, M = ctx.shape.num_q_heads, ctx.shape.num_kv_heads, ctx.M
+    step = (w["he"] - w["hs"]) // M
+    if len(step) and np.any(step != step[0]):
+        raise ValueError("all tiles computed on one worker must have the same head width per chunk")
+    qh = int(step[0]) if len(step) else 0
+    c0 = w["hs"] + m * step
+    cq, ck = np.cumsum(w["q"]) - w["q"], np.cumsum(w["kv"]) - w["kv"]
+    kout = ctx.index[kout_key(m)]
+    q_req = Rects.make(w["seq"], w["qtok"], w["qtok"] + w["q"], c0, c0 + qh, kout, cq * qh, qh, c0)
+    kv_req, kvh = _kv_requests(ctx, w, c0, qh, ck) if len(c0) else (q_req, 0)
+
+    def pack(req, local_key, heads, sources, missing, twice):
+        src = Rects.concat([ctx.local(heads, ctx.index[local_key]), *sources])
+        blocks, found = resolve(req, src, ctx.keys)
+        _found_all(ctx, req, src, found, missing, twice)
+        return blocks
+
+    q_miss = (lambda i, s, t, h: f"chunk {m}: Q of token {t} (head {h}) needed by a tile here is neither held "  # noqa: E731
+                                 f"nor dispatched to this worker")
+    q_twice = (lambda i: f"chunk {m}: Q rows of a tile here are delivered more than once")  # noqa: E731
+    kv_miss = (lambda i, s, t, h: f"chunk {m}: KV of token {t} (sequence {s}, KV head {h}) needed by a tile "  # noqa: E731
+                                  f"here is neither held nor fetched")
+    kv_twice = (lambda i: f"chunk {m}: KV rows are fetched more than once (KV must be de-duplicated per "  # noqa: E731
+                          f"destination)")
+    q_pack = pack(q_req, LQ, hq, [got[m]["q"]], q_miss, q_twice)
+    do_pack = pack(q_req, DO, hq, [got[m]["do"]], q_miss, q_twice)
+    k_pack = pack(kv_req, LK, hkv, [got[c]["k"] for c in range(m + 1)], kv_miss, kv_twice)
+    v_pack = pack(kv_req, LV, hkv, [got[c]["v"] for c in range(m + 1)], kv_miss, kv_twice)
+    out_local = q_pack.select(q_pack.table[:, 0] == ctx.index[LQ])
+    flops = float(np.sum(causal_area(w["kv"] - w["q"], w["kv"]))) * qh
+    kern = ChunkKernel(w["q"].copy(), w["kv"].copy(), qh, int(kvh), q_pack, k_pack, v_pack, do_pack, out_local, flops)
+    return kern, q_req
+
+
+# --------------------------------------------------------------------------------------------
+# return messages (forward O, backward dQ + dK/dV)
+# --------------------------------------------------------------------------------------------
+
+
+def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Message, Message]:
+    """Chunk ``m``'s forward return (O) and backward return (dQ, then dK/dV per peer) messages."""
+    W, hq, hkv = len(ctx.pool.workers), ctx.shape.num_q_heads, ctx.shape.num_kv_heads
+    o_out, send = _with_layout([ctx.pieces(O, m, False)], W)
+    o_in, recv = _with_layout([ctx.pieces(O, m, True)], W)
+    req = _rects(o_out, slice(None), -1)
+    o_pack, found = resolve(req, outputs, ctx.keys)
+    bad = np.nonzero(found != req.area())[0]
+    if len(bad):
+        raise ctx.fail(f"O transfer row {int(o_out['row'][bad[0]])} returns rows no tile computes here")
+    fr = Message(send, recv, o_pack, _unpack(ctx, o_in, slice(None), hq, OUT, 0, "O"))
+    # backward: dQ along the O path, dK/dV of fetched KV back to its holder after its last chunk
+    b_out, bsend = _with_layout([ctx.pieces(O, m, False), ctx.pieces(KV, m, True, backward=True)], W)
+    b_in, brecv = _with_layout([ctx.pieces(O, m, True), ctx.pieces(KV, m, False, backward=True)], W)
+    okv, ikv = b_out["group"] == 1, b_in["group"] == 1
+    fetched_k = Rects.concat([got[c]["k"]._replace(key=np.full(got[c]["k"].size, ctx.index[grad_recv_key(c)]))
+                              for c in range(ctx.M)])
+    fetched_v = fetched_k._replace(off=Rects.concat([got[c]["v"] for c in range(ctx.M)]).off)
+    dq_pack, _ = resolve(_rects(b_out, ~okv, -1), outputs, ctx.keys)
+    parts = [dq_pack]
+    for half, src in ((0, fetched_k), (1, fetched_v)):
+        req = _rects(b_out, okv, -1, kv_half=half)
+        blocks, found = resolve(req, src, ctx.keys)
+        if np.any(found != req.area()):
+            raise ctx.fail(f"chunk {m}: a KV gradient is due for rows never fetched")
+        parts.append(blocks)
+    add = Blocks.concat([_unpack(ctx, b_in, ikv, hkv, DK, 0, "KV"), _unpack(ctx, b_in, ikv, hkv, DV, 1, "KV")])
+    return fr, Message(bsend, brecv, Blocks.concat(parts), _unpack(ctx, b_in, ~ikv, hq, DQ, 0, "O"), add)
+
+
+def _unpack(ctx: _Context, p: dict, sel, heads: int, key: BufKey, kv_half: int, name: str) -> Blocks:
+    """Blocks placing received pieces ``sel`` into a local tensor (read in reverse at run time)."""
+    req = _rects(p, sel, -1, kv_half=kv_half)
+    blocks, found = resolve(req, ctx.local(heads, ctx.index[key]), ctx.keys)
+    bad = np.nonzero(found != req.area())[0]
+    if len(bad):
+        row = int(p["row"][sel][bad[0]])
+        what = "tokens whose Q-home is not this worker" if name == "O" else "a gradient for tokens this worker does not hold"
+        raise ctx.fail(f"{name} transfer row {row} returns {what}")
+    return blocks
+
+
+def _check_outputs(ctx: _Context, kernels: list[ChunkKernel], messages: dict) -> None:
+    """Every local output row is written exactly once (no dropped, duplicated or misrouted tile).
+
+    The written rectangles cover the local (token, head) grid exactly once iff their areas add up to
+    it and no two overlap; only on failure is the grid built, to name a bad row.
+    """
+    hq = ctx.shape.num_q_heads
+    t = np.concatenate([x.table for m in range(ctx.M) for x in (kernels[m].out_local, messages[FWD_RETURN][m].unpack)])
+    t0 = t[:, 1] // t[:, 2]  # SRC_OFF // SRC_STRIDE: the local token of the rectangle
+    h0 = t[:, 3]
+    t1, h1 = t0 + t[:, N_TOK], h0 + t[:, N_HEADS]
+    order = np.argsort(t0, kind="stable")
+    t0, t1, h0, h1 = t0[order], t1[order], h0[order], h1[order]
+    # rectangles sorted by first token: one may only overlap those starting before it ends
+    reach = np.searchsorted(t0, t1, side="left")
+    overlap = any(np.any((h0[i + 1:reach[i]] < h1[i]) & (h1[i + 1:reach[i]] > h0[i]))
+                  for i in range(len(t0)) if reach[i] > i + 1)
+    if not overlap and int(np.sum((t1 - t0) * (h1 - h0))) == ctx.num_local * hq:
+        return
+    corners = np.concatenate([t0 * (hq + 1) + h0, t1 * (hq + 1) + h0, t0 * (hq + 1) + h1, t1 * (hq + 1) + h1])
+    signs = np.repeat(np.array([1, -1, -1, 1]), len(t0))
+    grid = np.bincount(corners, weights=signs, minlength=(ctx.num_local + 1) * (hq + 1)).astype(np.int64)
+    count = grid.reshape(ctx.num_local + 1, hq + 1).cumsum(0).cumsum(1)[:-1, :-1]
+    tok, head = (int(x) for x in np.argwhere(count != 1)[0])
+    raise ctx.fail(f"local output row (local token {tok}, head {head}) is written {int(count[tok, head])} "
+                   f"times (expected exactly once): a tile is missing, duplicated or returned to the wrong "
+                   f"Q-home")
 
 
 def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: int = 1,
@@ -206,278 +445,23 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
 
     Raises:
         ValueError: worker not in the pool; ``chunks`` incompatible with the tile head widths.
-        PlanValidationError: the plan's transfers do not deliver what its tiles need (see module doc).
+        PlanValidationError: the plan's transfers do not deliver what its tiles need (module doc).
     """
-    if worker not in pool.workers:
-        raise ValueError(f"worker {worker} is not in pool {pool.pool_index} (workers {list(pool.workers)})")
-    sched = ChunkSchedule.for_pool(pool, shape, chunks)
-    hq, hkv, g = shape.num_q_heads, shape.num_kv_heads, shape.group_size
-    W = len(pool.workers)
-    rank_of = {w: i for i, w in enumerate(pool.workers)}
-    me, M = int(worker), int(chunks)
-    big = max([s.num_tokens for s in pool.sequences] + [1]) + 1
-    local = _Local(pool, me, big)
-    tr, tiles = pool.transfers, pool.tiles
-    bad = np.nonzero((tiles.head_end > hq) | (tiles.head_start < 0) | (tiles.head_end <= tiles.head_start))[0]
-    if len(bad):
-        raise _fail(pool, me, f"tile {int(bad[0])} has head range outside [0, {hq})")
-
-    def pieces(kind, m, sel, backward=False):
-        """(row index, keys) of transfer rows ``sel`` restricted to the heads chunk ``m`` moves."""
-        out = []
-        n_heads = hkv if kind == KV else hq
-        for r in sel:
-            heads = sched.row_heads(kind, int(tr.head_start[r]), int(tr.head_end[r]), m, backward)
-            if len(heads):
-                out.append((r, _keys(int(tr.seq[r]), int(tr.tok_start[r]), int(tr.tok_end[r]), heads,
-                                     n_heads, big)))
-        return out
-
-    rows_of_kind = {k: np.nonzero(tr.kind == k)[0] for k in (Q, KV, O)}
-
-    def rows_between(kind, src, dst):
-        r = rows_of_kind[kind]
-        return r[(tr.src[r] == src) & (tr.dst[r] == dst)]
-
-    # ---- kernel work list: PoolPlan.segments filtered to this worker, in tile order ----------
-    segs = pool.segments()  # ordered by tile, then position
-    mine = np.nonzero(segs["dest"] == me)[0]
-    seg_tile, seg_q, seg_kv = segs["tile"][mine], segs["q_len"][mine], segs["kv_len"][mine]
-    seg_qtok, seg_s0, seg_seq = segs["q_start"][mine], segs["sample_start"][mine], segs["seq"][mine]
-    seg_hs = tiles.head_start[seg_tile].astype(np.int64)
-    seg_he = tiles.head_end[seg_tile].astype(np.int64)
-    # Merge pieces of one sample and head range whose query rows are contiguous here (adjacent
-    # blocks placed on the same worker): one kernel segment reads the KV prefix once instead of
-    # once per block, which cuts both kernel launches and the packed-KV copy.
-    if len(seg_tile):
-        order = np.lexsort((seg_qtok, seg_he, seg_hs, seg_s0, seg_seq))
-        seg_seq, seg_s0, seg_hs, seg_he, seg_qtok, seg_q, seg_kv = (
-            x[order] for x in (seg_seq, seg_s0, seg_hs, seg_he, seg_qtok, seg_q, seg_kv))
-        cont = np.zeros(len(order), dtype=bool)
-        cont[1:] = ((seg_seq[1:] == seg_seq[:-1]) & (seg_s0[1:] == seg_s0[:-1]) & (seg_hs[1:] == seg_hs[:-1])
-                    & (seg_he[1:] == seg_he[:-1]) & (seg_qtok[1:] == seg_qtok[:-1] + seg_q[:-1]))
-        first = np.nonzero(~cont)[0]
-        last = np.concatenate((first[1:], [len(order)])) - 1
-        seg_q = np.add.reduceat(seg_q, first)
-        seg_kv = seg_kv[last]
-        seg_seq, seg_s0, seg_hs, seg_he, seg_qtok = (x[first] for x in (seg_seq, seg_s0, seg_hs, seg_he, seg_qtok))
-
+    ctx = _Context(pool, shape, worker, chunks)
+    work = _work_list(pool, ctx.me)
     messages: dict[str, list[Message]] = {p: [] for p in PHASES}
-    kernels, fr_unpack, br_dq, br_dk, br_dv = [], [], [], [], []
-    fd_kv_index: list[tuple[KeyIndex, np.ndarray]] = []  # per chunk: KV keys -> (K row), V row
-
-    for m in range(M):
-        # ---------------- forward dispatch: Q then KV per peer, peers in pool-rank order ------
-        send_rows, recv_rows = np.zeros(W, np.int64), np.zeros(W, np.int64)
-        pack, q_recv_keys, q_recv_rows, kv_keys, k_rows, v_rows = [], [], [], [], [], []
-        bd_pack, bd_send, bd_recv, bd_keys, bd_rows = [], np.zeros(W, np.int64), np.zeros(W, np.int64), [], []
-        s_off = r_off = bd_s_off = bd_r_off = 0
-        for p, peer in enumerate(pool.workers):
-            if peer == me:
-                continue
-            # outgoing
-            for r, keys in pieces(Q, m, rows_between(Q, me, peer)):
-                src, held = local.rows(keys, hq)
-                if not held.all():
-                    raise _fail(pool, me, f"Q transfer row {r} sends tokens this worker does not hold")
-                pos = np.arange(len(keys))
-                pack.append(("q", src, s_off + pos))
-                bd_pack.append(("do", src, bd_s_off + pos))
-                s_off += len(keys)
-                bd_s_off += len(keys)
-            for r, keys in pieces(KV, m, rows_between(KV, me, peer)):
-                src, held = local.rows(keys, hkv)
-                if not held.all():
-                    raise _fail(pool, me, f"KV transfer row {r} sends tokens this worker does not hold")
-                n = len(keys)
-                pack.append(("k", src, s_off + np.arange(n)))
-                pack.append(("v", src, s_off + n + np.arange(n)))
-                s_off += 2 * n
-            send_rows[p] = s_off - send_rows.sum()
-            bd_send[p] = bd_s_off - bd_send.sum()
-            # incoming
-            start = r_off
-            for _, keys in pieces(Q, m, rows_between(Q, peer, me)):
-                q_recv_keys.append(keys)
-                q_recv_rows.append(r_off + np.arange(len(keys)))
-                bd_keys.append(keys)
-                bd_rows.append(bd_r_off + np.arange(len(keys)))
-                r_off += len(keys)
-                bd_r_off += len(keys)
-            for _, keys in pieces(KV, m, rows_between(KV, peer, me)):
-                n = len(keys)
-                kv_keys.append(keys)
-                k_rows.append(r_off + np.arange(n))
-                v_rows.append(r_off + n + np.arange(n))
-                r_off += 2 * n
-            recv_rows[p] = r_off - start
-            bd_recv[p] = bd_r_off - bd_recv.sum()
-        messages[FWD_DISPATCH].append(Message(send_rows, recv_rows, _gather(0, pack)[1]))
-        messages[BWD_DISPATCH].append(Message(bd_send, bd_recv, _gather(0, bd_pack)[1]))
-        cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))  # noqa: E731
-        q_index = KeyIndex(cat(q_recv_keys), cat(q_recv_rows))
-        bd_index = KeyIndex(cat(bd_keys), cat(bd_rows))
-        kv_index = KeyIndex(cat(kv_keys), cat(k_rows))
-        if kv_index.duplicates():
-            # a second copy would split the KV gradient between two receive rows
-            raise _fail(pool, me, f"chunk {m}: {kv_index.duplicates()} KV rows are fetched more than once "
-                                  f"(KV must be de-duplicated per destination)")
-        v_of_k = np.full(r_off, -1, np.int64)
-        if kv_keys:
-            v_of_k[cat(k_rows)] = cat(v_rows)
-        fd_kv_index.append((kv_index, v_of_k))
-
-        # ---------------- kernel pack for chunk m -----------------------------------------
-        q_keys, k_keys, kv_heads_all, c0s = [], [], [], []
-        tile_chunks = [sched.head_chunks(a, b)[m] for a, b in zip(seg_hs, seg_he)]
-        qh = tile_chunks[0][1] - tile_chunks[0][0] if len(seg_seq) else 0
-        c0 = np.array([c[0] for c in tile_chunks], dtype=np.int64)
-        if len(seg_seq):
-            if np.any(np.array([c[1] - c[0] for c in tile_chunks]) != qh):
-                raise ValueError("all tiles computed on one worker must have the same head width per chunk")
-            if qh % g == 0 and np.all(c0 % g == 0):
-                kvh = qh // g
-                kv_heads = (c0 // g)[:, None] + np.arange(kvh)[None, :]
-            elif np.all(c0 // g == (c0 + qh - 1) // g):
-                kvh = 1
-                kv_heads = (c0 // g)[:, None]
-            else:  # GQA groups straddle chunk boundaries unevenly: give each query head its KV head
-                kvh = qh
-                kv_heads = (c0[:, None] + np.arange(qh)[None, :]) // g
-        else:
-            kvh, kv_heads = 0, np.zeros((0, 0), np.int64)
-        for i in range(len(seg_seq)):
-            q_keys.append(_keys(seg_seq[i], seg_qtok[i], seg_qtok[i] + seg_q[i], np.arange(c0[i], c0[i] + qh),
-                                hq, big))
-            k_keys.append(_keys(seg_seq[i], seg_s0[i], seg_s0[i] + seg_kv[i], kv_heads[i], hkv, big))
-            kv_heads_all.append(kv_heads[i])
-            c0s.append(c0[i])
-        qk = cat(q_keys)
-        kk = cat(k_keys)
-        # Q: local or this chunk's dispatch
-        lrow, held = local.rows(qk, hq)
-        rrow, found = q_index.find(qk)
-        missing = ~(held | found)
-        if missing.any():
-            tok = (qk[missing][0] // hq) % big
-            raise _fail(pool, me, f"chunk {m}: Q of token {tok} (head {qk[missing][0] % hq}) needed by a tile "
-                                  f"here is neither held nor dispatched to this worker")
-        pos = np.arange(len(qk))
-        q_pack = _gather(len(qk), [("q", lrow[held], pos[held]), (f"fd{m}", rrow[~held], pos[~held])])[1]
-        brow, bfound = bd_index.find(qk)
-        do_pack = _gather(len(qk), [("do", lrow[held], pos[held]), (f"bd{m}", brow[~held], pos[~held])])[1]
-        assert bfound[~held].all()
-        # KV: local or any chunk <= m's dispatch
-        klrow, kheld = local.rows(kk, hkv)
-        kpos = np.arange(len(kk))
-        k_parts = [("k", klrow[kheld], kpos[kheld])]
-        v_parts = [("v", klrow[kheld], kpos[kheld])]
-        todo = ~kheld
-        for c in range(m + 1):
-            idx, v_of = fd_kv_index[c]
-            rows, f = idx.find(kk)
-            f &= todo
-            k_parts.append((f"fd{c}", rows[f], kpos[f]))
-            v_parts.append((f"fd{c}", v_of[rows[f]], kpos[f]))
-            todo &= ~f
-        if todo.any():
-            key = kk[todo][0]
-            raise _fail(pool, me, f"chunk {m}: KV of token {(key // hkv) % big} (sequence {key // hkv // big}, "
-                                  f"KV head {key % hkv}) needed by a tile here is neither held nor fetched")
-        # outputs of tiles whose Q-home is here
-        out_local = (pos[held], lrow[held])
-        flops = float(np.sum(causal_area(seg_kv - seg_q, seg_kv))) * qh
-        kernels.append(ChunkKernel(seg_q.copy(), seg_kv.copy(), int(qh), int(kvh), q_pack,
-                                   _gather(0, k_parts)[1], _gather(0, v_parts)[1], do_pack, out_local, flops))
-        out_index = KeyIndex(qk)
-
-        # ---------------- forward return (O) and backward return (dQ + dKV) -----------------
-        send_rows, recv_rows = np.zeros(W, np.int64), np.zeros(W, np.int64)
-        br_send, br_recv = np.zeros(W, np.int64), np.zeros(W, np.int64)
-        pack, br_pack, unpack_r, unpack_l = [], [], [], []
-        dq_r, dq_l, dk_r, dk_l, dv_r, dv_l = [], [], [], [], [], []
-        s_off = r_off = b_s_off = b_r_off = 0
-        for p, peer in enumerate(pool.workers):
-            if peer == me:
-                continue
-            for r, keys in pieces(O, m, rows_between(O, me, peer)):
-                rows, f = out_index.find(keys)
-                if not f.all():
-                    raise _fail(pool, me, f"O transfer row {r} returns rows no tile computes here")
-                pack.append((f"out{m}", rows, s_off + np.arange(len(keys))))
-                br_pack.append((f"dq{m}", rows, b_s_off + np.arange(len(keys))))
-                s_off += len(keys)
-                b_s_off += len(keys)
-            # dK/dV retrace KV fetches: this worker received KV from `peer`, sends its gradient back
-            for _r, keys in pieces(KV, m, rows_between(KV, peer, me), backward=True):
-                n = len(keys)
-                # the KV head of each key first arrived with chunk kv_first[head]
-                heads = keys % hkv
-                for c in np.unique(sched.kv_first[heads]):
-                    sel = sched.kv_first[heads] == c
-                    if c > m:
-                        raise _fail(pool, me, "internal: KV gradient due before its fetch")
-                    br_pack.append((f"gfd{c}k", np.asarray(keys[sel]), b_s_off + np.nonzero(sel)[0]))
-                    br_pack.append((f"gfd{c}v", np.asarray(keys[sel]), b_s_off + n + np.nonzero(sel)[0]))
-                b_s_off += 2 * n
-            send_rows[p] = s_off - send_rows.sum()
-            br_send[p] = b_s_off - br_send.sum()
-            start, b_start = r_off, b_r_off
-            for r, keys in pieces(O, m, rows_between(O, peer, me)):
-                lrow, held = local.rows(keys, hq)
-                if not held.all():
-                    raise _fail(pool, me, f"O transfer row {r} returns tokens whose Q-home is not this worker")
-                unpack_r.append(r_off + np.arange(len(keys)))
-                unpack_l.append(lrow)
-                dq_r.append(b_r_off + np.arange(len(keys)))
-                dq_l.append(lrow)
-                r_off += len(keys)
-                b_r_off += len(keys)
-            for r, keys in pieces(KV, m, rows_between(KV, me, peer), backward=True):
-                lrow, held = local.rows(keys, hkv)
-                if not held.all():
-                    raise _fail(pool, me, f"KV transfer row {r}: gradient for tokens this worker does not hold")
-                n = len(keys)
-                dk_r.append(b_r_off + np.arange(n))
-                dk_l.append(lrow)
-                dv_r.append(b_r_off + n + np.arange(n))
-                dv_l.append(lrow)
-                b_r_off += 2 * n
-            recv_rows[p] = r_off - start
-            br_recv[p] = b_r_off - b_start
-        messages[FWD_RETURN].append(Message(send_rows, recv_rows, _gather(0, pack)[1]))
-        messages[BWD_RETURN].append(Message(br_send, br_recv, br_pack))
-        fr_unpack.append((cat(unpack_r), cat(unpack_l)))
-        br_dq.append((cat(dq_r), cat(dq_l)))
-        br_dk.append((cat(dk_r), cat(dk_l)))
-        br_dv.append((cat(dv_r), cat(dv_l)))
-
-    # resolve backward dKV pack keys (gfd{c}k/v placeholders) into rows of the fd{c} buffers
-    for m in range(M):
-        resolved = []
-        for store, src, dst in messages[BWD_RETURN][m].pack:
-            if store.startswith("gfd"):
-                c, which = int(store[3:-1]), store[-1]
-                idx, v_of = fd_kv_index[c]
-                rows, f = idx.find(src)
-                if not f.all():
-                    raise _fail(pool, me, f"chunk {m}: KV gradient for rows never fetched in chunk {c}")
-                resolved.append((f"gfd{c}", rows if which == "k" else v_of[rows], dst))
-            else:
-                resolved.append((store, src, dst))
-        messages[BWD_RETURN][m].pack = _gather(0, resolved)[1]
-
-    # every local output row written exactly once (no dropped, duplicated or misrouted tile)
-    count = np.zeros(local.num * hq, dtype=np.int64)
-    for m in range(M):
-        np.add.at(count, kernels[m].out_local[1], 1)
-        np.add.at(count, fr_unpack[m][1], 1)
-    if local.num and not (count == 1).all():
-        bad_row = int(np.nonzero(count != 1)[0][0])
-        tok, head = divmod(bad_row, hq)
-        raise _fail(pool, me, f"local output row (local token {tok}, head {head}) is written "
-                              f"{int(count[bad_row])} times (expected exactly once): a tile is missing, "
-                              f"duplicated or returned to the wrong Q-home")
-    return WorkerProgram(me, rank_of[me], tuple(pool.workers), shape, local.num, M, kernels, messages,
-                         fr_unpack, br_dq, br_dk, br_dv, digest or pool.digest(), sched,
-                         list(local.ranges))
+    kernels, got = [], []
+    for m in range(ctx.M):  # dispatches first: a chunk's kernel reads KV fetched by earlier chunks
+        fd, bd, delivered = _dispatch(ctx, m)
+        messages[FWD_DISPATCH].append(fd)
+        messages[BWD_DISPATCH].append(bd)
+        got.append(delivered)
+    for m in range(ctx.M):
+        kern, outputs = _kernel(ctx, work, m, got)
+        fr, br = _returns(ctx, m, outputs, got)
+        kernels.append(kern)
+        messages[FWD_RETURN].append(fr)
+        messages[BWD_RETURN].append(br)
+    _check_outputs(ctx, kernels, messages)
+    return WorkerProgram(ctx.me, ctx.rank_of[ctx.me], tuple(pool.workers), shape, ctx.num_local, ctx.M, kernels,
+                         messages, digest or pool.digest(), ctx.sched, list(ctx.ranges))

@@ -150,6 +150,29 @@ class ChunkSchedule:
         a, b = self.head_chunks(head_start, head_end)[chunk]
         return np.arange(a, b)
 
+    def row_pieces(self, kind: int, head_start, head_end, chunk: int, backward: bool = False):
+        """Vectorised :meth:`row_heads`: the contiguous head pieces of many rows that travel with
+        ``chunk``. Returns ``(row, h0, h1)`` int64 arrays (a row may give 0, 1 or several pieces),
+        ordered by row, then head."""
+        hs, he = np.asarray(head_start, np.int64), np.asarray(head_end, np.int64)
+        if kind != KV:
+            step = (he - hs) // self.chunks
+            a = hs + chunk * step
+            return np.arange(len(hs), dtype=np.int64), a, a + step
+        width = he - hs
+        row = np.repeat(np.arange(len(hs), dtype=np.int64), width)
+        head = np.arange(int(width.sum()), dtype=np.int64) - np.repeat(np.cumsum(width) - width, width) + hs[row]
+        owner = (self.kv_last if backward else self.kv_first)[head] if len(head) else head
+        keep = owner == chunk
+        row, head = row[keep], head[keep]
+        if not len(row):
+            return row, head, head.copy()
+        start = np.ones(len(row), dtype=bool)
+        start[1:] = (row[1:] != row[:-1]) | (head[1:] != head[:-1] + 1)
+        first = np.nonzero(start)[0]
+        last = np.append(first[1:], len(row)) - 1
+        return row[first], head[first], head[last] + 1
+
     def _chunk_bytes(self, tr: TransferTable, rows: np.ndarray, backward: bool) -> np.ndarray:
         """``(len(rows), M)`` bytes of each row per chunk (:meth:`row_heads`' split, vectorised)."""
         M = self.chunks

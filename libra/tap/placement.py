@@ -33,11 +33,20 @@ Implementations (identical choices; the tests check both against a plain oracle)
 Cost: O(T log W) plus the scored workers; a 256K pool (1024 tiles, 64 workers) takes a few ms in
 CPython (``benchmarks/test_bench_tap.py``). The loops are scalar Python over lists, so hot paths
 avoid per-worker function calls.
+
+Compiled placer: with numba installed (``pip install -e '.[fast]'``), :func:`place_tiles` runs the
+kernels of :mod:`libra.tap.placement_jit` instead (``placer="auto"``, the default; force either
+with ``placer="numba"`` / ``"python"``). They make the same choices as the loops above (which stay
+the oracle and the fallback), from the same inputs (:func:`_grouped_base`, :func:`_dense_inputs`).
+:func:`default_placer` names the placer ``auto`` runs (record it with timings); :func:`warmup`
+compiles the kernels (once per process).
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
+import importlib
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -120,7 +129,7 @@ def _place_flops_only(flops, order, n_workers, cap):
 
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                 shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
-                weights=None, index: PoolIndex | None = None) -> tuple[TileTable, int]:
+                weights=None, index: PoolIndex | None = None, placer: str = "auto") -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -136,6 +145,8 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             extension beyond the paper). ``None`` (default) balances FLOPs as Algorithm 2 does.
         index: optional :func:`libra.tap.tiles.pool_index` of ``sequences``, when the caller
             already has it (built once per call otherwise).
+        placer: ``"auto"`` (default: the compiled kernels when numba imports, else Python; see
+            :func:`default_placer`), ``"numba"`` or ``"python"``. All make identical choices.
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -145,8 +156,10 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         ValueError: ``tau < 0`` (or not a number), no/duplicate workers, a Q-home or holder outside
             the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
             token range is not inside one holder range of its Q-home, ``weights`` that are not
-            ``(T,)`` finite numbers >= 0, or an ``index`` of other sequences.
+            ``(T,)`` finite numbers >= 0, an ``index`` of other sequences, or an unknown placer.
+        ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
+    jit = _placer_module(placer)
     wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles, n_workers = len(tiles), len(wsorted)
@@ -154,7 +167,10 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         return tiles, 0
     cap = (1.0 + float(tau)) * (float(load.sum()) / n_workers)
     order = np.argsort(-load, kind="stable")  # heaviest first, ties by tile index
-    if comm_aware:
+    if jit is not None:
+        dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
+                                             comm_aware)
+    elif comm_aware:
         impl = _place_grouped if is_block_partition(tiles) else _place_dense
         dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap, load, idx)
     else:
@@ -162,6 +178,61 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
     cols["dest"] = wsorted[dest_idx]
     return TileTable(**cols), fallback
+
+
+PLACERS = ("auto", "numba", "python")
+"""Values of ``place_tiles(placer=...)``: ``"auto"`` picks :func:`default_placer`."""
+
+
+@functools.cache
+def _jit_module():
+    """:mod:`libra.tap.placement_jit` when numba imports, else None (checked once per process)."""
+    try:
+        return importlib.import_module("libra.tap.placement_jit")
+    except ImportError:
+        return None
+
+
+def available_placers() -> tuple[str, ...]:
+    """The concrete placers this process can run: ``("numba", "python")`` or ``("python",)``."""
+    return ("numba", "python") if _jit_module() is not None else ("python",)
+
+
+def default_placer() -> str:
+    """The placer ``place_tiles(placer="auto")`` runs here: ``"numba"`` when numba imports (the
+    compiled kernels of :mod:`libra.tap.placement_jit`), else ``"python"``. Record it with timings."""
+    return available_placers()[0]
+
+
+def warmup(placer: str = "auto") -> float:
+    """Compile the placement kernels now (once per process; numba only) so that timed calls
+    exclude compilation; returns the seconds spent (0.0 for the Python placer)."""
+    jit = _placer_module(placer)
+    return 0.0 if jit is None else float(jit.warmup())
+
+
+def _placer_module(placer: str):
+    """The compiled-kernel module for ``placer``, or None for the Python loops."""
+    if placer not in PLACERS:
+        raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
+    if placer == "python":
+        return None
+    jit = _jit_module()
+    if jit is None and placer == "numba":
+        raise ImportError("placer='numba' needs numba: pip install -e '.[fast]'")
+    return jit
+
+
+def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware):
+    """``(dest pool indices, fallbacks)`` from the compiled kernels (same choices as the Python
+    placers: grouped for SH-tiles, dense for other tiles, least-loaded when not comm-aware)."""
+    n_workers = len(wsorted)
+    if not comm_aware:
+        return jit.place_flops_only(order, load, cap, n_workers)
+    if is_block_partition(tiles):
+        return jit.place_grouped(_grouped_base(tiles, idx, wsorted, shape), order, load, cap, n_workers)
+    return jit.place_dense(_dense_inputs(tiles, sequences, wsorted, shape, idx), tiles.seq, order, load, cap,
+                           n_workers)
 
 
 def _check_weights(weights, n_tiles: int) -> np.ndarray:
@@ -212,6 +283,17 @@ def _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, atom_heads):
     return missing, seg0, seg1
 
 
+def _dense_inputs(tiles, sequences, wsorted, shape, index=None) -> dict:
+    """Per-tile inputs of the dense placers (:func:`_place_dense` and the compiled kernel):
+    ``missing`` (:func:`_missing_bytes`, per sequence), ``seg0``/``seg1`` each tile's segment span,
+    ``a0``/``a1`` its KV-atom span, ``qo`` its Q + O bytes, ``home`` the pool index of its Q-home."""
+    kv_lo = kv_need_start(sequences, tiles, index)
+    bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
+    missing, seg0, seg1 = _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, np.diff(bounds))
+    return {"missing": missing, "seg0": seg0, "seg1": seg1, "a0": a0, "a1": a1, "qo": _qo_bytes(tiles, shape),
+            "home": np.searchsorted(wsorted, tiles.q_home)}
+
+
 def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None):
     """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
 
@@ -221,15 +303,14 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, i
     ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`.
     """
     n_workers = len(wsorted)
-    kv_lo = kv_need_start(sequences, tiles, index)
-    bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
-    missing, seg0, seg1 = _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, np.diff(bounds))
+    d = _dense_inputs(tiles, sequences, wsorted, shape, index)
+    missing = d["missing"]
     loads = np.zeros(n_workers)
     dest = np.empty(len(tiles), dtype=np.int64)
     fallback = 0
-    seq_l, widx_l = tiles.seq.tolist(), np.searchsorted(wsorted, tiles.q_home).tolist()
-    qo_l = _qo_bytes(tiles, shape).astype(np.float64).tolist()
-    s0_l, s1_l, a0_l, a1_l = seg0.tolist(), seg1.tolist(), a0.tolist(), a1.tolist()
+    seq_l, widx_l = tiles.seq.tolist(), d["home"].tolist()
+    qo_l = d["qo"].astype(np.float64).tolist()
+    s0_l, s1_l, a0_l, a1_l = d["seg0"].tolist(), d["seg1"].tolist(), d["a0"].tolist(), d["a1"].tolist()
     flops_l = (tiles.flops if tile_load is None else tile_load).tolist()
     inf = np.inf
     for t in order.tolist():
@@ -302,17 +383,36 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None,
     return np.asarray(dest, dtype=np.int64), state.fallbacks
 
 
-def _grouped_tiles(tiles, idx, wsorted, shape):
-    """Per-tile inputs of :func:`_place_grouped`, computed with numpy on the global token axis.
+def _grouped_base(tiles, idx, wsorted, shape) -> dict[str, np.ndarray]:
+    """The grouped placers' inputs other than token positions (shared by :func:`_grouped_columns`
+    and the compiled kernel of :mod:`libra.tap.placement_jit`, which derives the positions itself
+    from ``seq``, ``q_start``, ``q_end`` and the pool index ``base``, ``offs``).
 
-    Returns ``(rows, home, free, atom_bytes)`` as Python lists (the placement loop is scalar):
-    ``rows[t]`` the tuple of :data:`_ROW`, ``home[t]`` the pool index of the Q-home, ``free[t]``
-    whether the Q-home holds the tile's whole KV interval, ``atom_bytes[b]`` KV bytes per token of
-    KV atom ``b``.
+    Keys: per tile ``a0``, ``a1`` its KV-atom span, ``qo`` its Q + O bytes, ``home`` the pool
+    index of its Q-home; per pool ``bounds`` the KV-atom boundaries, ``atom_bytes`` KV bytes per
+    token of each atom, the holder ranges ``h_start``, ``h_end`` of ``idx`` and ``h_widx`` the
+    pool index of each one's worker; and the inputs named above.
     """
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
-    n_atoms = len(bounds) - 1
     per_token = int(kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes))
+    return {"a0": a0, "a1": a1, "qo": _qo_bytes(tiles, shape), "home": np.searchsorted(wsorted, tiles.q_home),
+            "bounds": bounds, "atom_bytes": np.diff(bounds) * per_token, "h_start": idx.h_start,
+            "h_end": idx.h_end, "h_widx": np.searchsorted(wsorted, idx.h_worker), "seq": tiles.seq,
+            "q_start": tiles.q_start, "q_end": tiles.q_end, "base": idx.base, "offs": idx.offs}
+
+
+def _grouped_columns(tiles, idx, wsorted, shape) -> dict[str, np.ndarray]:
+    """Per-tile inputs of :func:`_place_grouped` as numpy arrays on the global token axis:
+    :func:`_grouped_base` plus
+
+    ``first``, ``last`` global sample index of the tile's first / last sample; ``body`` tokens of
+    the samples wholly inside the block; ``sf``, ``nf`` the first sample's prefix ``[sf, nf)`` it
+    needs; ``sl`` the last sample's start; ``e`` the tile's end; ``generic`` Q + O + all its KV
+    bytes; ``free`` whether the Q-home holds the whole KV interval; ``j0``, ``j1`` the holder
+    ranges (rows of ``idx``) overlapping ``[sf, nf)``.
+    """
+    g = _grouped_base(tiles, idx, wsorted, shape)
+    per_token, bounds = int(kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes)), g["bounds"]
     shift = idx.base[tiles.seq]
     qs, qe = tiles.q_start + shift, tiles.q_end + shift
     offs = idx.offs
@@ -321,23 +421,39 @@ def _grouped_tiles(tiles, idx, wsorted, shape):
     s_f, n_f, s_l = offs[first], np.minimum(qe, offs[first + 1]), offs[last]
     pos = np.searchsorted(idx.h_start, qs, side="right") - 1
     free = (idx.h_start[pos] <= s_f) & (qe <= idx.h_end[pos]) & (idx.h_worker[pos] == tiles.q_home)
-    qo = _qo_bytes(tiles, shape)
-    cols = (first * n_atoms, np.where(last > first, last * n_atoms, -1),
-            np.where(last > first + 1, s_l - offs[first + 1], 0), a0, a1, qo, s_f, n_f, s_l, qe,
-            qo + (qe - s_f) * per_token * (bounds[a1] - bounds[a0]))
-    rows = list(zip(*(c.tolist() for c in cols), _held_ranges(idx, wsorted, s_f, n_f, free)))
-    return (rows, np.searchsorted(wsorted, tiles.q_home).tolist(), free.tolist(),
-            (np.diff(bounds) * per_token).tolist())
+    kv_heads = bounds[g["a1"]] - bounds[g["a0"]]
+    g.update(first=first, last=last, body=np.where(last > first + 1, s_l - offs[first + 1], 0),
+             sf=s_f, nf=n_f, sl=s_l, e=qe, generic=g["qo"] + (qe - s_f) * per_token * kv_heads, free=free,
+             j0=np.searchsorted(idx.h_start, s_f, side="right") - 1,
+             j1=np.searchsorted(idx.h_start, n_f - 1, side="right"))
+    return g
 
 
-def _held_ranges(idx, wsorted, s_f, n_f, free) -> list:
+def _grouped_tiles(tiles, idx, wsorted, shape):
+    """Per-tile inputs of :func:`_place_grouped` (from :func:`_grouped_columns`).
+
+    Returns ``(rows, home, free, atom_bytes)`` as Python lists (the placement loop is scalar):
+    ``rows[t]`` the tuple of :data:`_ROW`, ``home[t]`` the pool index of the Q-home, ``free[t]``
+    whether the Q-home holds the tile's whole KV interval, ``atom_bytes[b]`` KV bytes per token of
+    KV atom ``b``.
+    """
+    g = _grouped_columns(tiles, idx, wsorted, shape)
+    n_atoms = len(g["atom_bytes"])
+    first, last = g["first"], g["last"]
+    cols = (first * n_atoms, np.where(last > first, last * n_atoms, -1), g["body"], g["a0"], g["a1"], g["qo"],
+            g["sf"], g["nf"], g["sl"], g["e"], g["generic"])
+    rows = list(zip(*(c.tolist() for c in cols), _held_ranges(idx, g)))
+    return rows, g["home"].tolist(), g["free"].tolist(), g["atom_bytes"].tolist()
+
+
+def _held_ranges(idx, g) -> list:
     """Per tile ``{pool worker: [(start, end), ...]}``: the holder ranges overlapping its first
-    sample's prefix ``[s_f, n_f)`` (one shared dict per distinct set of ranges). Empty when the
-    Q-home holds the whole KV interval (``free``): the Q-home is then the only holder."""
-    j0 = np.searchsorted(idx.h_start, s_f, side="right") - 1
-    j1 = np.searchsorted(idx.h_start, n_f - 1, side="right")
+    sample's prefix ``[sf, nf)`` (rows ``[j0, j1)`` of ``idx``; one shared dict per distinct set of
+    ranges). Empty when the Q-home holds the whole KV interval (``free``): the Q-home is then the
+    only holder. ``g``: :func:`_grouped_columns`."""
+    j0, j1, free = g["j0"], g["j1"], g["free"]
     _, pick, inverse = np.unique(j0 * (len(idx.h_start) + 1) + j1, return_index=True, return_inverse=True)
-    h_w = np.searchsorted(wsorted, idx.h_worker).tolist()
+    h_w = g["h_widx"].tolist()
     h_start, h_end = idx.h_start.tolist(), idx.h_end.tolist()
     maps = []
     for lo, hi in zip(j0[pick].tolist(), j1[pick].tolist()):

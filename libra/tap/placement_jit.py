@@ -1,0 +1,493 @@
+"""Compiled TAP placement (Libra sec. 4.3.2, Algorithm 2) with numba: the kernels behind
+:func:`libra.tap.placement.place_tiles` when numba is installed (``pip install -e '.[fast]'``).
+
+Each kernel makes exactly the choices of its Python counterpart in :mod:`libra.tap.placement`
+(which stays the oracle and the fallback; the tests compare destinations and fallback counts):
+
+* :func:`place_grouped` (SH-tiles, the normal case) mirrors ``_place_grouped``: per tile the
+  token-axis fields of ``_grouped_columns`` (:func:`_grouped_rows`, with galloping searches), KV
+  groups (sample x KV atom) as small linked lists of members (worker, prefix end fetched, block
+  body fetched) rather than a (groups x workers) map, whose fresh pages would cost more than the
+  placement at 1M; the same ``special`` workers are scored (the Q-home, holders of the first
+  prefix, the groups' members), and every other worker costs the generic amount, so the
+  least-loaded worker (a tournament tree) stands for them. The Q-home shortcut (it holds the
+  whole KV interval and has room) records nothing, as in Python.
+* :func:`place_dense` (any tiles) runs ``_place_dense`` on the same missing-bytes map.
+* :func:`place_flops_only` is the least-loaded placement (``comm_aware=False``).
+
+Hot loops are written out in few functions (helpers that take arrays are inlined at numba's IR
+level, ``_inline``); every function stays within the project's 80-line limit.
+
+Costs are int64 bytes (Python's are ints, or integer-valued float64 sums in the dense path, both
+exact), loads are float64 summed in the same order, and ties break on (cost, load, lowest worker)
+exactly as in Python. Kernels compile lazily on first call, once per process (no on-disk cache);
+:func:`warmup` compiles them on tiny inputs and returns the seconds it took. Nothing is memoised
+across calls: every call allocates its state afresh.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numba
+import numpy as np
+
+_njit = numba.njit(cache=False, nogil=True)
+_inline = numba.njit(cache=False, nogil=True, inline="always")
+
+# columns of the grouped kernel's per-tile int64 table (module constants: compile-time in numba)
+HOME, FREE, KF, KL, BODY, A0, A1, QO, SF, NF, SL, E, J0, J1 = range(14)
+N_COLS = 14
+
+
+def _i64(x) -> np.ndarray:
+    """A fresh, writable, contiguous int64 copy (one numba signature whatever the caller's arrays)."""
+    return np.array(x, dtype=np.int64)
+
+
+def _f64(x) -> np.ndarray:
+    return np.array(x, dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------- shared choice
+
+
+@_inline
+def _least_loaded(loads):
+    """Index of the least-loaded worker, lowest id on ties."""
+    w, best = 0, loads[0]
+    for i in range(1, loads.shape[0]):
+        v = loads[i]
+        if v < best:  # the running minimum stays in a register (no reload of loads[w])
+            w, best = i, v
+    return w
+
+
+@_inline
+def _pick(a, b, loads):
+    """The less loaded of workers ``a < b`` (``a`` on ties: the lower id; -1 = padding)."""
+    if a < 0:
+        return b
+    if b < 0:
+        return a
+    return b if loads[b] < loads[a] else a
+
+
+@_njit
+def _tree_new(n_workers):
+    """A tournament tree over ``n_workers`` equal loads: ``tree[1]`` is the least-loaded worker
+    (lowest id on ties); leaves at ``size + w``."""
+    size = 1
+    while size < n_workers:
+        size *= 2
+    tree = np.full(2 * size, -1, dtype=np.int64)
+    for w in range(n_workers):
+        tree[size + w] = w
+    for node in range(size - 1, 0, -1):
+        a, b = tree[2 * node], tree[2 * node + 1]
+        tree[node] = a if a >= 0 else b  # all loads are 0: the lower id wins
+    return tree
+
+
+@_inline
+def _tree_update(tree, loads, w):
+    """Re-run the matches above leaf ``w`` after its load changed (O(log W))."""
+    node = ((tree.shape[0] >> 1) + w) >> 1
+    while node >= 1:
+        tree[node] = _pick(tree[2 * node], tree[2 * node + 1], loads)
+        node >>= 1
+
+
+@_inline
+def _choose(cost, loads, f, cap):
+    """``(worker, fallback)``: the least (cost, load, id) among workers with ``load + f <= cap``;
+    none: the least-loaded worker and ``fallback = 1``."""
+    best = -1
+    for w in range(loads.shape[0]):
+        lw = loads[w]
+        if lw + f > cap:
+            continue
+        if best < 0 or cost[w] < cost[best] or (cost[w] == cost[best] and lw < loads[best]):
+            best = w
+    if best >= 0:
+        return best, 0
+    return _least_loaded(loads), 1
+
+
+# ----------------------------------------------------------------------------- grouped (SH-tiles)
+
+
+@_njit
+def _right(a, x, hint):
+    """``np.searchsorted(a, x, side="right")``, galloping from ``hint`` (any hint gives the right
+    answer; tiles come in token order, so the previous tile's answer makes it O(1))."""
+    n = a.shape[0]
+    h = min(max(hint, 0), n)
+    step = 1
+    if h < n and a[h] <= x:  # the answer lies above h
+        lo, hi = h + 1, n
+        while lo + step - 1 < n:
+            p = lo + step - 1
+            if a[p] > x:
+                hi = p
+                break
+            lo = p + 1
+            step *= 2
+    else:  # the answer is at most h
+        lo, hi = 0, h
+        while hi - step >= 0:
+            p = hi - step
+            if a[p] <= x:
+                lo = p + 1
+                break
+            hi = p
+            step *= 2
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if a[mid] <= x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@_njit
+def _tile_positions(tcols, pool, h_widx, rows):
+    """Per tile the token-axis fields into ``rows`` (``_grouped_columns``' formulas): first /
+    last sample (global indices, compacted later), first prefix ``[sf, nf)``, last start ``sl``,
+    end ``e``, body, ``free`` and the holder ranges ``[j0, j1)`` overlapping ``[sf, nf)`` (none
+    when ``free``: Python's ``_EMPTY``); also copies ``home``, ``a0``, ``a1``, ``qo``. Searches
+    start from the previous tile's answers (tiles come in token order)."""
+    seq, q_start, q_end, home, a0, a1, qo = tcols
+    base, offs, h_start, h_end = pool
+    p_first = p_last = p_pos = p_j0 = 0
+    for t in range(seq.shape[0]):
+        shift = base[seq[t]]
+        qs, qe = q_start[t] + shift, q_end[t] + shift
+        first = _right(offs, qs, p_first) - 1
+        last = _right(offs, qe - 1, p_last) - 1
+        pos = _right(h_start, qs, p_pos) - 1
+        sf, nf, sl = offs[first], min(qe, offs[first + 1]), offs[last]
+        j0 = _right(h_start, sf, p_j0) - 1
+        p_first, p_last, p_pos, p_j0 = first + 1, last + 1, pos + 1, j0 + 1
+        free = h_start[pos] <= sf and qe <= h_end[pos] and h_widx[pos] == home[t]
+        rows[t, HOME] = home[t]
+        rows[t, FREE] = 1 if free else 0
+        rows[t, KF] = first
+        rows[t, KL] = last if last > first else -1
+        rows[t, BODY] = sl - offs[first + 1] if last > first + 1 else 0
+        rows[t, A0] = a0[t]
+        rows[t, A1] = a1[t]
+        rows[t, QO] = qo[t]
+        rows[t, SF] = sf
+        rows[t, NF] = nf
+        rows[t, SL] = sl
+        rows[t, E] = qe
+        rows[t, J0] = j0
+        rows[t, J1] = j0 if free else _right(h_start, nf - 1, pos + 1)
+
+
+@_njit
+def _grouped_rows(tcols, pool, h_widx):
+    """``(rows, n_keys)``: the per-tile int64 table (columns :data:`HOME` ... :data:`J1`) with
+    KV-group keys compacted to the samples that are some tile's first or last sample."""
+    n_tiles = tcols[0].shape[0]
+    rows = np.empty((n_tiles, N_COLS), dtype=np.int64)
+    _tile_positions(tcols, pool, h_widx, rows)
+    key = np.zeros(pool[1].shape[0], dtype=np.int64)
+    for t in range(n_tiles):
+        key[rows[t, KF]] = 1
+        if rows[t, KL] >= 0:
+            key[rows[t, KL]] = 1
+    n_keys = 0
+    for i in range(key.shape[0]):  # key[i] = compact index of sample i
+        n_keys += key[i]
+        key[i] = n_keys - 1
+    for t in range(n_tiles):
+        rows[t, KF] = key[rows[t, KF]]
+        if rows[t, KL] >= 0:
+            rows[t, KL] = key[rows[t, KL]]
+    return rows, n_keys
+
+
+@_inline
+def _special(rows, t, groups, h_widx, n_atoms, stamp, mark, special):
+    """Into ``special`` (length returned, each worker once: ``mark[w] == stamp``): the workers
+    that may cost less than the generic amount (``place``'s ``special``): the Q-home, holders of
+    the first prefix and the members of the tile's KV groups (a block body's fetchers are members
+    of its first sample's group). Written out without helper calls: this is the hot loop."""
+    head, e_w, e_next = groups[0], groups[1], groups[3]
+    h = rows[t, HOME]
+    mark[h] = stamp
+    special[0] = h
+    n = 1
+    for j in range(rows[t, J0], rows[t, J1]):
+        v = h_widx[j]
+        if mark[v] != stamp:
+            mark[v] = stamp
+            special[n] = v
+            n += 1
+    for b in range(rows[t, A0], rows[t, A1]):
+        for key in (rows[t, KF] * n_atoms + b, rows[t, KL] * n_atoms + b if rows[t, KL] >= 0 else -1):
+            j = head[key] if key >= 0 else -1
+            while j >= 0:
+                v = e_w[j]
+                if mark[v] != stamp:
+                    mark[v] = stamp
+                    special[n] = v
+                    n += 1
+                j = e_next[j]
+    return n
+
+
+@_inline
+def _fetched_into(groups, key, stamp, seen, end, body):
+    """Scatter KV group ``key``'s members into per-worker scratch: ``end[w]`` prefix end fetched,
+    ``body[w]`` block body fetched, valid where ``seen[w] == stamp``."""
+    head, e_w, e_end, e_next, e_body = groups
+    j = head[key] if key >= 0 else -1
+    while j >= 0:
+        w = e_w[j]
+        seen[w], end[w], body[w] = stamp, e_end[j], e_body[j]
+        j = e_next[j]
+
+
+@_inline
+def _special_costs(rows, t, special, n, groups, holders, atom_bytes, scratch, stamp, cost):
+    """``cost[i]``: incremental bytes of tile ``t`` on worker ``special[i]`` (``best_scored``'s
+    rule): Q + O unless it is the Q-home; per KV atom the rows of the first prefix ``[sf, nf)``
+    beyond what it fetched and does not hold, and unless it is the Q-home the block body if it did
+    not fetch it and the rows of the last sample's prefix ``[sl, e)`` beyond what it fetched.
+    ``scratch``: six ``(W,)`` int64 arrays; ``stamp``: a fresh stamp per tile (2 per atom used)."""
+    h_start, h_end, h_widx = holders
+    seen_f, end_f, body_f, seen_l, end_l, body_l = scratch
+    n_atoms = atom_bytes.shape[0]
+    h, sf, nf, sl, e, body = rows[t, HOME], rows[t, SF], rows[t, NF], rows[t, SL], rows[t, E], rows[t, BODY]
+    for i in range(n):
+        cost[i] = 0 if special[i] == h else rows[t, QO]
+    for b in range(rows[t, A0], rows[t, A1]):
+        st = stamp + 2 * (b - rows[t, A0])
+        _fetched_into(groups, rows[t, KF] * n_atoms + b, st, seen_f, end_f, body_f)
+        _fetched_into(groups, rows[t, KL] * n_atoms + b if rows[t, KL] >= 0 else -1, st + 1, seen_l, end_l,
+                      body_l)
+        for i in range(n):
+            w = special[i]
+            x = max(end_f[w], sf) if seen_f[w] == st else sf  # recorded ends lie past sf
+            kv = nf - x if x < nf else 0
+            if kv > 0:
+                for j in range(rows[t, J0], rows[t, J1]):
+                    if h_widx[j] == w:
+                        ov = min(h_end[j], nf) - max(h_start[j], x)
+                        if ov > 0:
+                            kv -= ov
+            if w != h:
+                if body > 0 and not (seen_f[w] == st and body_f[w]):
+                    kv += body
+                y = max(end_l[w], sl) if seen_l[w] == st + 1 else sl
+                if rows[t, KL] >= 0 and y < e:
+                    kv += e - y
+            cost[i] += kv * atom_bytes[b]
+
+
+@_inline
+def _choose_special(rows, t, special, n, cost, loads, ll, f, cap, atom_bytes, stamp, mark):
+    """``(worker, fallback)``: the least (cost, load, id) over the ``special`` workers within ``C``
+    and the least-loaded worker (at the generic cost when it is not special); none within ``C``:
+    the least-loaded worker ``ll``, a fallback."""
+    best, bc, bl = -1, 0, 0.0
+    for i in range(n):
+        w, c, lw = special[i], cost[i], loads[special[i]]
+        if lw + f > cap:
+            continue
+        if best < 0 or c < bc or (c == bc and (lw < bl or (lw == bl and w < best))):
+            best, bc, bl = w, c, lw
+    lw = loads[ll]
+    if lw + f <= cap and mark[ll] != stamp:  # every non-special worker costs the generic amount
+        c = rows[t, QO]
+        for b in range(rows[t, A0], rows[t, A1]):
+            c += (rows[t, E] - rows[t, SF]) * atom_bytes[b]
+        if best < 0 or c < bc or (c == bc and (lw < bl or (lw == bl and ll < best))):
+            best = ll
+    if best < 0:
+        return ll, 1
+    return best, 0
+
+
+@_inline
+def _record_one(groups, key, w, end, body, n_entries):
+    """``w`` fetched KV group ``key`` up to ``end`` (and the block body when ``body``); a first
+    fetch adds ``w`` as a member (a new entry at ``n_entries``). Returns the new entry count."""
+    head, e_w, e_end, e_next, e_body = groups
+    j = head[key]
+    while j >= 0 and e_w[j] != w:
+        j = e_next[j]
+    if j < 0:
+        j = n_entries
+        e_w[j], e_end[j], e_body[j], e_next[j] = w, 0, 0, head[key]
+        head[key] = j
+        n_entries += 1
+    e_end[j] = max(e_end[j], end)
+    if body:
+        e_body[j] = 1
+    return n_entries
+
+
+@_njit
+def _grouped_kernel(order, load, cap, rows, atom_bytes, holders, n_keys, n_workers):
+    """Algorithm 2 over block-partitioned tiles; ``(dest pool indices, fallbacks)``.
+
+    KV groups (key = compact sample x KV atom) as linked lists of member entries (``groups``:
+    ``head[key]`` first entry or -1; per entry worker, prefix end fetched, next entry, body
+    fetched): small, so no per-call page faults on a (groups x workers) map; a member is a worker
+    that fetched part of the group.
+    """
+    n_atoms = atom_bytes.shape[0]
+    n_slots = 2 * int(np.sum(rows[:, A1] - rows[:, A0])) + 1  # at most 2 groups per tile and atom
+    groups = (np.full(n_keys * n_atoms, -1, dtype=np.int64), np.empty(n_slots, dtype=np.int64),
+              np.empty(n_slots, dtype=np.int64), np.empty(n_slots, dtype=np.int64),
+              np.empty(n_slots, dtype=np.int64))
+    scratch = (np.zeros(n_workers, dtype=np.int64), np.empty(n_workers, dtype=np.int64),
+               np.empty(n_workers, dtype=np.int64), np.zeros(n_workers, dtype=np.int64),
+               np.empty(n_workers, dtype=np.int64), np.empty(n_workers, dtype=np.int64))
+    loads = np.zeros(n_workers)
+    dest = np.zeros(rows.shape[0], dtype=np.int64)
+    mark = np.zeros(n_workers, dtype=np.int64)
+    special = np.empty(n_workers, dtype=np.int64)
+    cost = np.empty(n_workers, dtype=np.int64)
+    tree = _tree_new(n_workers)
+    fallback, n_entries, stamp = 0, 0, 1
+    for i in range(order.shape[0]):
+        t = order[i]
+        f = load[t]
+        h = rows[t, HOME]
+        if rows[t, FREE] and loads[h] + f <= cap:
+            w = h  # the Q-home holds all it needs: cost 0, and nothing new to record
+        else:
+            n = _special(rows, t, groups, holders[2], n_atoms, i + 1, mark, special)
+            _special_costs(rows, t, special, n, groups, holders, atom_bytes, scratch, stamp, cost)
+            stamp += 2 * (rows[t, A1] - rows[t, A0])
+            w, fb = _choose_special(rows, t, special, n, cost, loads, tree[1], f, cap, atom_bytes, i + 1,
+                                    mark)
+            fallback += fb
+            for b in range(rows[t, A0], rows[t, A1]):  # what w fetched now (or holds: harmless)
+                n_entries = _record_one(groups, rows[t, KF] * n_atoms + b, w, rows[t, NF], rows[t, BODY] > 0,
+                                        n_entries)
+                if rows[t, KL] >= 0:
+                    n_entries = _record_one(groups, rows[t, KL] * n_atoms + b, w, rows[t, E], False,
+                                            n_entries)
+        dest[t] = w
+        loads[w] += f
+        _tree_update(tree, loads, w)
+    return dest, fallback
+
+
+def place_grouped(g: dict, order, load, cap: float, n_workers: int) -> tuple[np.ndarray, int]:
+    """Compiled ``_place_grouped``. ``g``: ``libra.tap.placement._grouped_base`` of the tiles;
+    ``order``: the placement order; ``load``: per-tile loads; ``cap``: ``C``. Returns the pool
+    indices of the destinations and the fallback count."""
+    tcols = tuple(_i64(g[k]) for k in ("seq", "q_start", "q_end", "home", "a0", "a1", "qo"))
+    pool = tuple(_i64(g[k]) for k in ("base", "offs", "h_start", "h_end"))
+    h_widx = _i64(g["h_widx"])
+    rows, n_keys = _grouped_rows(tcols, pool, h_widx)
+    dest, fallback = _grouped_kernel(_i64(order), _f64(load), float(cap), rows, _i64(g["atom_bytes"]),
+                                     (pool[2], pool[3], h_widx), n_keys, int(n_workers))
+    return dest, int(fallback)
+
+
+# ----------------------------------------------------------------------------- dense (any tiles)
+
+
+@_inline
+def _dense_cost(t, seq, seg0, seg1, a0, a1, miss, m_off, m_nseg, cost):
+    """``cost[w]`` += KV bytes tile ``t`` lacks on worker ``w`` (sum over its atoms and segments)."""
+    n_workers = cost.shape[0]
+    s = seq[t]
+    n = m_nseg[s]
+    for b in range(a0[t], a1[t]):
+        for w in range(n_workers):
+            base = m_off[s] + (b * n_workers + w) * n
+            acc = 0
+            for k in range(seg0[t], seg1[t]):
+                acc += miss[base + k]
+            cost[w] += acc
+
+
+@_njit
+def _dense_kernel(order, load, cap, tcols, miss, m_off, m_nseg, n_workers):
+    """``_place_dense`` on the flattened missing-bytes map; ``(dest pool indices, fallbacks)``."""
+    seq, seg0, seg1, a0, a1, qo, home = tcols
+    loads = np.zeros(n_workers)
+    dest = np.zeros(seq.shape[0], dtype=np.int64)
+    cost = np.empty(n_workers, dtype=np.int64)
+    fallback = 0
+    for t in order:
+        f = load[t]
+        for w in range(n_workers):
+            cost[w] = qo[t]
+        cost[home[t]] = 0
+        _dense_cost(t, seq, seg0, seg1, a0, a1, miss, m_off, m_nseg, cost)
+        w, fb = _choose(cost, loads, f, cap)
+        fallback += fb
+        s = seq[t]
+        for b in range(a0[t], a1[t]):
+            base = m_off[s] + (b * n_workers + w) * m_nseg[s]
+            for k in range(seg0[t], seg1[t]):
+                miss[base + k] = 0
+        dest[t] = w
+        loads[w] += f
+    return dest, fallback
+
+
+def place_dense(d: dict, seq, order, load, cap: float, n_workers: int) -> tuple[np.ndarray, int]:
+    """Compiled ``_place_dense``. ``d``: ``libra.tap.placement._dense_inputs``; ``seq``: each
+    tile's sequence index. Returns the pool indices of the destinations and the fallback count."""
+    missing = d["missing"]  # per sequence (atoms, W, segments) integer-valued float64 bytes
+    m_nseg = _i64([m.shape[2] for m in missing])
+    m_off = _i64(np.concatenate(([0], np.cumsum([m.size for m in missing])[:-1])))
+    miss = _i64(np.concatenate([m.ravel() for m in missing]))
+    tcols = tuple(_i64(c) for c in (seq, d["seg0"], d["seg1"], d["a0"], d["a1"], d["qo"], d["home"]))
+    dest, fallback = _dense_kernel(_i64(order), _f64(load), float(cap), tcols, miss, m_off, m_nseg,
+                                   int(n_workers))
+    return dest, int(fallback)
+
+
+# ----------------------------------------------------------------------------- FLOPs only
+
+
+@_njit
+def _flops_only_kernel(order, load, cap, n_workers):
+    """``_place_flops_only``'s least-loaded heap as a tournament tree."""
+    loads = np.zeros(n_workers)
+    dest = np.zeros(load.shape[0], dtype=np.int64)
+    tree = _tree_new(n_workers)
+    fallback = 0
+    for t in order:
+        w = tree[1]
+        if loads[w] + load[t] > cap:  # the least-loaded worker cannot take it, so nobody can
+            fallback += 1
+        dest[t] = w
+        loads[w] += load[t]
+        _tree_update(tree, loads, w)
+    return dest, fallback
+
+
+def place_flops_only(order, load, cap: float, n_workers: int) -> tuple[np.ndarray, int]:
+    """Compiled ``_place_flops_only``: least-loaded placement (lowest id on ties)."""
+    dest, fallback = _flops_only_kernel(_i64(order), _f64(load), float(cap), int(n_workers))
+    return dest, int(fallback)
+
+
+def warmup() -> float:
+    """Compile every kernel now (on tiny inputs) and return the seconds it took; later calls in
+    this process reuse the compiled code (calling it again is cheap and returns ~0)."""
+    t0 = time.perf_counter()
+    one = np.zeros(1, dtype=np.int64)
+    g = {"seq": one, "q_start": one, "q_end": one + 1, "home": one, "a0": one, "a1": one + 1, "qo": one + 1,
+         "base": _i64([0, 1]), "offs": _i64([0, 1]), "h_start": one, "h_end": one + 1, "h_widx": one,
+         "atom_bytes": one + 1}
+    place_grouped(g, one, one, 1.0, 1)
+    d = {"missing": [np.ones((1, 1, 1))], "seg0": one, "seg1": one + 1, "a0": one, "a1": one + 1,
+         "qo": one + 1, "home": one}
+    place_dense(d, one, one, one, 1.0, 1)
+    place_flops_only(one, one, 1.0, 1)
+    return time.perf_counter() - t0

@@ -1,0 +1,197 @@
+"""The compiled TAP placer (:mod:`libra.tap.placement_jit`, numba) against the Python one.
+
+``place_tiles(placer="numba")`` must make exactly the choices of ``placer="python"`` (the oracle):
+same destination for every tile and the same fallback count, on random pools (GQA shapes, skewed
+samples, permuted and scattered holder layouts, tau = 0, caller weights with ties and zeros,
+comm-aware on and off) and inside every registry planner that places tiles; the golden fixture
+runs through every available placer in ``test_tap_placement_golden.py``. Without numba the
+compiled tests skip; the dispatch tests still run.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_tap_strategies import long_tail_lengths, scattered_pools
+
+import libra.tap.planner as tap_planner
+from libra.plan import SequenceLayout
+from libra.tap import placement
+from libra.tap.placement import available_placers, default_placer, place_tiles, warmup
+from libra.tap.tiles import make_tiles
+from libra.workload import AttentionShape
+
+HAVE_NUMBA = "numba" in available_placers()
+needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed (pip install -e '.[fast]')")
+
+# (hq, hkv): GQA groups of 4, 8, 4, 1 and 2 (6/3 with H=2 and 12/3 with H=4: shards over 2 KV atoms)
+GQA = [(8, 2), (32, 4), (12, 3), (4, 4), (6, 3)]
+
+
+def _both(tiles, sequences, workers, shape, **kwargs):
+    """``(python, numba)`` results of ``place_tiles`` as ``(dest list, fallbacks)``."""
+    out = []
+    for placer in ("python", "numba"):
+        placed, fallback = place_tiles(tiles, sequences, workers, shape, placer=placer, **kwargs)
+        out.append((placed.dest.tolist(), fallback))
+    return out
+
+
+@st.composite
+def gqa_pools(draw):
+    """``(sequences, workers, tiles, shape)``: a standard-layout pool of P DP ranks x CP with SH-tiles."""
+    hq, hkv = draw(st.sampled_from(GQA))
+    shape = AttentionShape(num_q_heads=hq, num_kv_heads=hkv, head_dim=draw(st.sampled_from([4, 128])),
+                           dtype_bytes=2)
+    cp, p, p0 = draw(st.sampled_from([1, 2, 4, 8])), draw(st.integers(1, 4)), draw(st.integers(0, 2))
+    block = draw(st.sampled_from([2, 4, 16]))
+    per_rank = block * draw(st.integers(1, 3))
+    sequences = []
+    for j in range(p):
+        ranks = np.array(draw(st.permutations(list(range(cp))))) if draw(st.booleans()) else np.arange(cp)
+        starts = np.arange(cp) * per_rank
+        sequences.append(SequenceLayout(j, p0 + j, draw(long_tail_lengths(per_rank * cp)), starts,
+                                        starts + per_rank, (p0 + j) * cp + ranks))
+    head_split = draw(st.sampled_from([h for h in (1, 2, 3, 4, 8) if hq % h == 0]))
+    tiles = make_tiles(sequences, block, head_split, shape)
+    return sequences, list(range(p0 * cp, (p0 + p) * cp)), tiles, shape
+
+
+@st.composite
+def weights_for(draw, n_tiles: int):
+    """None (FLOPs) or per-tile loads with many ties and zeros."""
+    kind = draw(st.sampled_from(["none", "ties", "zeros"]))
+    if kind == "none" or n_tiles == 0:
+        return None
+    w = np.array(draw(st.lists(st.integers(0 if kind == "zeros" else 1, 5), min_size=n_tiles,
+                               max_size=n_tiles)), dtype=np.float64)
+    return w * 0.1  # inexact binary fractions: loads sum with rounding, as real estimates do
+
+
+@needs_numba
+@settings(max_examples=60, deadline=None)
+@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.2, 1.0]), comm_aware=st.booleans(),
+       data=st.data())
+def test_numba_matches_python_on_sh_tiles(pool, tau, comm_aware, data):
+    sequences, workers, tiles, shape = pool
+    weights = data.draw(weights_for(len(tiles)))
+    ref, got = _both(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware, weights=weights)
+    assert got == ref
+
+
+@needs_numba
+@settings(max_examples=40, deadline=None)
+@given(pool=scattered_pools(), tau=st.sampled_from([0.0, 0.03, 0.5]), comm_aware=st.booleans(),
+       overlap=st.booleans(), data=st.data())
+def test_numba_matches_python_on_scattered_and_overlapping_tiles(pool, tau, comm_aware, overlap, data):
+    """Arbitrary holder partitions (the grouped kernel) and, with ``overlap``, an extra tile over a
+    whole holder range on top of its pieces (not a block partition: the dense kernel)."""
+    sequences, workers, tiles, shape = pool
+    if overlap:
+        tiles = type(tiles).concat([tiles, tiles.select(np.arange(len(tiles)) == 0)])
+        cols = {k: getattr(tiles, k).copy() for k in tiles.FIELDS}
+        s = int(cols["seq"][-1])
+        k = int(np.searchsorted(sequences[s].holder_start, cols["q_start"][-1], side="right") - 1)
+        cols["q_start"][-1] = sequences[s].holder_start[k]
+        cols["q_end"][-1] = sequences[s].holder_end[k]
+        tiles = type(tiles)(**cols)
+    weights = data.draw(weights_for(len(tiles)))
+    ref, got = _both(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware, weights=weights)
+    assert got == ref
+
+
+@needs_numba
+@pytest.mark.parametrize("tau", [0.0, 0.03])
+def test_block_body_is_paid_once_per_worker(tau):
+    """Shards over two KV atoms (hq=12, hkv=3, H=2) share atom 1, so a worker that fetched a block's
+    body for one shard must not pay it again for the other; only then does the Q-home, whose
+    missing prefix lies between the two costs, lose (found by random search against a kernel that
+    ignored the record)."""
+    shape = AttentionShape(12, 3, 1)
+    seqs = [SequenceLayout.contiguous(0, 0, [2, 3, 35, 1, 1, 3, 3, 2, 3, 11], 4)]
+    tiles = make_tiles(seqs, 8, 2, shape)
+    ref, got = _both(tiles, seqs, range(4), shape, tau=tau)
+    assert got == ref
+
+
+def _window(gbs: int, seq_len: int, seed: int):
+    """A long-tailed fixed-token window (outliers longer than S get split)."""
+    from libra.data.packing import PackedSequence, pack_fixed_tokens
+
+    rng = np.random.default_rng(seed)
+    lens = np.maximum(1, rng.lognormal(np.log(seq_len / 16), 1.4, 40 * gbs)).astype(np.int64)
+    lens[rng.random(len(lens)) < 0.03] = int(1.5 * seq_len)
+    packed = pack_fixed_tokens(lens, seq_len)[:gbs]
+    return [PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(packed)]
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "distca"])
+def test_planners_make_identical_plans_with_either_placer(name, monkeypatch):
+    from baselines.registry import get_planner
+    from libra.config import ParallelConfig
+
+    shape = AttentionShape(32, 4, 8)
+    opts = {"block_size": 32, "head_split": 4, "tau": 0.0}
+    if name != "distca":
+        opts["pool_size"] = 4
+    calls = []
+
+    def forced(placer, *args, **kwargs):
+        calls.append(placer)
+        return place_tiles(*args, placer=placer, **kwargs)
+
+    digests = {}
+    for seed in (3, 4):
+        for cp in (2, 4):
+            par = ParallelConfig(dp=8, cp=cp, gbs=16, seq_len=1024)
+            window = _window(par.gbs, par.seq_len, seed)
+            for placer in ("python", "numba"):
+                monkeypatch.setattr(tap_planner, "place_tiles", functools.partial(forced, placer))
+                plans = get_planner(name, **opts).plan_window(window, par, shape)
+                digests.setdefault((seed, cp), {})[placer] = [p.digest() for p in plans]
+    assert {"python", "numba"} == set(calls)
+    for key, by_placer in digests.items():
+        assert by_placer["numba"] == by_placer["python"], key
+
+
+@needs_numba
+def test_warmup_compiles_once_and_auto_uses_numba():
+    assert default_placer() == "numba" and available_placers() == ("numba", "python")
+    assert warmup() >= 0.0
+    assert warmup() < 1.0  # already compiled in this process
+    assert warmup("python") == 0.0
+
+
+def test_unknown_placer_is_a_value_error():
+    seqs = [SequenceLayout.contiguous(0, 0, [4, 4], 2)]
+    shape = AttentionShape(2, 1, 4)
+    tiles = make_tiles(seqs, 2, 1, shape)
+    with pytest.raises(ValueError, match="placer must be one of"):
+        place_tiles(tiles, seqs, [0, 1], shape, placer="jit")
+    with pytest.raises(ValueError, match="placer must be one of"):
+        warmup("fast")
+
+
+def test_without_numba_auto_falls_back_to_python(monkeypatch):
+    """No numba: ``auto`` runs the Python loops, ``numba`` is an ImportError naming the extra, and
+    importing the kernel module fails cleanly (so :func:`placement._jit_module` reports None)."""
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
+    monkeypatch.delitem(sys.modules, "libra.tap.placement_jit", raising=False)
+    assert placement._jit_module.__wrapped__() is None
+    monkeypatch.setattr(placement, "_jit_module", lambda: None)
+    assert default_placer() == "python" and available_placers() == ("python",)
+    assert warmup() == 0.0
+    seqs = [SequenceLayout.contiguous(0, 0, [1, 7], 2), SequenceLayout.contiguous(1, 1, [8], 2)]
+    shape = AttentionShape(4, 2, 4)
+    tiles = make_tiles(seqs, 2, 2, shape)
+    placed, fallback = place_tiles(tiles, seqs, range(4), shape, tau=0.0)
+    ref, fb_ref = place_tiles(tiles, seqs, range(4), shape, tau=0.0, placer="python")
+    assert placed.dest.tolist() == ref.dest.tolist() and fallback == fb_ref
+    with pytest.raises(ImportError, match=r"\.\[fast\]"):
+        place_tiles(tiles, seqs, range(4), shape, placer="numba")
