@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import pickle
 import time
 from dataclasses import asdict, dataclass
@@ -59,7 +58,9 @@ from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.data.windows import gbs_windows
 from libra.plan import SequenceLayout
 from libra.runtime.program import compile_worker
+from libra.tap import exchange as _exchange
 from libra.tap import placement as _placement
+from libra.tap import tiles as _tiles
 from libra.tap.exchange import build_transfers
 from libra.tap.placement import place_tiles
 from libra.tap.planner import plan_pool
@@ -100,26 +101,24 @@ TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0}
               "1m": {"vrsp": 0.6, "tap": 5.4, "compile": 50.0, "prepare": 5.0}}
 """Targets (issue 12; medians on a 2-core machine): TAP at half the paper's time, compile per worker,
 prepare on the step's path (CPU), VRSP at or below the paper's."""
-WARMUP_MODULES = ("libra.tap.placement", "libra.tap.tiles", "libra.tap.exchange", "libra.runtime.program")
-"""Modules whose ``warmup()`` (JIT compilation), where defined, runs before any timing."""
+WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
+          "libra.tap.exchange": _exchange.warmup}
+"""The compiled TAP kernels' ``warmup()`` (JIT compilation), run before any timing."""
 
 
 def placer_name() -> str:
     """The TAP placer ``place_tiles`` runs in this process (``"python"`` without a compiled one)."""
-    fn = getattr(_placement, "default_placer", None)
-    return str(fn()) if callable(fn) else "python"
+    return _placement.default_placer()
 
 
 def jit_warmup() -> dict[str, float]:
-    """Run every ``warmup()`` of :data:`WARMUP_MODULES` that exists; ms spent per module (the
-    first call in a process compiles, later ones cost ~0)."""
+    """Run every :data:`WARMUP`; ms spent per module (the first call in a process compiles, later
+    ones cost ~0)."""
     out = {}
-    for name in WARMUP_MODULES:
-        fn = getattr(importlib.import_module(name), "warmup", None)
-        if callable(fn):
-            t0 = time.perf_counter()
-            fn()
-            out[name] = (time.perf_counter() - t0) * 1e3
+    for name, fn in WARMUP.items():
+        t0 = time.perf_counter()
+        fn()
+        out[name] = (time.perf_counter() - t0) * 1e3
     return out
 
 

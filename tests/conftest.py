@@ -15,3 +15,18 @@ def workloads_dir() -> Path:
     if not WORKLOADS_DIR.is_dir():
         pytest.skip(f"public length files not found at {WORKLOADS_DIR} (they live next to the checkout)")
     return WORKLOADS_DIR
+
+
+@pytest.fixture
+def planner_calls(monkeypatch) -> list:
+    """Every ``baselines.registry.get_planner(name, **options)`` call of the test, as ``(name, options)``."""
+    import baselines.registry as registry  # noqa: PLC0415
+
+    seen, real = [], registry.get_planner
+
+    def spy(name, **options):
+        seen.append((name, options))
+        return real(name, **options)
+
+    monkeypatch.setattr(registry, "get_planner", spy)
+    return seen

@@ -129,17 +129,8 @@ def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
     assert "(accepts 4K) [default: 1024]" in text  # fidelity's B, not TapConfig's 4096
 
 
-def test_tau_reaches_the_planner_and_the_run_record(tmp_path, monkeypatch):
-    import baselines.registry as registry
-
-    seen = []
-    real = registry.get_planner
-
-    def spy(name, **options):
-        seen.append((name, options))
-        return real(name, **options)
-
-    monkeypatch.setattr(registry, "get_planner", spy)
+def test_tau_reaches_the_planner_and_the_run_record(tmp_path, planner_calls):
+    seen = planner_calls
     res = CliRunner().invoke(fidelity, [*TINY, "--tau", "0.5", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert seen == [("libra", {"pool_size": 2, "block_size": 32, "head_split": 2, "tau": 0.5,

@@ -21,7 +21,7 @@ from test_tap_strategies import long_tail_lengths, scattered_pools
 
 import libra.tap.planner as tap_planner
 from libra.plan import SequenceLayout
-from libra.tap import placement
+from libra.tap import kernels, placement
 from libra.tap.placement import available_placers, default_placer, place_tiles, warmup
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
@@ -180,11 +180,11 @@ def test_unknown_placer_is_a_value_error():
 
 def test_without_numba_auto_falls_back_to_python(monkeypatch):
     """No numba: ``auto`` runs the Python loops, ``numba`` is an ImportError naming the extra, and
-    importing the kernel module fails cleanly (so :func:`placement._jit_module` reports None)."""
+    importing the kernel module fails cleanly (so :func:`libra.tap.kernels.compiled` reports None)."""
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
     monkeypatch.delitem(sys.modules, "libra.tap.placement_jit", raising=False)
-    assert placement._jit_module.__wrapped__() is None
-    monkeypatch.setattr(placement, "_jit_module", lambda: None)
+    assert kernels.compiled.__wrapped__("placement_jit") is None
+    monkeypatch.setattr(placement, "compiled", lambda name: None)
     assert default_placer() == "python" and available_placers() == ("python",)
     assert warmup() == 0.0
     seqs = [SequenceLayout.contiguous(0, 0, [1, 7], 2), SequenceLayout.contiguous(1, 1, [8], 2)]
@@ -195,3 +195,8 @@ def test_without_numba_auto_falls_back_to_python(monkeypatch):
     assert placed.dest.tolist() == ref.dest.tolist() and fallback == fb_ref
     with pytest.raises(ImportError, match=r"\.\[fast\]"):
         place_tiles(tiles, seqs, range(4), shape, placer="numba")
+
+
+def test_compiled_names_only_the_tap_kernel_modules():
+    with pytest.raises(ValueError, match="unknown compiled TAP module 'placer_jit'"):
+        kernels.compiled("placer_jit")  # a typo must not read as "numba missing"

@@ -199,9 +199,7 @@ def _concat_pieces(parts: list[dict]) -> dict:
 
 def _with_layout(parts: list[dict], W: int) -> tuple[dict, np.ndarray]:
     """Pieces of one message (groups in ``parts`` order) with their buffer offsets; rows per peer."""
-    for g, p in enumerate(parts):
-        p["group"] = np.full(len(p["row"]), g, dtype=np.int64)
-    allp = _concat_pieces(parts)
+    allp = _concat_pieces([{**p, "group": np.full(len(p["row"]), g, dtype=np.int64)} for g, p in enumerate(parts)])
     off, per_peer = layout(allp["peer"], allp["group"], allp["row"], allp["rows"], W)
     allp["off"] = off
     return allp, per_peer
@@ -254,15 +252,16 @@ def _dispatch(ctx: _Context, m: int) -> tuple[Message, Message, dict]:
     """Chunk ``m``'s forward dispatch (Q, then KV per peer) and backward dispatch (dO) messages,
     and the sources they deliver here: ``{"q": Rects, "k": Rects, "v": Rects, "do": Rects}``."""
     W, hq, hkv = len(ctx.pool.workers), ctx.shape.num_q_heads, ctx.shape.num_kv_heads
-    out, send = _with_layout([ctx.pieces(Q, m, False), ctx.pieces(KV, m, False)], W)
-    inn, recv = _with_layout([ctx.pieces(Q, m, True), ctx.pieces(KV, m, True)], W)
+    q_out, q_in = ctx.pieces(Q, m, False), ctx.pieces(Q, m, True)  # dO below retraces them
+    out, send = _with_layout([q_out, ctx.pieces(KV, m, False)], W)
+    inn, recv = _with_layout([q_in, ctx.pieces(KV, m, True)], W)
     oq, okv, iq, ikv = out["group"] == 0, out["group"] == 1, inn["group"] == 0, inn["group"] == 1
     pack = Blocks.concat([_from_local(ctx, out, oq, hq, LQ, 0, "Q"), _from_local(ctx, out, okv, hkv, LK, 0, "KV"),
                           _from_local(ctx, out, okv, hkv, LV, 1, "KV")])
     fd = Message(send, recv, pack)
     # dO retraces Q: the same pieces, laid out on their own
-    dq_out, bsend = _with_layout([ctx.pieces(Q, m, False)], W)
-    dq_in, brecv = _with_layout([ctx.pieces(Q, m, True)], W)
+    dq_out, bsend = _with_layout([q_out], W)
+    dq_in, brecv = _with_layout([q_in], W)
     bd = Message(bsend, brecv, _from_local(ctx, dq_out, slice(None), hq, DO, 0, "Q"))
     rk, dk = ctx.index[recv_key(m)], ctx.index[do_recv_key(m)]
     got = {"q": _rects(inn, iq, rk), "k": _rects(inn, ikv, rk), "v": _rects(inn, ikv, rk, kv_half=1),
@@ -371,8 +370,9 @@ def _kernel(ctx: _Context, w: dict, m: int, got: list[dict]) -> tuple[ChunkKerne
 def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Message, Message]:
     """Chunk ``m``'s forward return (O) and backward return (dQ, then dK/dV per peer) messages."""
     W, hq, hkv = len(ctx.pool.workers), ctx.shape.num_q_heads, ctx.shape.num_kv_heads
-    o_out, send = _with_layout([ctx.pieces(O, m, False)], W)
-    o_in, recv = _with_layout([ctx.pieces(O, m, True)], W)
+    o_pieces_out, o_pieces_in = ctx.pieces(O, m, False), ctx.pieces(O, m, True)  # dQ below retraces them
+    o_out, send = _with_layout([o_pieces_out], W)
+    o_in, recv = _with_layout([o_pieces_in], W)
     req = _rects(o_out, slice(None), -1)
     o_pack, found = resolve(req, outputs, ctx.keys)
     bad = np.nonzero(found != req.area())[0]
@@ -380,8 +380,8 @@ def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Me
         raise ctx.fail(f"O transfer row {int(o_out['row'][bad[0]])} returns rows no tile computes here")
     fr = Message(send, recv, o_pack, _unpack(ctx, o_in, slice(None), hq, OUT, 0, "O"))
     # backward: dQ along the O path, dK/dV of fetched KV back to its holder after its last chunk
-    b_out, bsend = _with_layout([ctx.pieces(O, m, False), ctx.pieces(KV, m, True, backward=True)], W)
-    b_in, brecv = _with_layout([ctx.pieces(O, m, True), ctx.pieces(KV, m, False, backward=True)], W)
+    b_out, bsend = _with_layout([o_pieces_out, ctx.pieces(KV, m, True, backward=True)], W)
+    b_in, brecv = _with_layout([o_pieces_in, ctx.pieces(KV, m, False, backward=True)], W)
     okv, ikv = b_out["group"] == 1, b_in["group"] == 1
     fetched_k = Rects.concat([got[c]["k"]._replace(key=np.full(got[c]["k"].size, ctx.index[grad_recv_key(c)]))
                               for c in range(ctx.M)])

@@ -201,19 +201,22 @@ class CostModel:
         return flops, fwd
 
     # -- communication ---------------------------------------------------------------------
-    def _phase_bytes(self, src, dst, nbytes):
+    def _class_masks(self, src, dst) -> list[np.ndarray]:
+        """Per link class, which of a phase's transfers use it (self-transfers use none)."""
+        if not len(src):
+            return []
+        code = self.topology.link_code(src, dst)  # -1: self-transfer, costs nothing
+        return [code == ci for ci in range(len(LINK_CLASSES))]
+
+    def _phase_bytes(self, src, dst, masks, nbytes):
         """``(C, N)`` bytes sent and received per link class for one phase's transfers."""
         n, k = self.topology.num_workers, len(LINK_CLASSES)
         sent = np.zeros((k, n))
         recv = np.zeros((k, n))
-        if len(src):
-            code = self.topology.link_code(src, dst)
-            keep = code >= 0  # self-transfers cost nothing
-            for ci in range(k):
-                m = keep & (code == ci)
-                if m.any():
-                    sent[ci] = np.bincount(src[m], weights=nbytes[m], minlength=n)
-                    recv[ci] = np.bincount(dst[m], weights=nbytes[m], minlength=n)
+        for ci, m in enumerate(masks):
+            if m.any():
+                sent[ci] = np.bincount(src[m], weights=nbytes[m], minlength=n)
+                recv[ci] = np.bincount(dst[m], weights=nbytes[m], minlength=n)
         return sent, recv
 
     def _phase_ms(self, sent, recv, chunks: int = 1):
@@ -272,7 +275,8 @@ class CostModel:
         sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
         serial, per_chunk = np.zeros(n), {}
         for phase, r in self._routes(plan, schedules).items():
-            sent, recv = self._phase_bytes(r.src, r.dst, r.nbytes.sum(axis=1))
+            masks = self._class_masks(r.src, r.dst)  # once per phase, shared by its chunks
+            sent, recv = self._phase_bytes(r.src, r.dst, masks, r.nbytes.sum(axis=1))
             bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
             serial += bw_ms + lat_ms
             sent_tot += sent
@@ -280,7 +284,7 @@ class CostModel:
             link_tot += per_class
             times = np.zeros((n, M))
             for m in range(M):  # each chunk moves its own bytes and pays its own latency
-                bw_m, lat_m, _ = self._phase_ms(*self._phase_bytes(r.src, r.dst, r.nbytes[:, m]))
+                bw_m, lat_m, _ = self._phase_ms(*self._phase_bytes(r.src, r.dst, masks, r.nbytes[:, m]))
                 times[:, m] = bw_m + lat_m
             per_chunk[phase] = times
         return sent_tot, recv_tot, link_tot, serial, per_chunk

@@ -21,8 +21,6 @@ are checked against, which also serves tables whose keys would overflow an int64
 
 from __future__ import annotations
 
-import functools
-import importlib
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -40,6 +38,7 @@ from libra.plan import (
     kv_need_start,
     pool_index,
 )
+from libra.tap.kernels import compiled
 from libra.tap.tiles import kv_atoms, make_tiles
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 
@@ -341,25 +340,16 @@ IMPLS = ("numba", "numpy", "reference")
 numpy one and the reference interval merging; all return identical tables."""
 
 
-@functools.cache
-def _jit_module():
-    """:mod:`libra.tap.exchange_jit` when numba imports, else None (checked once per process)."""
-    try:
-        return importlib.import_module("libra.tap.exchange_jit")
-    except ImportError:
-        return None
-
-
 def exchange_impl() -> str:
     """The implementation ``build_transfers(impl="auto")`` runs here: ``"numba"`` when numba
     imports, else ``"numpy"`` (the reference only serves tables whose keys overflow an int64)."""
-    return "numba" if _jit_module() is not None else "numpy"
+    return "numba" if compiled("exchange_jit") is not None else "numpy"
 
 
 def warmup() -> float:
     """Compile the exchange kernel now (numba only; once per process) on a two-worker pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if _jit_module() is None:
+    if compiled("exchange_jit") is None:
         return 0.0
     t0 = time.perf_counter()
     seqs = [SequenceLayout.contiguous(0, 0, [3, 1], 2)]
@@ -412,7 +402,7 @@ def build_transfers(sequences: Sequence[SequenceLayout], tiles: TileTable,
     """
     if impl not in IMPLS and impl != "auto":
         raise ValueError(f"impl must be 'auto' or one of {IMPLS}, got {impl!r}")
-    jit = _jit_module() if impl in ("auto", "numba") else None
+    jit = compiled("exchange_jit") if impl in ("auto", "numba") else None
     if impl == "numba" and jit is None:
         raise ImportError("impl='numba' needs numba: pip install -e '.[fast]'")
     if len(tiles) == 0:

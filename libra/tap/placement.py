@@ -44,9 +44,7 @@ compiles the kernels (once per process).
 
 from __future__ import annotations
 
-import functools
 import heapq
-import importlib
 from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -55,6 +53,7 @@ import numpy as np
 
 from libra.config import TapConfig
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
+from libra.tap.kernels import compiled
 from libra.tap.tiles import kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 
@@ -184,18 +183,9 @@ PLACERS = ("auto", "numba", "python")
 """Values of ``place_tiles(placer=...)``: ``"auto"`` picks :func:`default_placer`."""
 
 
-@functools.cache
-def _jit_module():
-    """:mod:`libra.tap.placement_jit` when numba imports, else None (checked once per process)."""
-    try:
-        return importlib.import_module("libra.tap.placement_jit")
-    except ImportError:
-        return None
-
-
 def available_placers() -> tuple[str, ...]:
     """The concrete placers this process can run: ``("numba", "python")`` or ``("python",)``."""
-    return ("numba", "python") if _jit_module() is not None else ("python",)
+    return ("numba", "python") if compiled("placement_jit") is not None else ("python",)
 
 
 def default_placer() -> str:
@@ -217,7 +207,7 @@ def _placer_module(placer: str):
         raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
     if placer == "python":
         return None
-    jit = _jit_module()
+    jit = compiled("placement_jit")
     if jit is None and placer == "numba":
         raise ImportError("placer='numba' needs numba: pip install -e '.[fast]'")
     return jit

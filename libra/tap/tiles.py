@@ -18,8 +18,6 @@ numpy implementation otherwise; both build the same table (the tests compare the
 
 from __future__ import annotations
 
-import functools
-import importlib
 import time
 from collections.abc import Sequence
 
@@ -28,6 +26,7 @@ import numpy as np
 # PoolIndex, pool_index and kv_need_start live with the layout they index; re-exported here
 from libra.plan.layout import PoolIndex, SequenceLayout, kv_need_start, pool_index
 from libra.plan.tables import TileTable
+from libra.tap.kernels import compiled
 from libra.workload import AttentionShape, attention_flops
 
 __all__ = ["PoolIndex", "kv_atoms", "kv_need_start", "make_tiles", "pool_index", "tiles_impl", "warmup"]
@@ -38,24 +37,15 @@ def _check_positive(name: str, value) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-@functools.cache
-def _jit_module():
-    """:mod:`libra.tap.tiles_jit` when numba imports, else None (checked once per process)."""
-    try:
-        return importlib.import_module("libra.tap.tiles_jit")
-    except ImportError:
-        return None
-
-
 def tiles_impl() -> str:
     """The implementation ``make_tiles(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return "numba" if _jit_module() is not None else "numpy"
+    return "numba" if compiled("tiles_jit") is not None else "numpy"
 
 
 def warmup() -> float:
     """Compile the tile kernel now (numba only; once per process) on a one-sequence pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if _jit_module() is None:
+    if compiled("tiles_jit") is None:
         return 0.0
     t0 = time.perf_counter()
     make_tiles([SequenceLayout.contiguous(0, 0, [3, 1], 2)], 2, 1, AttentionShape(1, 1, 1, 2), impl="numba")
@@ -90,7 +80,7 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
     """
     if impl not in ("auto", "numba", "numpy"):
         raise ValueError(f"impl must be 'auto', 'numba' or 'numpy', got {impl!r}")
-    jit = _jit_module() if impl != "numpy" else None
+    jit = compiled("tiles_jit") if impl != "numpy" else None
     if impl == "numba" and jit is None:
         raise ImportError("impl='numba' needs numba: pip install -e '.[fast]'")
     _check_positive("block size B", block_size)
