@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig13 fig14 fig15 fig16 \
-        plan-cost microbench paper-inferred figures reproduction gpu-check gpu-smoke clean
+        plan-cost microbench paper-inferred kernel-time figures reproduction gpu-check gpu-smoke clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -74,10 +74,13 @@ paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link t
 	$(BENCH) pool-sweep --workload libra-prod --profile paper-inferred-v1 --out results/pool-sweep-paper-inferred
 	$(BENCH) straggler --workload libra-prod --profile paper-inferred-v1 --out results/straggler-paper-inferred
 
+kernel-time: $(STAMP)  ## extension (not in the paper): kernel-time-aware TAP (libra-kt) vs libra and Ulysses
+	$(BENCH) straggler --workload libra-prod --methods ulysses,libra,libra-kt --out results/straggler-kernel-time
+
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred kernel-time reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh
