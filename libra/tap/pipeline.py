@@ -18,8 +18,8 @@ Event order. The runtime issues chunk ``m + 1``'s dispatch *before* it waits for
 (an earlier prefetch than the paper's listing, which issues it after the wait). On one FIFO comm
 stream both orders put the same transfers in the same sequence, so the cost model prices them
 alike; measured on 2 gloo CPU ranks (8 q / 2 kv heads, d = 64, M = 4, one 8K-token sample against
-32 x 256), forward + backward took 5.18 s with this order and 5.24 s with the paper's (medians of
-5). The list is::
+32 x 256, one process per core), forward + backward took 4.49 s with this order and 4.55 s with
+the paper's (medians of 5). The list is::
 
     issue_dispatch 0
     for m in 0..M-1: issue_dispatch m+1 (if any), wait_dispatch m, compute m, issue_return m
