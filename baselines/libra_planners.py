@@ -34,7 +34,7 @@ from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.plan import Plan, SequenceLayout
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.tap.planner import plan_pool
-from libra.vrsp import microbatch_groups, pool_imbalance, vrsp
+from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
 
 
@@ -79,8 +79,8 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
 def vrsp_groups(lengths: list[np.ndarray], par: ParallelConfig, pool_size: int) -> tuple[np.ndarray, float]:
     """VRSP over the window's packed workloads, mapped to ``(GA, DP)`` slots; also returns R - 1."""
     workloads = packed_workloads(lengths)
-    pools = vrsp(workloads, pool_size)
-    return np.asarray(microbatch_groups(pools, par.dp)), float(pool_imbalance(workloads, pools))
+    pools, groups = vrsp_schedule(workloads, pool_size, par.dp)
+    return groups, float(pool_imbalance(workloads, pools))
 
 
 class TapPlanner(Planner):

@@ -65,7 +65,7 @@ from libra.tap.exchange import build_transfers
 from libra.tap.placement import place_tiles
 from libra.tap.planner import plan_pool
 from libra.tap.tiles import make_tiles
-from libra.vrsp import microbatch_groups, vrsp
+from libra.vrsp import vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
 
 SHAPE = AttentionShape(num_q_heads=32, num_kv_heads=4, head_dim=128)
@@ -213,8 +213,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
     check_layout(par, tap, SHAPE)  # once, as a planner's plan_window does; plan_pool is told so
 
     def vrsp_step():
-        pools = vrsp(packed_workloads(lengths), tap.pool_size)
-        return microbatch_groups(pools, par.dp)
+        return vrsp_schedule(packed_workloads(lengths), tap.pool_size, par.dp)
 
     rows = [{"setting": setting.name, "window": index, "stage": f"warmup:{name}", "ms": ms}
             for name, ms in warm.items()]

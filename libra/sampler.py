@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from libra.data.packing import DEFAULT_POLICY, POLICIES, pack_fixed_tokens
-from libra.vrsp import microbatch_groups, vrsp
+from libra.vrsp import microbatch_groups, vrsp_schedule
 from libra.workload import packed_workload
 
 
@@ -237,10 +237,11 @@ class LibraSampler:
                            policy="defer" if self.policy == "defer" else "split")
         workloads = [packed_workload([p.length for p in s]) for s in seqs]
         if self.use_vrsp:
-            pools = vrsp(workloads, self.pool_size)
+            pools, groups = vrsp_schedule(workloads, self.pool_size, self.dp)
         else:
             pools = np.arange(self.gbs, dtype=np.int64).reshape(-1, self.pool_size)
-        return StepAssignment(epoch, step, tuple(seqs), pools, microbatch_groups(pools, self.dp))
+            groups = microbatch_groups(pools, self.dp)
+        return StepAssignment(epoch, step, tuple(seqs), pools, groups)
 
     # -- iteration and resume ------------------------------------------------------------
     def __iter__(self):

@@ -196,3 +196,30 @@ def microbatch_groups(pools, dp: int) -> np.ndarray:
         raise ValueError(f"DP={dp} must divide GBS={k * p} (mbs = 1)")
     # pools k..k+DP/P-1 share one GA index and tile the DP ranks in order: a plain reshape
     return idx.reshape(k * p // dp, dp).astype(np.int64)
+
+
+def vrsp_schedule(workloads, pool_size: int, dp: int) -> tuple[np.ndarray, np.ndarray]:
+    """One optimizer window's schedule: VRSP pools mapped onto (GA index, DP rank) slots.
+
+    The one implementation every consumer schedules a window with: Libra's planners
+    (``pool_size = P``), the ``ulysses-sorted`` baseline and the data sampler for any CP method
+    (``pool_size = 1``: Alg. 1 degenerates to sorting the window's sequences by decreasing
+    ``sum l^2``, so GA index ``g`` trains the ``g``-th heaviest ``DP`` of them -- the cross-step
+    balance without pooling). The step multiset of the window is unchanged; only which GA index
+    trains which sequence moves. Pure function of the workloads: identical on every rank.
+
+    Args:
+        workloads: float ``(GBS,)`` workload of each packed sequence (``sum l^2``).
+        pool_size: ``P``; must divide ``DP``.
+        dp: data-parallel degree; must divide ``GBS``.
+
+    Returns:
+        ``(pools, groups)``: int64 ``(K, P)`` VRSP pools and int64 ``(GA, DP)`` window indices
+        (``groups[g, r]`` is the sequence DP rank ``r`` trains at GA index ``g``).
+
+    Raises:
+        ValueError: the errors of :func:`vrsp` and :func:`microbatch_groups`.
+    """
+    pools = vrsp(workloads, pool_size)
+    return pools, microbatch_groups(pools, dp)
+
