@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import tap_options
-from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runner import ExperimentRun, atomic_write_text, is_preset_workload
 from experiments.sim_common import (
     Setting,
     build_cost_model,
@@ -131,26 +131,34 @@ def cell_reason(setting: Setting, shape, block_size: int, head_split: int) -> st
 
 def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: int, shapes: dict,
              block_sizes: dict | None = None, out=None, force=False, quiet=False, name: str = "grid-search",
-             tap_overrides: dict | None = None):
+             tap_overrides: dict | None = None, profile_file: str | None = None):
     """Simulate Ulysses and every valid (B, H) cell per setting; returns (steps, summary, run).
 
     Args:
         shapes: setting name -> :class:`AttentionShape`.
         block_sizes: setting name -> B axis (default: the paper's per setting).
         tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
+        profile_file: the ``--profile`` value; when it is a file its bytes key the run too.
+
+    Outputs go to ``out`` or, by default, ``results/<name>`` for the paper's grid (a built-in preset,
+    no TAP override) and ``runs/<name>/...`` otherwise (:func:`experiments.runner.default_out_dir`).
 
     Raises:
-        ValueError: unknown setting, bad workload, or a planner rejecting a layout.
+        ValueError: unknown setting, bad workload, a setting without any valid cell, or a planner
+            rejecting a layout.
     """
     block_sizes = block_sizes or {s: GRID_SETTINGS[s].block_sizes for s in settings}
-    chosen = {s: with_tap(GRID_SETTINGS[s].setting, **(tap_overrides or {})) for s in settings}
+    overrides = {k: v for k, v in (tap_overrides or {}).items() if v is not None}
+    chosen = {s: with_tap(GRID_SETTINGS[s].setting, **overrides) for s in settings}
+    keys, skipped = grid_keys(chosen, shapes, head_splits, block_sizes, windows)
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
               "method": GRID_METHOD, "settings": [setting_record(chosen[s]) for s in settings],
               "block_sizes": {s: list(block_sizes[s]) for s in settings}, "head_splits": list(head_splits),
               "windows": windows, "seed": seed,
               "shapes": {s: [shapes[s].num_q_heads, shapes[s].num_kv_heads, shapes[s].head_dim,
                              shapes[s].dtype_bytes] for s in settings}}
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
+    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, files={"profile": profile_file},
+                        paper=is_preset_workload(workload) and not overrides)
     cache: dict = {}
     label = Path(workload).name if Path(workload).exists() else workload
 
@@ -169,19 +177,34 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
         return [{"workload": label, "setting": s, "method": method, "block_size": b, "head_split": h,
                  "window": w, **r.to_row()} for r in steps]
 
+    df = pd.DataFrame(run.map(keys, point, desc="grid-search"))
+    return df, summarize(df, shapes, skipped, settings, head_splits, block_sizes), run
+
+
+def grid_keys(chosen: dict, shapes: dict, head_splits, block_sizes: dict, windows: int) -> tuple[list, list[dict]]:
+    """Point keys of the sweep (Ulysses per window, then every valid cell per window) and the
+    skipped cells with their reasons.
+
+    Raises:
+        ValueError: a setting none of whose (B, H) cells the layout rules accept (the sweep would
+            be an empty heatmap); the message names the setting and each cell's reason.
+    """
     keys, skipped = [], []
-    for s in settings:
-        st = chosen[s]
+    for s, st in chosen.items():
         keys += [[s, "ulysses", 0, 0, w] for w in range(windows)]
+        valid = 0
         for h in head_splits:
             for b in block_sizes[s]:
                 reason = cell_reason(st, shapes[s], b, h)
                 if reason:
                     skipped.append({"setting": s, "block_size": b, "head_split": h, "reason": reason})
                 else:
+                    valid += 1
                     keys += [[s, GRID_METHOD, b, h, w] for w in range(windows)]
-    df = pd.DataFrame(run.map(keys, point, desc="grid-search"))
-    return df, summarize(df, shapes, skipped, settings, head_splits, block_sizes), run
+        if not valid:
+            why = "; ".join(dict.fromkeys(r["reason"] for r in skipped if r["setting"] == s))
+            raise ValueError(f"no valid (B, H) cell on setting {s}, nothing to grid-search ({why})")
+    return keys, skipped
 
 
 def summarize(df: pd.DataFrame, shapes: dict, skipped: list[dict], settings, head_splits,
@@ -302,7 +325,7 @@ def grid_search(profile, windows, seed, out, quick, force, no_progress, workload
         t0 = time.perf_counter()
         df, summary, run = run_grid(workload, prof, settings, hs, 1 if quick else windows, seed, shapes,
                                     block_sizes=bs, out=out, force=force, quiet=no_progress,
-                                    tap_overrides={"tau": tau})
+                                    tap_overrides={"tau": tau}, profile_file=profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     atomic_write_text(run.out_dir / f"{run.name}_summary.csv", summary.to_csv(index=False))

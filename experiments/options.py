@@ -22,9 +22,14 @@ from pathlib import Path
 import click
 
 from libra.config import LOAD_ESTIMATES, TapConfig
-from libra.data.source import LengthSource, resolve_workload
+from libra.data.source import FileSource, LengthSource, resolve_workload
 
 SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
+
+OVERWRITE_META = "libra_bench.overwrite"
+"""Key of the ``--overwrite`` flag in the running click command's ``ctx.meta`` (set by
+:func:`overwrite_option`): commands need not thread it through their signatures;
+:class:`experiments.runner.ExperimentRun` reads it when its ``overwrite`` argument is None."""
 
 
 def parse_int_size(text: str) -> int:
@@ -86,17 +91,30 @@ class IntListType(click.ParamType):
 
 
 class WorkloadType(click.ParamType):
-    """A preset name or a length-file path, resolved to a :class:`LengthSource`."""
+    """A preset name or a length-file path, resolved to a :class:`LengthSource`.
+
+    A length file is read here, so a bad file (unknown type, a non-integer line, an empty file) is a
+    one-line ``Error:`` before any work or process starts, not a traceback from inside the run.
+    ``as_source=False`` returns the spec string instead of the source (for configs that are pickled
+    to spawned ranks, e.g. ``train``'s and ``microbench``'s).
+    """
 
     name = "workload"
 
+    def __init__(self, as_source: bool = True):
+        self.as_source = as_source
+
     def convert(self, value, param, ctx):
         if isinstance(value, LengthSource):
-            return value
-        try:
-            return resolve_workload(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            source = value
+        else:
+            try:
+                source = resolve_workload(value)
+                if isinstance(source, FileSource):
+                    source.lengths  # noqa: B018  (reads and validates the file now)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        return source if self.as_source else str(value)
 
 
 def workload_option(default: str = "libra-prod"):
@@ -132,7 +150,8 @@ def seed_option(default: int = 0):
 
 def out_option():
     return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="output folder (default results/<experiment>)")
+                        help="output folder (default results/<experiment> for the paper's presets, "
+                             "runs/<experiment>/<workload>-<layout>/ otherwise)")
 
 
 def quick_option():
@@ -141,6 +160,23 @@ def quick_option():
 
 def force_option():
     return click.option("--force", is_flag=True, help="recompute every point instead of reusing finished ones")
+
+
+def _store_overwrite(ctx: click.Context, _param, value: bool) -> bool:
+    ctx.meta[OVERWRITE_META] = bool(value)
+    return value
+
+
+def overwrite_option():
+    """``--overwrite``: write into an output folder that holds a different run's ``run.json``.
+
+    Not passed to the command function: the flag lands in ``ctx.meta`` where
+    :class:`experiments.runner.ExperimentRun` reads it, so a command gains it by adding this
+    decorator next to ``--force`` without changing its signature.
+    """
+    return click.option("--overwrite", is_flag=True, expose_value=False, callback=_store_overwrite,
+                        help="replace the results in --out (or the default folder) even when they are "
+                             "of a different config; without it such a run is refused")
 
 
 TAP_OPTION_HELP: dict[str, tuple[str, str]] = {
@@ -217,7 +253,7 @@ def tap_options(*names: str, per_setting: bool = False):
 def grouping_sweep_options():
     """All the options of a pool-grouping sweep (``lln``, ``vrsp``), in their CLI order."""
     opts = (workload_option(), seq_len_option(), gbs_option(), pool_sizes_option(), windows_option(),
-            seed_option(), out_option(), quick_option(), force_option())
+            seed_option(), out_option(), quick_option(), force_option(), overwrite_option())
 
     def deco(fn):
         for opt in reversed(opts):

@@ -1,13 +1,24 @@
-"""Progress bars for long sweeps (rich), silent when disabled or when stderr is not a terminal.
+"""Progress of long sweeps: a rich bar on a terminal, one-line records in logs.
 
-rich is imported lazily: on a machine without it (e.g. a GPU image where the project was installed
-with ``--no-deps``) sweeps still run, just without a bar.
+* stderr is a terminal: a rich progress bar (rich is imported lazily: on a machine without it,
+  e.g. a GPU image where the project was installed with ``--no-deps``, the log records below are
+  used instead);
+* stderr is not a terminal (a Slurm log, a pipe, CI): a plain line such as
+  ``grid-search: 12/96 points (12%), 40 s elapsed, ~280 s left`` at most every ``every_s``
+  seconds, and a closing ``done`` line when any record was written, so a log shows the sweep
+  is alive without filling up with bar redraws. Runs shorter than ``every_s`` print nothing.
+* ``disable=True`` (``--no-progress``): nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+import time
+from collections.abc import Callable
+
+LOG_EVERY_S = 5.0
+"""Seconds between two progress records in a log (non-terminal stderr)."""
 
 
 class _Bar:
@@ -19,18 +30,62 @@ class _Bar:
             self._prog.advance(self._task, n)
 
 
+class _LogRecords:
+    """``advance()`` writes ``desc: done/total points (pct), elapsed, ~left`` at most every ``every_s``."""
+
+    def __init__(self, total: int, desc: str, every_s: float, stream, clock: Callable[[], float]):
+        self.total, self.desc, self.every_s, self.stream, self.clock = total, desc, every_s, stream, clock
+        self.done = 0
+        self.start = self.last = clock()
+        self.written = 0
+
+    def _write(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+        self.written += 1
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        now = self.clock()
+        if now - self.last < self.every_s or self.done >= self.total:
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        pct = 100 * self.done // max(self.total, 1)
+        self._write(f"{self.desc}: {self.done}/{self.total} points ({pct}%), {elapsed:.0f} s elapsed, "
+                    f"~{left:.0f} s left")
+
+    def close(self) -> None:
+        if self.written:
+            self._write(f"{self.desc}: done, {self.done}/{self.total} points in {self.clock() - self.start:.0f} s")
+
+
 @contextlib.contextmanager
-def progress(total: int, desc: str, disable: bool = False):
-    """Context manager yielding an object with ``advance()``; a rich bar on stderr."""
-    try:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    except ImportError:
-        disable = True
+def progress(total: int, desc: str, disable: bool = False, every_s: float | None = None, stream=None,
+             clock: Callable[[], float] = time.monotonic):
+    """Context manager yielding an object with ``advance()``: a rich bar on a terminal, log records
+    (every ``every_s`` seconds, default :data:`LOG_EVERY_S`, to ``stream``, default stderr)
+    otherwise, nothing when ``disable``."""
+    stream = sys.stderr if stream is None else stream
+    every_s = LOG_EVERY_S if every_s is None else every_s
     if disable:
         yield _Bar(None, None)
         return
-    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), transient=not sys.stderr.isatty(), disable=not sys.stderr.isatty())
+    rich_progress = None
+    if getattr(stream, "isatty", lambda: False)():
+        try:
+            from rich import console as rich_console  # noqa: PLC0415
+            from rich import progress as rich_progress  # noqa: PLC0415
+        except ImportError:
+            rich_progress = None
+    if rich_progress is None:
+        records = _LogRecords(total, desc, every_s, stream, clock)
+        yield records
+        records.close()  # not reached on an exception: an interrupted sweep is not "done"
+        return
+    prog = rich_progress.Progress(rich_progress.TextColumn("[bold]{task.description}"), rich_progress.BarColumn(),
+                                  rich_progress.MofNCompleteColumn(), rich_progress.TimeElapsedColumn(),
+                                  console=rich_console.Console(file=stream))
     with prog:
         task = prog.add_task(desc, total=total)
         yield _Bar(prog, task)

@@ -1,15 +1,25 @@
-"""The one experiment runner every `libra-bench` command uses.
+"""The one experiment runner every `libra-bench` command uses: where a run's results live and how.
 
 Contract:
-* outputs go to ``results/<name>/`` unless ``--out DIR``: ``<name>.csv`` (long format),
-  ``<name>.png`` (seaborn) and ``run.json`` (resolved config, seed, git SHA, package versions,
-  host, hardware profile when one is used, command line, wall time);
+* outputs go to ``--out DIR`` or, by default, to ``results/<name>/`` for a paper-preset run (a
+  built-in workload preset on the paper's layouts) and to
+  ``runs/<name>/<workload-stem>-<layout-tag>/`` for every other run (:func:`default_out_dir`), so
+  an ad-hoc run never lands on the committed paper results; ``<name>.csv`` (long format),
+  ``<name>.png`` (seaborn) and ``run.json`` (resolved config, content hashes of the input files,
+  seed, git SHA, package versions, host, hardware profile when one is used, command line, wall
+  time);
+* a folder that already holds the ``run.json`` of a different config (or experiment) is not
+  written to unless ``overwrite`` (``--overwrite``): the error names the differing keys
+  (:class:`RunFolderConflict`); a rerun of the same config (on edited input data too) is not a
+  conflict;
 * every file is written atomically (temporary file in the same folder, then ``os.replace``);
 * each finished point of a sweep is stored under ``.points/<key>/`` as soon as it is computed, so
   an interrupted sweep resumes where it stopped and a rerun of the same config reuses finished
-  points unless ``force=True`` (``--force``) is given. The key hashes the resolved config *and* a
-  fingerprint of the project's source (:func:`code_fingerprint`), so neither a different config nor
-  a code change (a new preset, a fixed cost model) can mix stale points into a new run.
+  points unless ``force=True`` (``--force``) is given. The key hashes the resolved config, the
+  *contents* of its input files (:func:`input_fingerprints`: a length file edited or shuffled in
+  place is a new input) *and* a fingerprint of the project's source (:func:`code_fingerprint`), so
+  neither a different config, nor different data, nor a code change can mix stale points into a
+  new run. Ctrl-C during a sweep says how many points are cached and exits 130.
 """
 
 from __future__ import annotations
@@ -26,15 +36,20 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
+import click
 import pandas as pd
 
+from experiments.options import OVERWRITE_META
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
+RUNS_ROOT = Path("runs")
+"""Default home of every run that is not a paper preset (``.gitignore`` lists it)."""
+
 _PACKAGES = ("libra-bench", "torch", "numpy", "pandas", "seaborn", "matplotlib", "click", "flash-attn")
 
 
@@ -123,23 +138,262 @@ def environment() -> dict:
             "host": socket.gethostname(), "cpu_count": os.cpu_count(), "packages": versions}
 
 
+# -- run identity: input contents, default folder, conflicts -------------------------------
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _workload_spec(workload):
+    """What ``resolve_workload`` takes for a config's ``workload`` entry: a preset name or path
+    (str/Path), a :class:`~libra.data.source.LengthSource`, or a ``describe()`` dict of a file
+    source (``{"kind": "file", "path": ..., "column": ...}``); None for anything else."""
+    if isinstance(workload, Mapping):
+        if workload.get("kind") == "file" and workload.get("path"):
+            column = workload.get("column")
+            return f"{workload['path']}#{column}" if column else str(workload["path"])
+        return None
+    if isinstance(workload, (str, Path)):
+        return workload
+    from libra.data.source import LengthSource  # noqa: PLC0415
+
+    return workload if isinstance(workload, LengthSource) else None
+
+
+def input_fingerprints(workload=None, files: Mapping[str, str | Path] | None = None) -> dict:
+    """Content hashes of a run's input files, part of its point-cache key and ``run.json``.
+
+    * ``workload`` (a length file; presets have no file): sha256 of the *loaded* lengths (int64,
+      file order), so a file shuffled or edited in place is a new input while re-encoding the same
+      lengths (``.txt`` -> ``.npy``) is not;
+    * ``files`` (e.g. ``{"profile": "my-cluster.json"}``): sha256 of each existing file's bytes
+      (names of built-ins, which are not files, are skipped).
+
+    Raises:
+        click.BadParameter: an unreadable length file (``--workload``), so every command that
+            builds a run fails with one ``Error:`` line before any work starts.
+    """
+    import numpy as np  # noqa: PLC0415
+
+    from libra.data.source import FileSource, resolve_workload  # noqa: PLC0415
+
+    out: dict = {}
+    spec = _workload_spec(workload)
+    if spec is not None:
+        try:
+            source = resolve_workload(spec)
+            if isinstance(source, FileSource):
+                lengths = np.ascontiguousarray(source.lengths, dtype="<i8")
+                out["workload"] = {"path": str(source.path), "column": source.column,
+                                   "samples": int(lengths.size), "lengths_sha256": _sha256(lengths.tobytes())}
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--workload") from exc
+    for key, path in sorted((files or {}).items()):
+        if path is not None and Path(path).is_file():
+            out[key] = {"path": str(path), "sha256": _sha256(Path(path).read_bytes())}
+    return out
+
+
+LAYOUT_TAG_FIELDS = (("dp", "dp"), ("cp", "cp"), ("seq_len", "s"), ("gbs", "gbs"), ("pool_size", "p"),
+                     ("block_size", "b"), ("head_split", "h"), ("pipeline_chunks", "m"))
+"""Layout fields of a run folder's ``<layout-tag>``, in order, with their tag prefixes."""
+
+
+def _size_text(n: int) -> str:
+    """``262144 -> '256k'``, ``1048576 -> '1m'``, other values unchanged."""
+    n = int(n)
+    if n >= 2**20 and n % 2**20 == 0:
+        return f"{n // 2**20}m"
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+def flat_layout(record: Mapping) -> dict:
+    """A layout record (a setting's ``asdict``, a ``par`` dict, a TrainConfig dict...) reduced to
+    its ``name`` and the :data:`LAYOUT_TAG_FIELDS` it carries (a nested ``tap`` is flattened)."""
+    merged = {**dict(record.get("tap") or {}), **{k: v for k, v in record.items() if k != "tap"}}
+    out = {k: merged[k] for k, _ in LAYOUT_TAG_FIELDS if isinstance(merged.get(k), int)}
+    if isinstance(record.get("name"), str):
+        out["name"] = record["name"]
+    return out
+
+
+def layout_tag(layout: Mapping) -> str:
+    """``dp{DP}-cp{CP}-s{S}-gbs{GBS}-p{P}-b{B}-h{H}-m{M}`` of the fields ``layout`` carries
+    (sizes as ``256k``/``1m``), e.g. ``dp8-cp4-s128k-gbs32-p4-b4k-h2-m4``."""
+    flat = flat_layout(layout)
+    parts = [f"{prefix}{_size_text(flat[k]) if k in ('seq_len', 'block_size') else flat[k]}"
+             for k, prefix in LAYOUT_TAG_FIELDS if k in flat]
+    return "-".join(parts) or "custom"
+
+
+def layouts_of(config: Mapping) -> list[dict]:
+    """The layouts a config names: its ``settings`` (list or name -> record), ``setting`` or ``par``."""
+    found = config.get("settings", config.get("setting", config.get("par")))
+    if isinstance(found, Mapping):
+        found = list(found.values()) if all(isinstance(v, Mapping) for v in found.values()) else [found]
+    return [flat_layout(r) for r in (found or []) if isinstance(r, Mapping)]
+
+
+def is_paper_layout(layout: Mapping) -> bool:
+    """Whether every layout field ``layout`` carries equals one of the paper's settings (Libra sec.
+    6.3; the one its ``name`` names, when it has one)."""
+    from experiments.sim_common import SETTINGS, setting_record  # noqa: PLC0415
+
+    flat = flat_layout(layout)
+    fields = {k: v for k, v in flat.items() if k != "name"}
+    candidates = [SETTINGS[flat["name"]]] if flat.get("name") in SETTINGS else (
+        [] if "name" in flat else list(SETTINGS.values()))
+    for setting in candidates:
+        paper = flat_layout(setting_record(setting))
+        if fields and all(paper.get(k) == v for k, v in fields.items()):
+            return True
+    return False
+
+
+def is_preset_workload(workload) -> bool:
+    """Whether ``workload`` (a name, a source or its ``describe()``) is a built-in length preset."""
+    from libra.data.presets import PRESETS  # noqa: PLC0415
+    from libra.data.source import PresetSource  # noqa: PLC0415
+
+    if isinstance(workload, Mapping):
+        return workload.get("kind") == "preset" and workload.get("name") in PRESETS
+    return isinstance(workload, PresetSource) or (isinstance(workload, str) and workload in PRESETS)
+
+
+def workload_stem(workload) -> str:
+    """Folder-safe short name of a workload: the preset name or the file name without its suffix."""
+    from libra.data.loaders import file_kind  # noqa: PLC0415
+
+    if isinstance(workload, Mapping):
+        text = str(workload.get("path") or workload.get("name") or "workload")
+    elif isinstance(workload, (str, Path)):
+        text = str(workload)
+    else:
+        text = str(getattr(workload, "path", None) or getattr(workload, "name", "workload"))
+    name = Path(text.split("#", 1)[0]).name
+    kind = file_kind(name)
+    stem = name[: -len(kind)] if kind else name
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in stem) or "workload"
+
+
+def default_out_dir(name: str, workload, layouts: Sequence[Mapping] = (), paper: bool | None = None) -> Path:
+    """``results/<name>`` for a paper-preset run, else ``runs/<name>/<workload-stem>-<layout-tag>``.
+
+    A run is a paper preset when ``paper`` says so or, when it is None, when its workload is a
+    built-in preset and each layout is one of the paper's (:func:`is_paper_layout`). One layout
+    gets its full :func:`layout_tag`; several (e.g. ``--settings 256k,1m``) their names joined
+    with ``+`` (each's tag when it has no name).
+    """
+    layouts = [flat_layout(x) for x in layouts]
+    if paper is None:
+        paper = is_preset_workload(workload) and all(is_paper_layout(x) for x in layouts)
+    if paper:
+        return RESULTS_ROOT / name
+    if len(layouts) == 1:
+        tag = layout_tag(layouts[0])
+    else:
+        tag = "+".join(x.get("name") or layout_tag(x) for x in layouts) or "custom"
+    return RUNS_ROOT / name / f"{workload_stem(workload)}-{tag}"
+
+
+def differing_keys(old, new, prefix: str = "", depth: int = 3) -> list[str]:
+    """Dotted paths where two JSON values differ (dicts descended ``depth`` levels)."""
+    if old == new:
+        return []
+    if depth and isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += differing_keys(old.get(k), new.get(k), f"{prefix}{k}.", depth - 1)
+        return out
+    return [prefix.rstrip(".") or "(all)"]
+
+
+class RunFolderConflict(click.ClickException):
+    """The output folder holds the run record of a different run (one ``Error:`` line, exit 1)."""
+
+
+def _identity(record: Mapping) -> dict:
+    """What must match for a run to write into a folder: the experiment and its resolved config.
+
+    Input *contents* are not part of it: a length file edited in place is the same run on new data,
+    whose results supersede the folder's (its points are new: the contents key the cache)."""
+    return {"experiment": record.get("experiment"), **dict(record.get("config") or {})}
+
+
+def check_run_folder(out_dir: Path, name: str, config: dict) -> None:
+    """Refuse a folder whose ``run.json`` records a different run (see :class:`RunFolderConflict`).
+
+    Raises:
+        RunFolderConflict: naming the differing keys (an unreadable ``run.json`` too).
+    """
+    path = Path(out_dir) / "run.json"
+    if not path.exists():
+        return
+    hint = "pass --overwrite to replace it, or --out DIR to write elsewhere"
+    try:
+        old = json.loads(path.read_text())
+        if not isinstance(old, dict) or "config" not in old:
+            raise ValueError("no config")
+    except (OSError, ValueError) as exc:
+        raise RunFolderConflict(f"{out_dir} holds a run.json that is not a run record ({exc}); {hint}") from None
+    diff = differing_keys(_identity(old), _identity({"experiment": name, "config": config}))
+    if diff:
+        shown = ", ".join(diff[:8]) + (f" and {len(diff) - 8} more" if len(diff) > 8 else "")
+        raise RunFolderConflict(f"{out_dir} holds a different run ({shown} differ); {hint}")
+
+
+def _overwrite_flag(overwrite: bool | None) -> bool:
+    """``overwrite``, or the running click command's ``--overwrite`` flag when it is None."""
+    if overwrite is not None:
+        return bool(overwrite)
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(OVERWRITE_META))
+
+
 class ExperimentRun:
     """One run of one experiment: resumable points, atomic outputs, a run record.
 
     Args:
-        name: experiment name; file stem of the CSV/PNG and default folder ``results/<name>``.
-        config: the resolved configuration (JSON-serialisable); its hash keys the point cache.
-        out_dir: output folder (default ``results/<name>``).
+        name: experiment name; file stem of the CSV/PNG and of the default folder.
+        config: the resolved configuration (JSON-serialisable); with the input contents its hash
+            keys the point cache.
+        out_dir: output folder (default :func:`default_out_dir`: ``results/<name>`` for a paper
+            preset, ``runs/<name>/<workload-stem>-<layout-tag>`` otherwise).
         force: drop cached points of this config and recompute everything.
-        quiet: no progress bar.
+        quiet: no progress.
+        overwrite: write into a folder holding a different run's ``run.json``; None = the running
+            command's ``--overwrite`` flag (:data:`experiments.options.OVERWRITE_META`).
+        workload: the run's workload (name, path or source; default ``config["workload"]``): its
+            lengths' content hash joins the key, and it names the default folder.
+        layouts: the run's layouts (records as in :func:`layouts_of`; default read from config).
+        paper: whether the run is a paper preset (default: decided by :func:`default_out_dir`).
+        files: other input files whose bytes key the run, e.g. ``{"profile": path}``; a config
+            ``profile`` that is a path to a file is included by default.
+
+    Raises:
+        click.BadParameter: an unreadable length file.
+        RunFolderConflict: (from :meth:`map`, :meth:`finish` or :meth:`claim_folder`, before anything
+            is written) ``out_dir`` holds a different run and overwrite is off.
     """
 
     def __init__(self, name: str, config: dict, out_dir: str | Path | None = None, force: bool = False,
-                 quiet: bool = False):
+                 quiet: bool = False, *, overwrite: bool | None = None, workload=None,
+                 layouts: Sequence[Mapping] | None = None, paper: bool | None = None,
+                 files: Mapping[str, str | Path] | None = None):
         self.name = name
         self.config = json.loads(json.dumps(config, sort_keys=True, default=str))
-        self.out_dir = Path(out_dir) if out_dir is not None else RESULTS_ROOT / name
-        self.config_hash = stable_hash(self.config)
+        workload = config.get("workload") if workload is None else workload
+        profile = config.get("profile")
+        files = {**({"profile": profile} if isinstance(profile, (str, Path)) else {}), **(files or {})}
+        self.inputs = json.loads(json.dumps(input_fingerprints(workload, files), sort_keys=True))
+        if out_dir is None:
+            out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts, paper)
+        self.out_dir = Path(out_dir)
+        self._overwrite = _overwrite_flag(overwrite)
+        self._claimed = False
+        # inputs join the key only when there are any: preset runs keep their point folders
+        self.config_hash = stable_hash({**self.config, "__inputs__": self.inputs} if self.inputs else self.config)
         self.code_hash = code_fingerprint()
         self.points_dir = self.out_dir / ".points" / f"{self.config_hash}-{self.code_hash}"
         self.quiet = quiet
@@ -147,7 +401,19 @@ class ExperimentRun:
         self.reused = 0
         self.computed = 0
         if force and self.points_dir.exists():
-            shutil.rmtree(self.points_dir)
+            shutil.rmtree(self.points_dir, ignore_errors=True)
+
+    def claim_folder(self) -> None:
+        """Check, once, that the output folder holds no other run's record (see
+        :func:`check_run_folder`); :meth:`map` and :meth:`finish` call it before writing, so a
+        command's own argument checks between construction and the sweep report first.
+
+        Raises:
+            RunFolderConflict: the folder holds a different run and overwrite is off.
+        """
+        if not self._claimed and not self._overwrite:
+            check_run_folder(self.out_dir, self.name, self.config)
+        self._claimed = True
 
     # -- points --------------------------------------------------------------------------
     def _point_path(self, key) -> Path:
@@ -168,20 +434,31 @@ class ExperimentRun:
         atomic_write_text(self._point_path(key), json.dumps({"key": key, "rows": rows}, default=str))
 
     def map(self, keys: Iterable, fn: Callable[[object], list[dict]], desc: str | None = None) -> list[dict]:
-        """Compute ``fn(key)`` for every key not already finished; return all rows in key order."""
+        """Compute ``fn(key)`` for every key not already finished; return all rows in key order.
+
+        Ctrl-C (KeyboardInterrupt) stops the sweep with a line saying how many of its points are
+        cached and that rerunning the command resumes, and exit code 130 (the shell's for SIGINT).
+        """
+        self.claim_folder()
         keys = list(keys)
         rows: list[dict] = []
-        with progress(total=len(keys), desc=desc or self.name, disable=self.quiet) as bar:
-            for key in keys:
-                got = self.cached(key)
-                if got is None:
-                    got = fn(key)
-                    self.record(key, got)
-                    self.computed += 1
-                else:
-                    self.reused += 1
-                rows.extend(got)
-                bar.advance()
+        try:
+            with progress(total=len(keys), desc=desc or self.name, disable=self.quiet) as bar:
+                for key in keys:
+                    got = self.cached(key)
+                    if got is None:
+                        got = fn(key)
+                        self.record(key, got)
+                        self.computed += 1
+                    else:
+                        self.reused += 1
+                    rows.extend(got)
+                    bar.advance()
+        except KeyboardInterrupt:
+            done = sum(self._point_path(k).exists() for k in keys)
+            click.echo(f"\ninterrupted: {done} of {len(keys)} points of {self.name} are cached in "
+                       f"{self.points_dir}; rerun the same command to resume", err=True)
+            raise click.exceptions.Exit(130) from None
         return rows
 
     # -- outputs -------------------------------------------------------------------------
@@ -196,6 +473,7 @@ class ExperimentRun:
     def finish(self, df: pd.DataFrame, plot: Callable[[pd.DataFrame, Path], None] | None = None,
                extra: dict | None = None) -> dict[str, Path]:
         """Write the CSV, the PNG (``plot(df, tmp_png)``) and ``run.json``, each atomically."""
+        self.claim_folder()
         paths = {"csv": atomic_write_text(self.csv_path, df.to_csv(index=False))}
         if plot is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -209,8 +487,8 @@ class ExperimentRun:
                     os.unlink(tmp)
             paths["png"] = self.png_path
         record = {
-            "experiment": self.name, "config": self.config, "config_hash": self.config_hash,
-            "code_fingerprint": self.code_hash,
+            "experiment": self.name, "config": self.config, "inputs": self.inputs,
+            "config_hash": self.config_hash, "code_fingerprint": self.code_hash,
             "command": " ".join(sys.argv), "finished_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "wall_s": round(time.time() - self.started, 3), "points_computed": self.computed,
             "points_reused": self.reused, "rows": len(df), "environment": environment(),

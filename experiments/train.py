@@ -2,15 +2,23 @@
 
 Launch modes:
 
-* ``--nproc N`` spawns N local processes (gloo on CPU; a ``file://`` rendezvous in a temporary
-  folder; ``torch.set_num_threads(1)`` per rank) -- the CPU path.
+* ``--nproc N`` (default 4) spawns N local processes (gloo on CPU; a ``file://`` rendezvous in a
+  temporary folder; ``torch.set_num_threads(1)`` per rank) -- the CPU path.
 * Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set by the launcher) each process joins the launcher's
-  world with NCCL when CUDA is available (``--nproc`` must equal the world size).
+  world (NCCL when CUDA is available, else gloo) and the world size comes from ``WORLD_SIZE``: no
+  ``--nproc`` is needed (torchrun's own parser would take ``--nproc`` for its ``--nproc-per-node``
+  anyway); a given ``--nproc`` that differs is an error before any process group starts.
+
+Bad input (a length file that does not parse, a layout the TAP rules reject, an output folder
+holding a different run) is a one-line ``Error:`` before any rank starts. A length file too short
+for the run is cycled with a one-line warning saying how many times.
 
 ``--attention`` picks ``reference`` (single process, CP = 1), ``ulysses`` or ``libra`` (VRSP sampler
 + TAP plans + ``libra_attention``). Results go through :class:`experiments.runner.ExperimentRun`:
 ``train.csv`` (one row per step: loss, step time, tokens/GPU/s), ``train.png`` (loss curve) and
-``run.json`` under ``results/train/`` unless ``--out``.
+``run.json`` under ``results/train/`` for the default preset workload and layout,
+``runs/train/<workload>-<layout-tag>/`` otherwise, or ``--out``; ``--overwrite`` replaces a folder's
+results of a different config.
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
 ``--pipeline-chunks``) come from :func:`experiments.options.tap_options`, with
@@ -27,7 +35,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import tap_options
+from experiments.options import WorkloadType, overwrite_option, tap_options
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES
@@ -63,7 +71,8 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 
 
 @click.command("train", context_settings={"default_map": _TAP_DEFAULTS})
-@click.option("--nproc", type=click.IntRange(min=1), default=4, show_default=True, help="processes = DP x CP")
+@click.option("--nproc", type=click.IntRange(min=1), default=None, show_default="4; under torchrun WORLD_SIZE",
+              help="processes = DP x CP (under torchrun leave it out: the world size is WORLD_SIZE)")
 @click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--attention", type=click.Choice(ATTENTION), default="libra", show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
@@ -76,15 +85,17 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--experts", type=click.IntRange(min=0), default=0, show_default=True, help="MoE experts (0 = dense)")
 @click.option("--dtype", type=click.Choice(tuple(DTYPES)), default="float32", show_default=True)
 @click.option("--lr", type=float, default=3e-3, show_default=True)
-@click.option("--workload", default="libra-prod", show_default=True)
+@click.option("--workload", type=WorkloadType(as_source=False), default="libra-prod", show_default=True,
+              help="length preset or a length file (.txt, .txt.gz, .json, .csv, .parquet, .npy)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
+@overwrite_option()
 def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, layers,
           hidden, experts, dtype, lr, workload, seed, out, force):
     """Train the small Qwen3-style model with DP x CP; log loss and tokens/GPU/s per step."""
-    from experiments.runner import ExperimentRun
-
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # started by torchrun
+    nproc = _world_size(nproc, launched)
     try:
         model = ModelConfig(layers=layers, hidden=hidden, num_experts=experts)
         cfg = TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=steps, seq_len=seq_len, gbs=gbs,
@@ -93,7 +104,8 @@ def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head
                           seed=seed)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # started by torchrun
+    writer = not launched or os.environ["RANK"] == "0"
+    run = _prepare_run(cfg, out, force) if writer else None  # refuses a clobber before any rank starts
     if launched:
         result = _torchrun(cfg)
         if result is None:
@@ -105,12 +117,45 @@ def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head
     df = pd.DataFrame(result["steps"])
     df.insert(0, "attention", attention)
     df["dp"], df["cp"], df["nproc"], df["launch"] = cfg.dp, cfg.cp, nproc, source
-    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, quiet=True)
     paths = run.finish(df, _plot)
     for r in result["steps"]:
         click.echo(f"step {r['step']}: loss {r['loss']:.4f}  {r['step_ms']:.0f} ms  "
                    f"{r['tokens_per_gpu_s']:.0f} tokens/GPU/s")
     click.echo(f"median tokens/GPU/s {df.tokens_per_gpu_s.median():.0f}; wrote {paths['csv']}")
+
+
+def _world_size(nproc: int | None, launched: bool) -> int:
+    """Processes of the run: ``WORLD_SIZE`` under torchrun (a differing ``--nproc`` is an error),
+    else ``--nproc`` (default 4)."""
+    if not launched:
+        return 4 if nproc is None else nproc
+    try:
+        world = int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise click.UsageError(f"WORLD_SIZE={os.environ['WORLD_SIZE']!r} is not an integer") from None
+    if nproc is not None and nproc != world:
+        raise click.UsageError(f"--nproc {nproc} differs from the torchrun world size {world} (WORLD_SIZE); "
+                               "under torchrun leave --nproc out")
+    return world
+
+
+def _prepare_run(cfg: TrainConfig, out, force: bool):
+    """The run's :class:`ExperimentRun` (folder checked, input hashed) and the repeat warning."""
+    from experiments.runner import ExperimentRun, is_preset_workload  # noqa: PLC0415
+    from libra.data.source import resolve_workload  # noqa: PLC0415
+    from libra.data.windows import warn_if_repeated  # noqa: PLC0415
+
+    warn_if_repeated(resolve_workload(cfg.workload), (cfg.steps + 1) * cfg.gbs * cfg.seq_len,
+                     f"{cfg.steps} step(s) of GBS {cfg.gbs} x S {cfg.seq_len} tokens")
+    layout = {"dp": cfg.dp, **cfg.to_dict()}
+    default = TrainConfig()
+    paper = is_preset_workload(cfg.workload) and all(
+        layout[k] == v for k, v in {"dp": default.dp, **default.to_dict()}.items()
+        if k in ("dp", "cp", "seq_len", "gbs", "pool_size", "block_size", "head_split", "pipeline_chunks"))
+    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, quiet=True, layouts=[layout],
+                        paper=paper)
+    run.claim_folder()
+    return run
 
 
 next(p for p in train.params if p.name == "pool_size").show_default = "DP"  # TrainConfig resolves None to DP

@@ -6,11 +6,13 @@ Libra sec. 2.3) and each pool size ``P`` dividing GBS, every strategy of
 pools, and the window's ``R - 1 = max pool / mean pool - 1`` is recorded (Libra sec. 3.2, 4.2),
 with the grouping-independent lower bound of :func:`baselines.grouping.lower_bound_r_minus_1`.
 
-Outputs (``results/vrsp/`` or ``--out``): ``vrsp.csv`` (long format, one row per window x strategy
+Outputs (``results/vrsp/`` for the paper's presets, ``runs/vrsp/<workload>-s<S>-gbs<GBS>/`` for other
+runs, or ``--out``): ``vrsp.csv`` (long format, one row per window x strategy
 x P: ``workload, seq_len, gbs, strategy, pool_size, window, r_minus_1, r_minus_1_lower_bound``),
 ``vrsp.png`` (mean R - 1 vs P, log-x, one line per strategy, the lower bound dashed, the paper's
 reference values as stars) and ``run.json``. A summary table (mean R - 1 per strategy and P) is
-printed. Points (one per window) are cached, so an interrupted run resumes; ``--force`` recomputes.
+printed. Points (one per window) are cached, so an interrupted run resumes; ``--force`` recomputes;
+``--overwrite`` replaces a folder's results of a different config.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from experiments.options import (
     default_pool_sizes,
     grouping_sweep_options,
 )
-from experiments.runner import ExperimentRun
+from experiments.runner import ExperimentRun, is_preset_workload
+from experiments.sim_common import SETTINGS
 from libra.data.source import LengthSource
 from libra.data.windows import gbs_windows, window_workloads
 from libra.vrsp import pool_imbalance
@@ -63,6 +66,12 @@ def window_rows(workloads: np.ndarray, strategies, pool_sizes, seed: int, window
     return rows
 
 
+def is_paper_sweep(workload: LengthSource, seq_len: int, gbs: int) -> bool:
+    """Whether a sweep is one of Figure 4/8's: a built-in preset at (256K, GBS 128) or (1M, GBS 32);
+    any other run defaults to ``runs/`` (:func:`experiments.runner.default_out_dir`)."""
+    return is_preset_workload(workload) and (seq_len, gbs) in {(s.seq_len, s.gbs) for s in SETTINGS.values()}
+
+
 def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: int, gbs: int,
                        pool_sizes, windows: int, seed: int, out, quick: bool, force: bool,
                        quiet: bool = False) -> tuple[pd.DataFrame, dict]:
@@ -73,7 +82,8 @@ def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: i
     config = {"experiment": name, "workload": workload.describe(), "seq_len": seq_len, "gbs": gbs,
               "pool_sizes": pool_sizes, "windows": windows, "seed": seed, "strategies": list(strategies),
               "packing_policy": "split", "quick": quick}
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
+    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, workload=workload,
+                        layouts=[{"seq_len": seq_len, "gbs": gbs}], paper=is_paper_sweep(workload, seq_len, gbs))
     base = {"workload": workload.name, "seq_len": seq_len, "gbs": gbs}
     packed: list = []
 

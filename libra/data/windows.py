@@ -10,6 +10,8 @@ sequences and knows nothing about workloads.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from libra.data.packing import (
@@ -20,7 +22,33 @@ from libra.data.packing import (
     check_seq_len,
     pack_fixed_tokens,
 )
-from libra.data.source import resolve_workload
+from libra.data.source import FileSource, LengthSource, resolve_workload
+
+_log = logging.getLogger(__name__)
+
+
+def repeat_factor(source: LengthSource, n_tokens: int) -> float:
+    """How many times ``n_tokens`` of stream use a length file's tokens (0.0 for a preset, whose
+    stream never repeats); above 1 the file is cycled, so its samples recur."""
+    if not isinstance(source, FileSource):
+        return 0.0
+    return int(n_tokens) / float(source.lengths.sum())
+
+
+def warn_if_repeated(source: LengthSource, n_tokens: int, what: str) -> float:
+    """Log a one-line warning when ``what`` (``n_tokens`` of stream) repeats a length file.
+
+    Repetition is silent otherwise: a 3-sample file fills a 256K x 128 window by being cycled
+    hundreds of times, and every window then holds the same few samples. The message goes to the
+    ``libra.data.windows`` logger (WARNING): with no logging configured, Python prints exactly
+    the message, one line, on stderr. Returns :func:`repeat_factor`.
+    """
+    times = repeat_factor(source, n_tokens)
+    if times > 1:
+        lengths = source.lengths
+        _log.warning("warning: length file %s (%d samples, %d tokens) is repeated %.1f times to fill %s",
+                     source.name, lengths.size, int(lengths.sum()), times, what)
+    return times
 
 
 def check_window_args(seq_len, gbs, n_windows) -> tuple[int, int, int]:
@@ -42,7 +70,8 @@ def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: in
     ``n_windows`` windows of exactly ``gbs`` sequences.
     Window ``w`` holds stream sequences ``[w*gbs, (w+1)*gbs)`` with ``seq_id`` renumbered
     ``0..gbs-1``; ``sample_ids`` stay stream-global. A longer request extends a shorter one
-    (window ``w`` does not depend on ``n_windows``).
+    (window ``w`` does not depend on ``n_windows``). A length file too short for the request is
+    cycled, with a one-line warning saying how many times (:func:`warn_if_repeated`).
 
     Returns:
         ``n_windows`` lists of ``gbs`` :class:`~libra.data.packing.PackedSequence`.
@@ -56,6 +85,7 @@ def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: in
     source = resolve_workload(spec_or_source)
     count = n_windows * gbs
     need = count * seq_len
+    warn_if_repeated(source, need, f"{n_windows} window(s) of GBS {gbs} x S {seq_len} tokens")
     # 'defer' buffers up to `lookahead` samples past the last sequence; ask for some slack
     extra = seq_len
     while True:

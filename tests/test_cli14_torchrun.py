@@ -1,0 +1,28 @@
+"""Issue 14 item 5: `train` under torchrun takes the world size from the environment, so the
+README's line runs as written (no `--nproc`, which torchrun's own parser would take as a prefix
+of its `--nproc-per-node`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+
+@pytest.mark.distributed  # ~9 s on an idle 2-core machine (torchrun + two ranks importing torch)
+def test_train_runs_under_torchrun_with_two_gloo_processes(tmp_path):
+    out = tmp_path / "train"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU even on a GPU machine
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "experiments.cli", "train", "--cp", "2", "--attention", "ulysses", "--steps", "1",
+           "--seq-len", "256", "--gbs", "2", "--layers", "1", "--hidden", "32", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_csv(out / "train.csv")
+    assert df["nproc"].eq(2).all() and df["launch"].eq("torchrun").all() and df["cp"].eq(2).all()
+    assert "median tokens/GPU/s" in proc.stdout

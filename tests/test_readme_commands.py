@@ -1,0 +1,71 @@
+"""Every `libra-bench` and `torchrun` line in the README parses as written (issue 14).
+
+Running them all would take hours, so each line is parsed the way its launcher parses it: the
+`libra-bench` part by click (``make_context``: unknown options, bad choices and missing values
+fail), and a `torchrun` prefix by torch's own launcher parser -- the check that would have caught
+``torchrun ... train --nproc 2`` (torchrun reads ``--nproc`` as a prefix of ``--nproc-per-node``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+from experiments.cli import main
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _bash_lines() -> list[str]:
+    """Command lines of the README's bash blocks (continuations joined, comments dropped)."""
+    text = README.read_text()
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].split(" # ")[0].strip()
+            if line.startswith(("libra-bench ", "torchrun ")):
+                lines.append(line)
+    return lines
+
+
+LINES = _bash_lines()
+
+
+def test_the_readme_has_commands():
+    assert sum(line.startswith("libra-bench") for line in LINES) >= 15
+    assert any(line.startswith("torchrun") for line in LINES)
+
+
+def _check_cli(args: list[str]) -> None:
+    name, rest = args[0], args[1:]
+    with main.make_context("libra-bench", [name], resilient_parsing=True) as group_ctx:
+        command = main.get_command(group_ctx, name)
+    assert command is not None, f"unknown command {name!r}"
+    # placeholders of the README stand for user paths: replace them by something that parses
+    rest = [a.replace("<device>", "cpu") for a in rest]
+    try:
+        command.make_context(name, rest, resilient_parsing=False)
+    except click.exceptions.Exit:
+        pass
+    except click.UsageError as exc:  # a value check may need the file; the option itself must parse
+        assert "No such option" not in str(exc) and "Got unexpected extra" not in str(exc), f"{args}: {exc}"
+        assert "Invalid value" in str(exc) or "does not exist" in str(exc), f"{args}: {exc}"
+
+
+@pytest.mark.parametrize("line", [ln for ln in LINES if ln.startswith("libra-bench")])
+def test_libra_bench_line_parses(line):
+    _check_cli(shlex.split(line)[1:])
+
+
+@pytest.mark.parametrize("line", [ln for ln in LINES if ln.startswith("torchrun")])
+def test_torchrun_line_parses(line):
+    from torch.distributed.run import get_args_parser  # noqa: PLC0415
+
+    args = shlex.split(line)[1:]
+    parsed = get_args_parser().parse_args(args)  # SystemExit on an ambiguous or unknown launcher flag
+    assert parsed.module and parsed.training_script == "experiments.cli"
+    _check_cli(parsed.training_script_args)
