@@ -4,11 +4,14 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 BENCH   := $(BIN)/libra-bench
+# the make targets are the one writer of the committed results/: they replace a folder's previous
+# run even when its config changed (an ad-hoc run without --overwrite is refused there)
+RESULTS := --overwrite
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig13 fig14 fig15 fig16 \
-        plan-cost microbench paper-inferred kernel-time figures reproduction gpu-check gpu-smoke clean
+.PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-nojitter fig13 fig14 fig15 fig16 \
+        plan-cost microbench paper-inferred extensions figures reproduction gpu-check gpu-smoke clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -35,52 +38,61 @@ bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP planning per p
 	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-min-rounds=30 --benchmark-columns=min,median,iqr,rounds -p no:cacheprovider -p no:hypothesispytest --benchmark-json=results/bench/benchmarks.json
 
 fig4: $(STAMP)  ## Figure 4: production-order R-1 vs P (256K and 1M, libra-prod)
-	$(BENCH) lln --workload libra-prod --seq-len 262144 --gbs 128 --out results/lln/256k
-	$(BENCH) lln --workload libra-prod --seq-len 1048576 --gbs 32 --out results/lln/1m
+	$(BENCH) lln --workload libra-prod --seq-len 262144 --gbs 128 --out results/lln/256k $(RESULTS)
+	$(BENCH) lln --workload libra-prod --seq-len 1048576 --gbs 32 --out results/lln/1m $(RESULTS)
 
 fig8: $(STAMP)  ## Figure 8: R-1 vs P for each grouping strategy and VRSP
-	$(BENCH) vrsp --workload libra-prod --seq-len 262144 --gbs 128 --out results/vrsp/256k
-	$(BENCH) vrsp --workload libra-prod --seq-len 1048576 --gbs 32 --out results/vrsp/1m
+	$(BENCH) vrsp --workload libra-prod --seq-len 262144 --gbs 128 --out results/vrsp/256k $(RESULTS)
+	$(BENCH) vrsp --workload libra-prod --seq-len 1048576 --gbs 32 --out results/vrsp/1m $(RESULTS)
 
 plan-cost: $(STAMP)  ## planning time per optimizer step / microbatch (sec. 5)
-	$(BENCH) plan-cost --out results/plan-cost
+	$(BENCH) plan-cost --methods libra,libra-adaptive --out results/plan-cost $(RESULTS)
 
 fig12: $(STAMP)  ## Figure 12: straggler comparison of all methods (the main job)
-	$(BENCH) straggler --workload libra-prod --out results/straggler
+	$(BENCH) straggler --workload libra-prod --out results/straggler $(RESULTS)
+
+WORKLOADS := ../shared/workloads
+
+fig12-real: $(STAMP)  ## Figure 12 on the two public length corpora (FlexSP Wikipedia, DistCA ProLong)
+	$(BENCH) straggler --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --methods all --out results/straggler-wikipedia $(RESULTS)
+	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_prolong.json --methods all --out results/straggler-prolong $(RESULTS)
+
+fig12-nojitter: $(STAMP)  ## Figure 12 with device jitter off: what the jitter model contributes
+	$(BENCH) straggler --workload libra-prod --no-jitter --out results/straggler-nojitter $(RESULTS)
 
 fig3: $(STAMP)  ## Figure 3: FLOPs- vs time-balanced spread as the pool grows
-	$(BENCH) variability --out results/variability
+	$(BENCH) variability --out results/variability $(RESULTS)
 
 fig15: $(STAMP)  ## Figure 15: pool-size sweep, compute vs communication
-	$(BENCH) pool-sweep --workload libra-prod --out results/pool-sweep
+	$(BENCH) pool-sweep --workload libra-prod --out results/pool-sweep $(RESULTS)
 
 fig16: $(STAMP)  ## Figure 16: TAP B x H grid search
-	$(BENCH) grid-search --workload libra-prod --out results/grid-search
+	$(BENCH) grid-search --workload libra-prod --out results/grid-search $(RESULTS)
 
 fig11: $(STAMP)  ## Figure 11: simulated end-to-end throughput
-	$(BENCH) e2e --workload libra-prod --out results/e2e
+	$(BENCH) e2e --workload libra-prod --out results/e2e $(RESULTS)
 
 fig13: $(STAMP)  ## Figure 13: simulated DP scaling
-	$(BENCH) dp-scaling --workload libra-prod --out results/dp-scaling
+	$(BENCH) dp-scaling --workload libra-prod --out results/dp-scaling $(RESULTS)
 
 fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
-	$(BENCH) pp-balance --workload libra-prod --out results/pp-balance
+	$(BENCH) pp-balance --workload libra-prod --out results/pp-balance $(RESULTS)
 
 microbench: $(STAMP)  ## measured core attention on 4 local gloo processes (CPU, small sizes)
-	$(BENCH) microbench --nproc 4 --methods ulysses,wlb-llm,distca,libra-tap,libra-tap-vrsp,libra --windows 2 --repeats 5 --out results/microbench-cpu
+	$(BENCH) microbench --nproc 4 --methods ulysses,wlb-llm,distca,libra-tap,libra-tap-vrsp,libra --windows 2 --repeats 5 --out results/microbench-cpu $(RESULTS)
 
 paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link to Fig. 15, rerun Figs. 15 and 12 with it
 	$(BENCH) fit-links --out results/fit-links
-	$(BENCH) pool-sweep --workload libra-prod --profile paper-inferred-v1 --out results/pool-sweep-paper-inferred
-	$(BENCH) straggler --workload libra-prod --profile paper-inferred-v1 --out results/straggler-paper-inferred
+	$(BENCH) pool-sweep --workload libra-prod --profile paper-inferred-v1 --out results/pool-sweep-paper-inferred $(RESULTS)
+	$(BENCH) straggler --workload libra-prod --profile paper-inferred-v1 --out results/straggler-paper-inferred $(RESULTS)
 
-kernel-time: $(STAMP)  ## extension (not in the paper): kernel-time-aware TAP (libra-kt) vs libra and Ulysses
-	$(BENCH) straggler --workload libra-prod --methods ulysses,libra,libra-kt --out results/straggler-kernel-time
+extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive; not in the paper) on libra-prod
+	$(BENCH) straggler --workload libra-prod --methods all --out results/straggler-extensions $(RESULTS)
 
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred kernel-time reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh

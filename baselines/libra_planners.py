@@ -32,14 +32,18 @@ import numpy as np
 from baselines.registry import Planner, pool_workers, production_groups, window_lengths
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.plan import Plan, SequenceLayout
+from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
+from libra.sim.topology import Topology
+from libra.tap.adaptive import CANDIDATES, candidate_pools
 from libra.tap.planner import plan_pool
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
 
 
 def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig,
-                        tap: TapConfig, shape: AttentionShape, meta: dict, kernel=None) -> list[Plan]:
+                        tap: TapConfig, shape: AttentionShape, meta: dict, kernel=None,
+                        plan_one=None) -> list[Plan]:
     """Run TAP on every pool of every GA index.
 
     Args:
@@ -50,6 +54,8 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
             check per window, as :meth:`TapPlanner.plan_window` does; not repeated here or per pool).
         meta: method parameters copied into every Plan.
         kernel: the KernelModel for ``tap.load_estimate == "kernel-time"`` (None for FLOPs).
+        plan_one: ``(k, sequences, workers) -> PoolPlan`` planning one pool (default:
+            :func:`libra.tap.planner.plan_pool` with ``tap``, ``shape`` and ``kernel``).
 
     Returns:
         ``par.ga`` Plans with ``DP / P`` pools each; pool ``k`` spans DP ranks ``[k*P, (k+1)*P)``.
@@ -69,8 +75,9 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
             p0 = k * P
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
-            pools.append(plan_pool(k, seqs, pool_workers(p0, P, par.cp), tap, shape, kernel=kernel,
-                                   layout_checked=True))
+            workers = pool_workers(p0, P, par.cp)
+            pools.append(plan_pool(k, seqs, workers, tap, shape, kernel=kernel, layout_checked=True)
+                         if plan_one is None else plan_one(k, seqs, workers))
         plans.append(Plan(method=method, ga_index=g, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                           pools=tuple(pools), meta=dict(meta)))
     return plans
@@ -138,9 +145,22 @@ class TapPlanner(Planner):
         """The KernelModel Alg. 2 balances under (None: FLOPs) and the meta recording it."""
         return None, {}
 
+    def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
+        """``(plan_one, meta)``: the call that plans one pool of a window in layout ``par`` --
+        ``plan_one(k, sequences, workers) -> PoolPlan`` (the layout already checked) -- and the
+        method's meta for its Plans. The one per-pool entry point: :meth:`plan_window` plans
+        every pool with it, ``libra-bench plan-cost`` times it."""
+        tap = self.window_tap(par)
+        kernel, kernel_meta = self.load_model()
+
+        def plan_one(k, sequences, workers):
+            return plan_pool(k, sequences, workers, tap, shape, kernel=kernel, layout_checked=True)
+
+        return plan_one, kernel_meta
+
     def plan_window(self, window, par: ParallelConfig, shape: AttentionShape) -> list[Plan]:
         """See :class:`Planner`. Checks the layout once (:func:`libra.config.check_layout`), then
-        plans every pool of every GA index.
+        plans every pool of every GA index with :meth:`pool_planner`.
 
         Raises:
             ValueError: P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
@@ -150,9 +170,14 @@ class TapPlanner(Planner):
         check_layout(par, tap, shape)
         lengths = window_lengths(window, par)
         groups, extra = self.groups(lengths, par, tap)
-        kernel, kernel_meta = self.load_model()
-        meta = {"grouping": self.grouping, **asdict(tap), **extra, **kernel_meta}
-        return plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, kernel=kernel)
+        plan_one, method_meta = self.pool_planner(par, shape)
+        meta = {"grouping": self.grouping, **asdict(tap), **extra, **method_meta}
+        plans = plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, plan_one=plan_one)
+        return self.finish(plans, plan_one)
+
+    def finish(self, plans: list[Plan], plan_one) -> list[Plan]:
+        """Hook applied to a window's Plans (planned by ``plan_one``) before they are returned."""
+        return plans
 
 
 class LibraTapPlanner(TapPlanner):
@@ -219,9 +244,9 @@ class LibraKtPlanner(LibraPlanner):
     pinned = {"load_estimate": "kernel-time"}
 
     def __init__(self, config: LibraKtConfig | None = None):
-        config = LibraKtConfig() if config is None else config
-        if not isinstance(config, LibraKtConfig):
-            raise ValueError(f"LibraKtPlanner takes a LibraKtConfig, got {type(config).__name__}")
+        config = self.Config() if config is None else config
+        if not isinstance(config, self.Config):
+            raise ValueError(f"{type(self).__name__} takes a {self.Config.__name__}, got {type(config).__name__}")
         self.config = replace(config, tap=replace(config.tap, **self.pinned))
 
     @property
@@ -230,16 +255,99 @@ class LibraKtPlanner(LibraPlanner):
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
-        return super().option_names() + tuple(f.name for f in fields(LibraKtConfig) if f.name != "tap")
+        return super().option_names() + tuple(f.name for f in fields(cls.Config) if f.name != "tap")
 
     @classmethod
     def from_options(cls, **options) -> LibraKtPlanner:
-        own = {f.name for f in fields(LibraKtConfig)} - {"tap"}
+        own = {f.name for f in fields(cls.Config)} - {"tap"}
         tap = TapConfig(**{k: v for k, v in options.items() if k not in own})
-        return cls(LibraKtConfig(tap=tap, **{k: v for k, v in options.items() if k in own}))
+        return cls(cls.Config(tap=tap, **{k: v for k, v in options.items() if k in own}))
 
     def load_model(self) -> tuple[object, dict]:
         # the estimate's profile goes into the plan (and its hash): a plan made for another
         # cluster's kernel curve is a different plan
         profile = load_profile(self.config.profile)
         return profile.kernel, {"kernel_profile": profile.name, "kernel": profile.kernel.to_dict()}
+
+
+@dataclass(frozen=True)
+class LibraAdaptiveConfig(LibraKtConfig):
+    """Config of ``libra-adaptive``: ``libra-kt``'s (TapConfig + the profile it plans for) plus
+
+    Attributes:
+        candidates: the per-pool plans to choose from (default: all of
+            :data:`libra.tap.adaptive.CANDIDATES`; one name pins that plan, e.g. for an ablation).
+
+    Raises:
+        ValueError: an empty or unknown candidate list, and :class:`LibraKtConfig`'s errors.
+    """
+
+    candidates: tuple[str, ...] = CANDIDATES
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        names = (self.candidates,) if isinstance(self.candidates, str) else tuple(self.candidates)
+        unknown = [c for c in names if c not in CANDIDATES]
+        if not names or unknown:
+            raise ValueError(f"libra-adaptive candidates must be a non-empty subset of {CANDIDATES}, got {names!r}")
+        object.__setattr__(self, "candidates", names)  # frozen: normalise a str or list once
+
+
+class LibraAdaptivePlanner(LibraKtPlanner):
+    """``libra-adaptive``: VRSP pools, then per pool the fastest of :data:`libra.tap.adaptive.CANDIDATES`
+    (the paper's Alg. 2 plan, its kernel-time variant, and plans with one KV head per tile placed
+    by Alg. 2 or by Q-home retention) as the profile's cost model prices that pool alone (no device
+    jitter; :class:`libra.sim.cost.CostModel`). An extension for real corpora, not in the paper.
+
+    Planning with the cost model means its choice is as good as the profile: with a profile that
+    mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
+    ``libra`` would have planned; simulated comparisons priced with the same profile show its best
+    case. Each Plan's ``meta["adaptive_choice"]`` names the candidate each pool took.
+    """
+
+    name = "libra-adaptive"
+    Config = LibraAdaptiveConfig
+    grouping = "vrsp"
+
+    def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
+        """See :meth:`TapPlanner.pool_planner`: an :class:`_AdaptivePools` on the profile's cost model."""
+        profile = load_profile(self.config.profile)
+        plan_one = _AdaptivePools(profile, par, self.window_tap(par), shape, self.config)
+        return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates)}
+
+    def finish(self, plans: list[Plan], plan_one) -> list[Plan]:
+        """Each Plan's ``meta["adaptive_choice"]``: the candidate each of its pools took."""
+        return [replace(p, meta={**p.meta, "adaptive_choice": [plan_one.choices[int(pool.sequences[0].seq_id)]
+                                                                for pool in p.pools]})
+                for p in plans]
+
+
+class _AdaptivePools:
+    """``libra-adaptive``'s per-pool planner for one window layout: every candidate of
+    :func:`libra.tap.adaptive.candidate_pools`, priced alone on the profile's cost model (built once
+    here), the fastest kept (ties: the earlier candidate, the paper's plan first). ``choices`` maps
+    the window index of a pool's first sequence to the candidate it took."""
+
+    def __init__(self, profile: HardwareProfile, par: ParallelConfig, tap: TapConfig, shape: AttentionShape,
+                 config: LibraAdaptiveConfig):
+        self.profile, self.par, self.tap, self.shape, self.config = profile, par, tap, shape, config
+        self.cost = CostModel(profile, Topology(profile, par))
+        self.choices: dict[int, str] = {}
+
+    def __call__(self, k: int, sequences, workers):
+        found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
+                                self.config.candidates)
+        if len(found) == 1:  # nothing to choose: no pricing
+            (best,) = found
+            self.choices[int(sequences[0].seq_id)] = best
+            return found[best]
+        best = min(found, key=lambda name: _pool_straggler(self.cost, found[name], self.par, self.shape, self.tap))
+        self.choices[int(sequences[0].seq_id)] = best
+        return found[best]
+
+
+def _pool_straggler(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig) -> float:
+    """The slowest worker's priced time of ``pool`` run alone (its plan as one-pool Plan)."""
+    plan = Plan(method="libra-adaptive", ga_index=0, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
+                pools=(pool,), meta={})
+    return float(cost.price(plan).total_ms.max())

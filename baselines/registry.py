@@ -35,6 +35,8 @@ from libra.workload import AttentionShape
 # name -> "module:Class"; every class implements the Planner interface below.
 PLANNERS: dict[str, str] = {
     "ulysses": "baselines.ulysses:UlyssesPlanner",
+    # Ulysses with the window sorted across GA steps (VRSP at P = 1); a baseline, not in the paper
+    "ulysses-sorted": "baselines.ulysses:UlyssesSortedPlanner",
     "wlb-llm": "baselines.wlbllm:WlbLlmPlanner",
     "distca": "baselines.distca:DistCAPlanner",
     "libra-tap": "baselines.libra_planners:LibraTapPlanner",
@@ -42,6 +44,9 @@ PLANNERS: dict[str, str] = {
     "libra": "baselines.libra_planners:LibraPlanner",
     # Libra full + kernel-time-aware TAP; an extension, not in the paper (option ``profile``)
     "libra-kt": "baselines.libra_planners:LibraKtPlanner",
+    # per pool the fastest of Alg. 2 and adaptive tilings/placements under the profile's cost
+    # model; an extension for real corpora, not in the paper (options ``profile``, ``max_tile_share``)
+    "libra-adaptive": "baselines.libra_planners:LibraAdaptivePlanner",
 }
 
 

@@ -11,6 +11,14 @@ Expressed as a Plan: one tile per (holder range of ``S/CP`` tokens) x (CP rank's
 (:func:`libra.tap.exchange.build_transfers`) then yields exactly the all-to-all volume: Q and O
 move ``(CP-1)/CP`` of the sequence for each head shard, and every rank fetches the K/V of the
 tokens it does not hold for the KV heads its shard reads (replicated when ``hkv < CP``).
+
+``ulysses-sorted`` (not in the paper) is the same Ulysses execution with one change: which GA
+index trains which packed sequence. The window is scheduled by VRSP with ``P = 1``
+(:func:`libra.vrsp.vrsp_schedule`: Alg. 1 degenerates to sorting the window by ``sum l^2``), so GA
+index ``g`` trains the ``g``-th heaviest ``DP`` sequences. Each step keeps the window's multiset
+(Libra sec. 2.3), every sequence is computed exactly as by ``ulysses``, and the gain over
+``ulysses`` is the cross-step sorting alone -- separated from the gain of pooling, which needs
+Libra's TAP (sec. 4.3).
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from baselines.registry import Planner, pool_workers, production_groups, window_
 from libra.config import ParallelConfig
 from libra.plan import Plan, PoolPlan, SequenceLayout, TileTable, tile_flops
 from libra.tap.exchange import build_transfers
-from libra.workload import AttentionShape
+from libra.vrsp import vrsp_schedule
+from libra.workload import AttentionShape, packed_workloads
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,11 @@ class UlyssesPlanner(Planner):
 
     name = "ulysses"
     Config = UlyssesConfig
+    grouping = "production"
+
+    def groups(self, lengths, par: ParallelConfig) -> np.ndarray:
+        """``(GA, DP)`` window indices per slot: production order (``window[i]`` at GA ``i // DP``)."""
+        return production_groups(par)
 
     def plan_window(self, window, par: ParallelConfig, shape: AttentionShape) -> list[Plan]:
         """One Plan per GA index with one PoolPlan per DP replica (see :class:`Planner`).
@@ -89,7 +103,7 @@ class UlyssesPlanner(Planner):
         """
         check_ulysses_heads(shape.num_q_heads, par.cp)
         lengths = window_lengths(window, par)
-        groups = production_groups(par)
+        groups = self.groups(lengths, par)
         plans = []
         for g in range(par.ga):
             pools = []
@@ -100,5 +114,23 @@ class UlyssesPlanner(Planner):
                 pools.append(PoolPlan(pool_index=d, workers=pool_workers(d, 1, par.cp), sequences=(seq,),
                                       tiles=tiles, transfers=build_transfers((seq,), tiles, shape)))
             plans.append(Plan(method=self.name, ga_index=g, shape=shape, cp=par.cp, pipeline_chunks=1,
-                              pools=tuple(pools), meta={"pool_size": 1, "head_split": par.cp}))
+                              pools=tuple(pools),
+                              meta={"pool_size": 1, "head_split": par.cp, "grouping": self.grouping}))
         return plans
+
+
+class UlyssesSortedPlanner(UlyssesPlanner):
+    """``ulysses-sorted``: Ulysses with the window sorted across GA steps by VRSP at ``P = 1``.
+
+    Not in the paper: it isolates what cross-step sorting alone buys (a step of only heavy
+    sequences and a step of only light ones instead of mixed steps), so a Figure 12 row can
+    separate that from what Libra's pooling adds.
+    """
+
+    name = "ulysses-sorted"
+    grouping = "vrsp-p1"
+
+    def groups(self, lengths, par: ParallelConfig) -> np.ndarray:
+        """The one VRSP implementation with ``P = 1`` (a stable sort by decreasing ``sum l^2``)."""
+        _pools, groups = vrsp_schedule(packed_workloads(lengths), 1, par.dp)
+        return groups

@@ -61,9 +61,14 @@ linear layers' cost."""
 
 REJOIN_MODES = ("context", "full", "none")
 
-DEFAULT_ALPHA = 2.0
-"""``alpha``: the public code caps a bucket at ``Lmax = total_seq_len * 2 * batch_size // dp_size``
-tokens, i.e. twice the average tokens per bucket (``d2/planner/wlb_planner.py``)."""
+DEFAULT_ALPHA = 1.0
+"""``alpha``: the bucket cap is ``alpha`` times the average tokens per bucket. The public code caps
+a bucket at ``Lmax = total_seq_len * 2 * batch_size // dp_size * alpha_factor`` tokens
+(``d2/planner/wlb_planner.py``; its run scripts' ``--alpha-factor`` defaults to 1.0), and it
+applies that cap to the ``2 * batch_size`` sequences of ``total_seq_len`` tokens it draws per step
+and spreads over ``dp_size`` buckets. ``2 * S * batch / DP`` is therefore exactly the average tokens
+per bucket -- the factor 2 counts the two sequences drawn per batch slot, not headroom -- so the
+public default is ``alpha = 1`` (1x the average), not 2x."""
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,9 @@ class WlbLlmConfig:
     Attributes:
         bp: ``Bp`` tokens in the bucket workload ``sum((l/Bp)^2 + l/Bp)`` (default 128K, see
             :data:`DEFAULT_BP`).
-        alpha: token cap factor, ``Lmax = alpha * average tokens per bucket`` (default 2, see
-            :data:`DEFAULT_ALPHA`); must be >= 1 so the cap can hold the window.
+        alpha: token cap factor, ``Lmax = alpha * average tokens per bucket`` (default 1, the
+            public code's ``--alpha-factor`` default, see :data:`DEFAULT_ALPHA`); must be >= 1 so
+            the cap can hold the window.
         rejoin: which documents are repacked: ``"context"`` (default; split pieces rejoined, no
             document longer than ``S``), ``"full"`` (whole samples) or ``"none"`` (pieces as packed,
             as the public code does); see the module docstring.

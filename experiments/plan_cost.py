@@ -51,7 +51,7 @@ import pandas as pd
 
 from baselines.libra_planners import vrsp_groups
 from baselines.registry import get_planner, options_from_tap, pool_workers
-from experiments.options import tap_options
+from experiments.options import overwrite_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import with_tap
 from libra.config import ParallelConfig, TapConfig, check_layout
@@ -104,6 +104,26 @@ prepare on the step's path (CPU), VRSP at or below the paper's."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
           "libra.tap.exchange": _exchange.warmup}
 """The compiled TAP kernels' ``warmup()`` (JIT compilation), run before any timing."""
+
+
+def parse_tap_methods(text: str) -> tuple[str, ...]:
+    """``--methods``: registered TAP planners (those with a per-pool planner), ``libra`` first.
+
+    Raises:
+        click.BadParameter: an unknown name or a planner that does not plan pools with TAP.
+    """
+    from baselines.libra_planners import TapPlanner  # noqa: PLC0415
+    from baselines.registry import planner_class  # noqa: PLC0415
+
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    for m in names:
+        try:
+            cls = planner_class(m)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--methods") from None
+        if not issubclass(cls, TapPlanner):
+            raise click.BadParameter(f"{m!r} does not plan pools with TAP", param_hint="--methods")
+    return ("libra",) + tuple(dict.fromkeys(m for m in names if m != "libra"))
 
 
 def placer_name() -> str:
@@ -202,10 +222,27 @@ def step_path_fns(program, world) -> dict:
             "prepare.digest": partial(check_plan_agreement, program.digest, solo)}
 
 
+def tap_stage(method: str) -> str:
+    """The stage name of ``method``'s per-pool planning: ``tap`` for ``libra`` (the paper's TAP),
+    ``tap@<method>`` for another TAP planner timed beside it (``--methods``)."""
+    return "tap" if method == "libra" else f"tap@{method}"
+
+
+def pool_planners(setting: Setting, methods) -> dict:
+    """``{method: plan_one}``: each TAP planner's per-pool call
+    (:meth:`baselines.libra_planners.TapPlanner.pool_planner`) for ``setting``'s layout."""
+    out = {}
+    for m in methods:
+        planner = get_planner(m, **options_from_tap(m, setting.tap))
+        out[m] = planner.pool_planner(setting.par, SHAPE)[0]
+    return out
+
+
 def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats: int,
-                compile_workers: int = 4, world=None) -> list[dict]:
-    """Timing samples of VRSP, of TAP per pool, and of compile / prepare for sampled workers of the
-    first pool on window ``index`` (``world``: a 1-process group; None skips ``prepare``)."""
+                compile_workers: int = 4, world=None, methods=("libra",)) -> list[dict]:
+    """Timing samples of VRSP, of TAP per pool (per method of ``methods``), and of compile / prepare
+    for sampled workers of the first pool on window ``index`` (``world``: a 1-process group; None
+    skips ``prepare``)."""
     warm = jit_warmup()  # JIT compilation never lands in a sample
     window = _window(setting, workload, index, seed)
     lengths = [s.sample_lengths for s in window]
@@ -221,6 +258,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
              for ms in _time_ms(vrsp_step, repeats)]
     groups, _ = vrsp_groups(lengths, par, tap.pool_size)
     P = tap.pool_size
+    others = {m: fn for m, fn in pool_planners(setting, methods).items() if m != "libra"}
     for g in range(par.ga):
         for k in range(par.dp // P):
             p0 = k * P
@@ -235,6 +273,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
                 "tap.placement": partial(place_tiles, tiles, seqs, workers, SHAPE, tau=tap.tau,
                                          comm_aware=tap.comm_aware),
                 "tap.exchange": partial(build_transfers, seqs, placed, SHAPE),
+                **{tap_stage(m): partial(fn, k, seqs, workers) for m, fn in others.items()},
             }
             for stage, fn in parts.items():
                 rows += [{"setting": setting.name, "window": index, "stage": stage, "ms": ms}
@@ -361,9 +400,13 @@ def plot(df: pd.DataFrame, path) -> None:
               help="workers of the first pool per window whose compile/prepare is timed (default 4; --quick: 2).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="output folder (default results/plan-cost).")
 @click.option("--force", is_flag=True, help="recompute cached points.")
+@overwrite_option()
+@click.option("--methods", default="libra", show_default=True,
+              help="comma list of TAP planners whose per-pool planning is timed: 'tap' is libra's, "
+                   "'tap@<method>' another's (e.g. libra,libra-adaptive), same placer for all.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
-def plan_cost(quick, repeats, windows, workload, seed, settings, compile_workers, out, force, block_size,
-              head_split, tau, pipeline_chunks):
+def plan_cost(quick, repeats, windows, workload, seed, settings, compile_workers, out, force, methods,
+              block_size, head_split, tau, pipeline_chunks):
     """Planning time of VRSP (per step), TAP (per microbatch per pool), compile (per worker) and
     prepare (the step's path), Libra sec. 5.
 
@@ -373,6 +416,7 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, compile_workers
     windows = windows or (1 if quick else 8)
     compile_workers = compile_workers or (2 if quick else 4)
     placer = placer_name()
+    method_list = parse_tap_methods(methods)
     try:
         chosen = [with_tap(s, block_size=block_size, head_split=head_split, tau=tau, pipeline_chunks=pipeline_chunks)
                   for s in SETTINGS if not settings or s.name in settings]
@@ -380,14 +424,16 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, compile_workers
         raise click.UsageError(str(exc)) from exc
     config = {"workload": workload, "seed": seed, "repeats": repeats, "windows": windows,
               "compile_workers": compile_workers, "placer": placer,
-              "settings": [asdict(s) for s in chosen], "shape": SHAPE.__dict__, "quality_methods": QUALITY_METHODS}
+              "settings": [asdict(s) for s in chosen], "shape": SHAPE.__dict__, "quality_methods": QUALITY_METHODS,
+              "tap_methods": list(method_list)}
     run = ExperimentRun("plan-cost", config, out_dir=out, force=force, quiet=True)
     try:
         keys = [("timing", s.name, w) for s in chosen for w in range(windows)]
         by_name = {s.name: s for s in chosen}
         with one_process_group() as world:
             samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(by_name[key[1]], workload, key[2], seed,
-                                                                         repeats, compile_workers, world)))
+                                                                         repeats, compile_workers, world,
+                                                                         method_list)))
         qkeys = [("quality", s.name, w, m) for s in chosen for w in range(windows) for m in QUALITY_METHODS]
         quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], workload, key[2], seed, key[3])))
     except ValueError as exc:
@@ -418,6 +464,10 @@ def plan_cost(quick, repeats, windows, workload, seed, settings, compile_workers
         parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
                           ("tap.tiles", "tap.placement", "tap.exchange"))
         click.echo(f"    TAP parts (median ms): {parts}")
+        for m in method_list[1:]:
+            r = sub.loc[tap_stage(m)]
+            click.echo(f"  TAP per pool, {m} (placer {placer}): median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms "
+                       f" = {r.median_ms / sub.loc['tap'].median_ms:.2f}x libra's")
         parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
                           ("prepare.unpickle", "prepare.runner", "prepare.digest"))
         click.echo(f"    prepare parts (median ms): {parts}")

@@ -8,7 +8,7 @@
   segments every other method computes, so all methods do the same attention work.
 * :func:`build_cost_model`: profile + topology + cost model for a layout.
 * Click options shared by these commands (``--profile``, ``--workload``, ``--windows``, ``--seed``,
-  ``--out``, ``--quick``, ``--force``, head-shape overrides).
+  ``--out``, ``--quick``, ``--force``, ``--overwrite``, head-shape overrides).
 """
 
 from __future__ import annotations
@@ -18,22 +18,27 @@ from dataclasses import asdict, dataclass, field, replace
 import click
 import numpy as np
 
+from experiments.options import overwrite_option
 from libra.config import ParallelConfig, TapConfig
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
 from libra.workload import AttentionShape
 
-METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
-"""Planner registry names in the paper's Figure 12 order."""
+METHODS = ("ulysses", "ulysses-sorted", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
+"""Planner registry names of the default Figure 12 run: the paper's six in its order plus
+``ulysses-sorted`` (not in the paper: Ulysses with the window sorted across GA steps, which
+separates the gain of cross-step sorting from the gain of pooling)."""
 
-OPTIONAL_METHODS = ("libra-kt",)
+OPTIONAL_METHODS = ("libra-kt", "libra-adaptive")
 """Registry planners beyond the paper's six that ``--methods`` accepts but no default list runs:
-``libra-kt`` is Libra full with kernel-time-aware TAP placement (an extension, not in the paper;
-it needs the run's ``--profile``, which the straggler experiment passes it)."""
+``libra-kt`` is Libra full with kernel-time-aware TAP placement, ``libra-adaptive`` picks per pool
+the fastest of Alg. 2 and adaptive tilings/placements under the cost model (extensions, not in the
+paper; both plan with the run's ``--profile``, which :func:`planner_options` passes them)."""
 
-LABELS = {"ulysses": "Ulysses", "wlb-llm": "WLB-LLM", "distca": "DistCA", "libra-tap": "Libra (TAP)",
-          "libra-tap-vrsp": "Libra (TAP+VRSP)", "libra": "Libra (full)", "libra-kt": "Libra (kernel-time TAP)"}
+LABELS = {"ulysses": "Ulysses", "ulysses-sorted": "Ulysses (sorted)", "wlb-llm": "WLB-LLM", "distca": "DistCA",
+          "libra-tap": "Libra (TAP)", "libra-tap-vrsp": "Libra (TAP+VRSP)", "libra": "Libra (full)",
+          "libra-kt": "Libra (kernel-time TAP)", "libra-adaptive": "Libra (adaptive)"}
 
 TAP_METHODS = ("libra-tap", "libra-tap-vrsp", "libra", "libra-kt")
 
@@ -103,23 +108,29 @@ other methods compute for the same data (several times more at S = 256K with ~1M
 
 
 def planner_options(method: str, setting: Setting, pool_size: int | None = None,
-                    wlb_rejoin: str = WLB_REJOIN_DEFAULT) -> dict:
+                    wlb_rejoin: str = WLB_REJOIN_DEFAULT, profile=None) -> dict:
     """Registry options of ``method`` in ``setting``: the fields of the setting's TapConfig the planner
-    takes (:func:`baselines.registry.options_from_tap`; P override only affects Libra's variants)."""
-    from baselines.registry import options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
+    takes (:func:`baselines.registry.options_from_tap`; P override only affects Libra's variants),
+    and ``profile`` (a HardwareProfile or name) for a planner that plans with one (``libra-kt``,
+    ``libra-adaptive``): it must be the profile the run prices with."""
+    from baselines.registry import options_from_tap, planner_class  # noqa: PLC0415  (keeps `--help` fast)
 
     if method == "wlb-llm":
         return {"rejoin": wlb_rejoin}
     tap = setting.tap if pool_size is None else replace(setting.tap, pool_size=pool_size)
-    return options_from_tap(method, tap)
+    options = options_from_tap(method, tap)
+    if profile is not None and "profile" in planner_class(method).option_names():
+        options["profile"] = profile
+    return options
 
 
 def make_planner(method: str, setting: Setting, pool_size: int | None = None,
-                 wlb_rejoin: str = WLB_REJOIN_DEFAULT):
-    """The registry planner of ``method`` configured for ``setting``."""
+                 wlb_rejoin: str = WLB_REJOIN_DEFAULT, profile=None):
+    """The registry planner of ``method`` configured for ``setting`` (and ``profile``, see
+    :func:`planner_options`)."""
     from baselines.registry import get_planner  # noqa: PLC0415  (keeps `--help` fast)
 
-    return get_planner(method, **planner_options(method, setting, pool_size, wlb_rejoin))
+    return get_planner(method, **planner_options(method, setting, pool_size, wlb_rejoin, profile))
 
 
 def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> list:
@@ -187,13 +198,15 @@ def common_options(default_windows: int, default_workload: str | None = "libra-p
             click.option("--seed", type=int, default=0, show_default=True,
                          help="Seed of the workload stream and the device jitter."),
             click.option("--out", type=click.Path(file_okay=False), default=None,
-                         help="Output folder (default results/<experiment>)."),
+                         help="Output folder (default results/<experiment> for the paper's presets, "
+                              "runs/<experiment>/<workload>-<layout>/ otherwise)."),
             click.option("--quick", is_flag=True, help="One window, for a smoke run."),
             click.option("--force", is_flag=True, help="Recompute cached points."),
+            overwrite_option(),
             click.option("--no-progress", is_flag=True, help="No progress bar."),
         ]
         if shape:
-            opts[6:6] = [
+            opts[7:7] = [
                 click.option("--q-heads", type=int, default=32, show_default=True, help="Query heads."),
                 click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads."),
                 click.option("--head-dim", type=int, default=128, show_default=True, help="Head width."),

@@ -3,26 +3,44 @@
 For each paper setting (256K: DP 32, CP 8, GBS 128; 1M: DP 16, CP 16, GBS 32; Libra at P 8, H 2,
 B 4096 / 8192) and each method of the planner registry, every GBS window is planned and every
 step (GA index) priced by the cost model (:mod:`libra.sim`) under seeded device jitter shared by
-all methods. A step's straggler is its slowest worker's forward + backward core-attention time
+all methods (``--no-jitter``: every GPU at speed 1, recorded as ``jitter`` in ``run.json``'s
+config). A step's straggler is its slowest worker's forward + backward core-attention time
 (compute + exposed communication). Per method we report the mean straggler over all steps and the
 worst step of a window (averaged over windows), both normalised to Ulysses' mean, the speedups
-over Ulysses, the paper's speedups where sec. 6.3 gives them, and the ratio of the straggler to
-the perfect-balance bound (total attention compute of the step spread over all workers at the
-kernel's best rate, ``bound_ratio``) and to the step's own kernel time spread evenly
-(``balanced_ratio``: the same segments at their real efficiency, so it isolates placement and
-communication from the short-segment kernel penalty every method pays).
+over Ulysses (and their spread over windows), the paper's speedups where sec. 6.3 gives them, and
+the ratio of the straggler to the perfect-balance bound (total attention compute of the step
+spread over all workers at the kernel's best rate, ``bound_ratio``) and to the step's own kernel
+time spread evenly (``balanced_ratio``).
+
+Bounds and loss decomposition (every step, every method; all times in ms of one layer's forward +
+backward core attention, FLOPs converted at the profile's best kernel rate as ``balance_bound_ms``
+is):
+
+* ``flops_ulysses_ms`` / ``flops_libra_ms``: the window's FLOPs-only stragglers at that GA index
+  (:func:`libra.sim.simulator.flops_stragglers`: Ulysses' heaviest packed sequence / CP in
+  production order; Libra's heaviest VRSP pool / (P * CP) at the setting's P). They depend on the
+  window only, so every method's row of a step repeats them.
+* ``comm_factor x placement_factor x pooling_factor x kernel_factor = bound_ratio`` exactly
+  (:meth:`libra.sim.cost.PlanCost.loss_factors`; "mean worker compute" is over every worker of
+  the plan's pools, the workers ``balance_bound_ms`` divides by).
+
+``straggler_summary.csv`` gives each factor, ``pool_balanced_ratio = comm x placement`` and
+``bound_ratio_gmean`` as geometric means over steps (so the product stays exact:
+``comm x placement x pooling x kernel = bound_ratio_gmean``) and ``flops_limit_speedup`` = mean
+``flops_ulysses_ms`` / mean ``flops_libra_ms``.
 
 Outputs (``results/straggler/`` or ``--out``): ``straggler.csv`` (one row per setting, method,
-window, step), ``straggler_summary.csv``, ``straggler.png`` and ``run.json`` (with the profile).
+window, step), ``straggler_summary.csv``, ``straggler.png`` (speedups, and the four factors per
+method stacked on a log axis) and ``run.json`` (with the profile). The experiment is ``straggler``
+whatever ``--methods`` holds.
 
 ``--block-size``, ``--head-split``, ``--tau`` and ``--pipeline-chunks`` override the settings' TAP
 layout (default: each setting's; recorded in ``run.json``'s settings and planner options).
 
-``--methods`` may also name :data:`experiments.sim_common.OPTIONAL_METHODS` (``libra-kt``, which
-gets the run's ``--profile`` so its kernel-time estimate uses the curve the cost model prices
-with). Such a run is recorded as experiment ``straggler-extension`` (files
-``straggler-extension.csv/.png``, default folder ``results/straggler-extension``) so that the
-report's Figure 12 rows keep reading the paper-methods run.
+``--methods`` takes any registered planner (``all``: the default list, then
+:data:`experiments.sim_common.OPTIONAL_METHODS`, then any other registered planner). A planner
+with a ``profile`` option (``libra-kt``) gets the run's ``--profile``, so its kernel-time estimate
+uses the curve the cost model prices with.
 """
 
 from __future__ import annotations
@@ -48,7 +66,6 @@ from experiments.sim_common import (
     format_table,
     jitter_seed,
     load_windows,
-    make_planner,
     make_shape,
     parse_list,
     planner_options,
@@ -75,32 +92,48 @@ PAPER_SPEEDUP = {
 }
 
 
+def all_methods() -> tuple[str, ...]:
+    """``--methods all``: the default list, the optional ones, then every other registered planner."""
+    from baselines.registry import PLANNERS  # noqa: PLC0415  (keeps `--help` fast)
+
+    head = METHODS + OPTIONAL_METHODS
+    return head + tuple(m for m in PLANNERS if m not in head)
+
+
+def run_options(method: str, setting, profile, wlb_rejoin: str) -> dict:
+    """Registry options of ``method`` in ``setting``; profile-taking planners get the run's profile."""
+    return planner_options(method, setting, wlb_rejoin=wlb_rejoin, profile=profile)
+
+
 def run_straggler(workload: str, profile, settings, methods, windows: int, seed: int, shape,
                   out: str | None = None, force: bool = False, quiet: bool = False,
                   wlb_rejoin: str = WLB_REJOIN_DEFAULT, tap_overrides: dict | None = None,
-                  name: str = "straggler") -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
+                  jitter: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
     """Simulate every (setting, method, window); returns (steps, summary, run, timings).
 
     Args:
         tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
+        jitter: apply the profile's device variability (False: every GPU at speed 1).
 
     Raises:
         ValueError: unknown setting/method, a bad workload or a layout the planners reject.
     """
+    from baselines.registry import get_planner  # noqa: PLC0415
+
     chosen = {s: with_tap(SETTINGS[s], **(tap_overrides or {})) for s in settings}
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
-              "methods": list(methods), "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin,
+    options = {s: {m: {k: (v.name if k == "profile" else v)
+                       for k, v in run_options(m, chosen[s], profile, wlb_rejoin).items()} for m in methods}
+               for s in settings}
+    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
+              "settings": [setting_record(chosen[s]) for s in settings], "methods": list(methods),
+              "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin, "jitter": bool(jitter),
               "shape": {"num_q_heads": shape.num_q_heads, "num_kv_heads": shape.num_kv_heads,
                         "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},
-              "planner_options": {s: {m: planner_options(m, chosen[s], wlb_rejoin=wlb_rejoin) for m in methods}
-                                  for s in settings}}
-    for s in settings:  # libra-kt's estimate must use the profile the cost model prices with
-        for m in methods:
-            if m == "libra-kt":
-                config["planner_options"][s][m]["profile"] = profile.name
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
+              "planner_options": options}
+    run = ExperimentRun("straggler", config, out_dir=out, force=force, quiet=quiet)
     cache: dict = {}
     timings: dict = {}
+    label = Path(workload).name if Path(workload).exists() else workload
 
     def context(setting_name):
         if setting_name not in cache:
@@ -111,24 +144,12 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     def point(key):
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
-        if method == "libra-kt":
-            from baselines.registry import get_planner  # noqa: PLC0415
-
-            planner = get_planner(method, **planner_options(method, st, wlb_rejoin=wlb_rejoin), profile=profile)
-        else:
-            planner = make_planner(method, st, wlb_rejoin=wlb_rejoin)
+        planner = get_planner(method, **run_options(method, st, profile, wlb_rejoin))
         t0 = time.perf_counter()
-        steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w))
+        steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w),
+                                jitter=jitter, flops_pool_size=st.tap.pool_size)
         timings[(setting_name, method)] = timings.get((setting_name, method), 0.0) + time.perf_counter() - t0
-        rows = []
-        for r in steps:
-            row = {"workload": Path(workload).name if Path(workload).exists() else workload,
-                   "setting": setting_name, "method": method, "window": w, **r.to_row()}
-            row["bound_ratio"] = r.straggler_ms / r.balance_bound_ms if r.balance_bound_ms > 0 else float("nan")
-            row["balanced_ratio"] = (r.straggler_ms / r.balanced_compute_ms if r.balanced_compute_ms > 0
-                                     else float("nan"))
-            rows.append(row)
-        return rows
+        return [step_row(r, label, setting_name, w) for r in steps]
 
     keys = [[s, m, w] for s in settings for m in methods for w in range(windows)]
     df = pd.DataFrame(run.map(keys, point, desc="straggler"))
@@ -137,8 +158,46 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     return df, summarize(df), run, timings
 
 
+def step_row(r, workload: str, setting: str, window: int) -> dict:
+    """One CSV row of a step: its StepResult plus the ratios to the two balance references."""
+    row = {"workload": workload, "setting": setting, "method": r.method, "window": window, **r.to_row()}
+    row["bound_ratio"] = r.straggler_ms / r.balance_bound_ms if r.balance_bound_ms > 0 else float("nan")
+    row["balanced_ratio"] = r.straggler_ms / r.balanced_compute_ms if r.balanced_compute_ms > 0 else float("nan")
+    row["pool_balanced_ratio"] = r.comm_factor * r.placement_factor
+    return row
+
+
+FACTORS = ("comm_factor", "placement_factor", "pooling_factor", "kernel_factor")
+"""The loss decomposition's factors, straggler side first (their product is ``bound_ratio``)."""
+
+
+def gmean(values) -> float:
+    """Geometric mean; NaN when a value is missing, not finite or not positive (no silent drop)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0 or not np.all(np.isfinite(v)) or np.any(v <= 0):
+        return float("nan")
+    return float(np.exp(np.log(v).mean()))
+
+
+def _col(g: pd.DataFrame, name: str, how) -> float:
+    """``how(g[name])``, NaN for CSVs written before the column existed (the report reads those)."""
+    return how(g[name]) if name in g else float("nan")
+
+
+def _decomposition(g: pd.DataFrame) -> dict:
+    """Geometric-mean factors, their products and the FLOPs-only limit of one (setting, method)."""
+    out = {f: _col(g, f, gmean) for f in FACTORS}
+    out["pool_balanced_ratio"] = out["comm_factor"] * out["placement_factor"]
+    out["bound_ratio_gmean"] = gmean(g["bound_ratio"])
+    out["flops_ulysses_ms"] = _col(g, "flops_ulysses_ms", lambda c: float(c.mean()))
+    out["flops_libra_ms"] = _col(g, "flops_libra_ms", lambda c: float(c.mean()))
+    out["flops_limit_speedup"] = out["flops_ulysses_ms"] / out["flops_libra_ms"]
+    return out
+
+
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (setting, method): mean straggler, mean per-window worst step, both / Ulysses' mean."""
+    """Per (setting, method): mean straggler, mean per-window worst step, both / Ulysses' mean, and
+    the loss decomposition (geometric means over steps) with the FLOPs-only limit."""
     rows = []
     for (setting, method), g in df.groupby(["setting", "method"], sort=False):
         per_window_max = g.groupby("window")["straggler_ms"].max()
@@ -148,11 +207,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
                      "max_overall_ms": g["straggler_ms"].max(),
                      "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
                      "bound_ms": g["balance_bound_ms"].mean(), "bound_ratio": g["bound_ratio"].mean(),
-                     # absent from CSVs written before this column existed
-                     "balanced_compute_ms": g["balanced_compute_ms"].mean() if "balanced_compute_ms" in g else np.nan,
-                     "balanced_ratio": g["balanced_ratio"].mean() if "balanced_ratio" in g else np.nan})
+                     "balanced_compute_ms": _col(g, "balanced_compute_ms", lambda c: float(c.mean())),
+                     "balanced_ratio": _col(g, "balanced_ratio", lambda c: float(c.mean())),
+                     **_decomposition(g)})
     out = pd.DataFrame(rows)
-    for _setting, g in out.groupby("setting", sort=False):
+    for setting, g in out.groupby("setting", sort=False):
         base = g[g["method"] == "ulysses"]
         if base.empty:
             continue
@@ -162,6 +221,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         out.loc[idx, "max_norm"] = out.loc[idx, "max_ms"] / u_mean
         out.loc[idx, "mean_speedup"] = u_mean / out.loc[idx, "mean_ms"]
         out.loc[idx, "max_speedup"] = u_max / out.loc[idx, "max_ms"]
+        spread = window_speedups(df[df["setting"] == setting])
+        out.loc[idx, "window_speedup_min"] = out.loc[idx, "method"].map(spread["min"])
+        out.loc[idx, "window_speedup_max"] = out.loc[idx, "method"].map(spread["max"])
     out["paper_mean_speedup"] = [PAPER_SPEEDUP.get((s, "mean"), {}).get(m, np.nan)
                                  for s, m in zip(out["setting"], out["method"])]
     out["paper_max_speedup"] = [PAPER_SPEEDUP.get((s, "max"), {}).get(m, np.nan)
@@ -169,8 +231,19 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def window_speedups(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method of one setting: min and max over windows of the window's mean-straggler speedup
+    over Ulysses (the spread a few-window mean hides)."""
+    means = df.groupby(["method", "window"])["straggler_ms"].mean().unstack("window")
+    if "ulysses" not in means.index:
+        return pd.DataFrame(columns=["min", "max"])
+    sp = means.loc["ulysses"] / means
+    return pd.DataFrame({"min": sp.min(axis=1), "max": sp.max(axis=1)})
+
+
 def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
-    """Bars: mean and worst-step straggler / Ulysses mean; black marks: the paper's values.
+    """Top: mean and worst-step straggler / Ulysses mean, black marks the paper's values. Bottom:
+    the four loss factors per method stacked on a log axis (:func:`plot_factors`).
 
     The paper gives speedups, so its mean mark is ``1 / paper mean speedup`` and its max mark is
     our Ulysses worst step (normalised) divided by the paper's worst-step speedup.
@@ -184,12 +257,12 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
     long = summary.melt(id_vars=["setting", "method"], value_vars=["mean_norm", "max_norm"],
                         var_name="metric", value_name="norm")
     long["metric"] = long["metric"].map({"mean_norm": "mean", "max_norm": "max"})
-    long["label"] = long["method"].map(LABELS)
+    long["label"] = long["method"].map(lambda m: LABELS.get(m, m))
     settings = list(dict.fromkeys(summary["setting"]))
-    fig, axes = plt.subplots(1, len(settings), figsize=(6.5 * len(settings), 4.2), squeeze=False)
-    for ax, setting in zip(axes[0], settings):
+    fig, axes = plt.subplots(2, len(settings), figsize=(7.5 * len(settings), 8.4), squeeze=False)
+    for ax, fax, setting in zip(axes[0], axes[1], settings):
         sub = long[long["setting"] == setting]
-        order = [LABELS[m] for m in summary[summary["setting"] == setting]["method"]]
+        order = [LABELS.get(m, m) for m in summary[summary["setting"] == setting]["method"]]
         sns.barplot(data=sub, x="label", y="norm", hue="metric", order=order, hue_order=["mean", "max"], ax=ax)
         srow = summary[summary["setting"] == setting].set_index("method")
         u_max = float(srow["max_norm"].get("ulysses", np.nan)) if "ulysses" in srow.index else np.nan
@@ -206,39 +279,76 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("normalised straggler time")
         ax.tick_params(axis="x", rotation=25)
         ax.legend(fontsize=8)
+        plot_factors(fax, summary[summary["setting"] == setting], setting)
     fig.tight_layout()
     fig.savefig(path, dpi=130, format="png")
     plt.close(fig)
+
+
+FACTOR_COLORS = {"kernel_factor": "#9467bd", "pooling_factor": "#2ca02c", "placement_factor": "#ff7f0e",
+                 "comm_factor": "#1f77b4"}
+
+
+def plot_factors(ax, summary: pd.DataFrame, setting: str) -> None:
+    """Stacked loss factors of one setting: per method, segments kernel, pooling, placement, comm
+    from 1 upward on a log axis, so each segment's length is its factor's share of the log of
+    ``bound_ratio_gmean`` (the bar's top). A factor below 1 draws downward, hatched."""
+    labels = [LABELS.get(m, m) for m in summary["method"]]
+    x = np.arange(len(labels))
+    level = np.ones(len(labels))
+    for f in reversed(FACTORS):
+        v = summary[f].to_numpy(dtype=np.float64)
+        v = np.where(np.isfinite(v) & (v > 0), v, 1.0)
+        top = level * v
+        lo, hi = np.minimum(level, top), np.maximum(level, top)
+        ax.bar(x, hi - lo, bottom=lo, color=FACTOR_COLORS[f], width=0.6, label=f.replace("_factor", ""),
+               edgecolor="white")
+        down = v < 1
+        if down.any():
+            ax.bar(x[down], (hi - lo)[down], bottom=lo[down], fill=False, hatch="//", width=0.6)
+        level = top
+    from matplotlib.ticker import FormatStrFormatter  # noqa: PLC0415
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%.3g"))
+    ax.yaxis.set_minor_formatter(FormatStrFormatter("%.3g"))
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(x, labels, rotation=25)
+    ax.set_ylabel("straggler / balance bound (log)")
+    ax.set_title(f"{setting}: loss factors (geometric means over steps); log axis, top = bound ratio")
+    ax.legend(fontsize=8, title="factor", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 @click.command("straggler")
 @common_options(default_windows=8)
 @click.option("--settings", "settings_", default="256k,1m", show_default=True, help="Comma list: 256k, 1m.")
 @click.option("--methods", default=",".join(METHODS), show_default=True,
-              help=f"Comma list of planner names; also {', '.join(OPTIONAL_METHODS)} (not in the paper).")
+              help=f"Comma list of registered planner names (e.g. {', '.join(OPTIONAL_METHODS)}, not in the paper), "
+                   "or 'all'.")
 @click.option("--wlb-rejoin", type=click.Choice(["none", "context", "full"]), default=WLB_REJOIN_DEFAULT,
               show_default=True,
               help="WLB-LLM's rejoin option; anything but 'none' gives it more attention work than the others.")
+@click.option("--no-jitter", is_flag=True,
+              help="Every GPU at speed 1 (no device variability): shows how much the jitter model contributes.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-              settings_, methods, wlb_rejoin, block_size, head_split, tau, pipeline_chunks):
+              settings_, methods, wlb_rejoin, no_jitter, block_size, head_split, tau, pipeline_chunks):
     """Figure 12: mean and worst-step straggler of every method in both paper settings."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
     try:
         settings = parse_list(settings_, tuple(SETTINGS), "setting")
-        method_list = parse_list(methods, METHODS + OPTIONAL_METHODS, "method")
+        known = all_methods()
+        method_list = known if methods.strip() == "all" else parse_list(methods, known, "method")
         shape = make_shape(q_heads, kv_heads, head_dim)
         if "ulysses" not in method_list:
             method_list = ("ulysses",) + method_list  # the normalisation needs it
         t0 = time.perf_counter()
         df, summary, run, timings = run_straggler(workload, prof, settings, method_list, 1 if quick else windows,
                                                   seed, shape, out=out, force=force, quiet=no_progress,
-                                                  wlb_rejoin=wlb_rejoin,
+                                                  wlb_rejoin=wlb_rejoin, jitter=not no_jitter,
                                                   tap_overrides={"block_size": block_size, "head_split": head_split,
-                                                                 "tau": tau, "pipeline_chunks": pipeline_chunks},
-                                                  name="straggler-extension" if set(method_list) - set(METHODS)
-                                                  else "straggler")
+                                                                 "tau": tau, "pipeline_chunks": pipeline_chunks})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     wall = time.perf_counter() - t0
@@ -247,8 +357,20 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p),
                        extra={"profile": prof.to_dict(), "simulate_seconds_per_setting": per_setting,
                               "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}})
-    click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "mean_norm", "max_norm",
-                                      "mean_speedup", "paper_mean_speedup", "max_speedup", "paper_max_speedup",
-                                      "bound_ratio", "balanced_ratio"], "{:.2f}"))
+    echo_tables(summary)
     click.echo(f"simulation seconds per setting (computed points only): {per_setting}; wall {wall:.1f} s")
     click.echo(f"wrote {paths['csv']}, {paths.get('png')}, {run.out_dir / 'straggler_summary.csv'}")
+
+
+def echo_tables(summary: pd.DataFrame) -> None:
+    """Print the speedup table and the loss-decomposition table."""
+    click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "mean_norm", "max_norm",
+                                      "mean_speedup", "paper_mean_speedup", "max_speedup", "paper_max_speedup",
+                                      "window_speedup_min", "window_speedup_max", "bound_ratio",
+                                      "balanced_ratio"], "{:.2f}"))
+    click.echo("\nloss decomposition, geometric means over steps (comm x placement x pooling x kernel = "
+               "bound_ratio_gmean; pool_balanced_ratio = comm x placement); flops_limit_speedup = mean "
+               "Ulysses / mean Libra FLOPs-only straggler (ms at the best kernel rate)")
+    click.echo(format_table(summary, ["setting", "method", "mean_speedup", "pool_balanced_ratio", *FACTORS,
+                                      "bound_ratio_gmean", "flops_ulysses_ms", "flops_libra_ms",
+                                      "flops_limit_speedup"], "{:.3f}"))

@@ -8,15 +8,19 @@ profile and the parallel layout (DP, CP, S, GBS, head shape), it enumerates cand
 * head split H: powers of two up to 8 dividing ``hq`` with ``M | hq/H`` (``--head-splits``);
 * block size B: ``S/CP, S/(2 CP), ... , S/(16 CP)``, at least 1024 tokens (``--block-sizes``);
 
-simulates each with the full Libra planner (VRSP + TAP + Pipeliner with ``M`` chunks, ``--pipeline-chunks``;
-soft load target ``--tau``; both TapConfig's defaults unless given) over a few GBS windows, and Ulysses on the same windows and device jitter as the reference. Explicit values
+simulates each with every planner of ``--methods`` -- by default the full Libra planner (VRSP + TAP +
+Pipeliner with ``M`` chunks, ``--pipeline-chunks``; soft load target ``--tau``; both TapConfig's defaults
+unless given) and ``libra-adaptive`` (per pool the fastest of Alg. 2 and adaptive tilings under the
+profile's cost model; an extension, not in the paper) -- over a few GBS windows, and Ulysses on the
+same windows and device jitter as the reference. Explicit values
 that break a layout rule (P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
 hq/H) are errors, not silently dropped.
 
 Recommendation rule (:func:`recommend`): the lowest mean straggler wins; candidates within
 ``--tie-tolerance`` (default 1%) of the best are ties, broken by smaller P (fewer replicas exchange
-data, less inter-node traffic and a smaller pool to plan), then fewer tiles per packed sequence
-(cheaper placement), then the lower worst step, then smaller H and B. If even the recommendation
+data, less inter-node traffic and a smaller pool to plan), then the planner (``libra`` before
+``libra-adaptive``: cheaper to plan), then fewer tiles per packed sequence (cheaper placement), then
+the lower worst step, then smaller H and B. If even the recommendation
 is slower than Ulysses the command says so.
 
 Outputs (``results/tune/`` or ``--out``): ``tune.csv`` (one row per candidate, ranked),
@@ -38,12 +42,15 @@ import pandas as pd
 from experiments.options import tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
+    OPTIONAL_METHODS,
+    TAP_METHODS,
     build_cost_model,
     check_counts,
     common_options,
     jitter_seed,
     make_shape,
     parse_int_list,
+    parse_list,
     resolve_profile,
     tiles_per_sequence,
     workload_record,
@@ -51,7 +58,8 @@ from experiments.sim_common import (
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.sim.simulator import simulate_window
 
-TUNE_METHOD = "libra"
+TUNE_METHODS = ("libra", "libra-adaptive")
+"""Planners ``tune`` compares by default, in tie-break order (the paper's first)."""
 MAX_HEAD_SPLIT = 8
 MIN_BLOCK = 1024
 BLOCK_HALVINGS = 4
@@ -121,8 +129,9 @@ def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str =
     """Index (label) of the recommended candidate of ``table``.
 
     Rule: the lowest ``<objective>_ms`` wins; every candidate within ``best * (1 + tie_tolerance)``
-    ties and the tie goes to the smaller ``pool_size``, then fewer ``tiles_per_sequence``, then the
-    lower other metric (``max_ms`` for ``mean``), then smaller ``head_split`` and ``block_size``.
+    ties and the tie goes to the smaller ``pool_size``, then the planner earlier in
+    :data:`TUNE_METHODS`, then fewer ``tiles_per_sequence``, then the lower other metric
+    (``max_ms`` for ``mean``), then smaller ``head_split`` and ``block_size``.
 
     Raises:
         ValueError: empty table, unknown objective, NaN values, or a negative tolerance.
@@ -138,8 +147,10 @@ def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str =
         raise ValueError(f"a candidate has no {col} (NaN)")
     best = float(table[col].min())
     ties = table[table[col] <= best * (1.0 + tie_tolerance)]
-    order = ties.sort_values(["pool_size", "tiles_per_sequence", other, "head_split", "block_size"],
-                             kind="mergesort")
+    methods = ties["method"] if "method" in ties else pd.Series("libra", index=ties.index)
+    planner_rank = methods.map(lambda m: TUNE_METHODS.index(m) if m in TUNE_METHODS else len(TUNE_METHODS))
+    order = ties.assign(planner_rank=planner_rank).sort_values(
+        ["pool_size", "planner_rank", "tiles_per_sequence", other, "head_split", "block_size"], kind="mergesort")
     return order.index[0]
 
 
@@ -151,11 +162,12 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, ti
     u_mean = u["straggler_ms"].mean()
     u_max = u.groupby("window")["straggler_ms"].max().mean()
     rows = []
-    for (p, h, b), g in steps[steps["method"] == TUNE_METHOD].groupby(["pool_size", "head_split", "block_size"]):
+    cands = steps[steps["method"] != "ulysses"]
+    for (m, p, h, b), g in cands.groupby(["method", "pool_size", "head_split", "block_size"], sort=False):
         all_bytes = g["bytes_nvlink"] + g["bytes_roce"] + g["bytes_inter_supernode"]
         mean_ms = g["straggler_ms"].mean()
         max_ms = g.groupby("window")["straggler_ms"].max().mean()
-        rows.append({"pool_size": int(p), "head_split": int(h), "block_size": int(b),
+        rows.append({"method": m, "pool_size": int(p), "head_split": int(h), "block_size": int(b),
                      "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
                      "tiles_per_sequence": tiles_per_sequence(par.seq_len, b, h), "mean_ms": mean_ms,
                      "max_ms": max_ms, "speedup": u_mean / mean_ms, "max_speedup": u_max / max_ms,
@@ -175,20 +187,20 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, ti
 
 def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapConfig, windows: int, seed: int,
              tie_tolerance: float = 0.01, objective: str = "mean", out=None, force=False, quiet=False,
-             name: str = "tune"):
-    """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B) in ``tap``); returns (ranked
-    table, steps, run).
+             name: str = "tune", methods=TUNE_METHODS):
+    """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B) in ``tap``) with every planner of
+    ``methods``; returns (ranked table, steps, run).
 
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
     """
-    from baselines.registry import get_planner, options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
+    from baselines.registry import get_planner, options_from_tap, planner_class  # noqa: PLC0415  (fast --help)
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
               "par": {"dp": par.dp, "cp": par.cp, "gbs": par.gbs, "seq_len": par.seq_len},
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes],
-              "method": TUNE_METHOD, "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
+              "methods": list(methods), "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
               "candidates": [list(c) for c in grid],
               "windows": windows, "seed": seed, "tie_tolerance": tie_tolerance,
               "objective": objective}
@@ -201,13 +213,15 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
         method, p, h, b, w = key
         opts = {} if method == "ulysses" else options_from_tap(
             method, replace(tap, pool_size=p, head_split=h, block_size=b))
+        if "profile" in planner_class(method).option_names():  # plans with the profile it is priced with
+            opts["profile"] = profile
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w))
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
                  "window": w, **r.to_row()} for r in steps]
 
     keys = [["ulysses", 0, 0, 0, w] for w in range(windows)]
-    keys += [[TUNE_METHOD, p, h, b, w] for p, h, b in grid for w in range(windows)]
+    keys += [[m, p, h, b, w] for m in methods for p, h, b in grid for w in range(windows)]
     steps = pd.DataFrame(run.map(keys, point, desc="tune"))
     return rank_candidates(steps, par, tap, tie_tolerance, objective), steps, run
 
@@ -221,7 +235,8 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
 
     setup_style()
     t = table.copy()
-    t["candidate"] = [f"P{p} H{h} B{b}" for p, h, b in zip(t["pool_size"], t["head_split"], t["block_size"])]
+    t["candidate"] = [f"{m} P{p} H{h} B{b}" for m, p, h, b in
+                      zip(t["method"], t["pool_size"], t["head_split"], t["block_size"])]
     t["P"] = t["pool_size"].astype(str)
     p_order = [str(p) for p in sorted(set(t["pool_size"]))]
     head = t.head(top)
@@ -249,27 +264,36 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
     save_figure(fig, path)
 
 
-def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: str) -> None:
+NARROW = ("rank", "method", "P", "H", "B", "tiles/seq", "mean ms", "speedup", "comm GB/step", "/ bound", "")
+"""Columns of the printed ranking without ``--wide`` (fits an 80-column log)."""
+
+
+def _cells(r) -> dict[str, str]:
+    """Every printable cell of one ranked candidate (column label -> text)."""
+    return {"rank": str(r.rank), "method": r.method, "P": str(r.pool_size), "H": str(r.head_split),
+            "B": str(r.block_size), "M": str(r.pipeline_chunks), "tiles/seq": str(r.tiles_per_sequence),
+            "mean ms": f"{r.mean_ms:.1f}", "max ms": f"{r.max_ms:.1f}", "speedup": f"{r.speedup:.2f}x",
+            "max speedup": f"{r.max_speedup:.2f}x", "comm GB/step": f"{r.comm_gb_per_step:.1f}",
+            "inter-node GB": f"{r.inter_node_gb_per_step:.1f}", "exposed comm ms": f"{r.comm_exposed_ms:.1f}",
+            "/ bound": f"{r.bound_ratio:.2f}", "": "<- recommended" if r.recommended else ""}
+
+
+def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: str, wide: bool = False) -> None:
     from rich.console import Console  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
 
-    console = Console(width=None if sys.stdout.isatty() else 170, highlight=False)
+    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
     shown = table.head(top)
     if not shown["recommended"].any():
         shown = pd.concat([shown, table[table["recommended"]]])
-    t = Table(title=f"Libra candidates ranked by predicted {objective} straggler (profile {profile_name})")
-    for col, justify in (("rank", "right"), ("P", "right"), ("H", "right"), ("B", "right"), ("M", "right"),
-                         ("tiles/seq", "right"), ("mean ms", "right"), ("max ms", "right"),
-                         ("speedup", "right"), ("max speedup", "right"), ("comm GB/step", "right"),
-                         ("inter-node GB", "right"), ("exposed comm ms", "right"), ("/ bound", "right"),
-                         ("", "left")):
-        t.add_column(col, justify=justify)
-    for r in shown.itertuples():
-        t.add_row(str(r.rank), str(r.pool_size), str(r.head_split), str(r.block_size), str(r.pipeline_chunks),
-                  str(r.tiles_per_sequence), f"{r.mean_ms:.1f}", f"{r.max_ms:.1f}", f"{r.speedup:.2f}x",
-                  f"{r.max_speedup:.2f}x", f"{r.comm_gb_per_step:.1f}", f"{r.inter_node_gb_per_step:.1f}",
-                  f"{r.comm_exposed_ms:.1f}", f"{r.bound_ratio:.2f}", "<- recommended" if r.recommended else "",
-                  style="bold green" if r.recommended else None)
+    rows = [_cells(r) for r in shown.itertuples()]
+    columns = list(rows[0]) if wide else list(NARROW)
+    t = Table(title=f"candidates ranked by predicted {objective} straggler (profile {profile_name}; "
+                    f"ms = one layer fwd+bwd)")
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("method", "") else "right")
+    for cells, rec in zip(rows, shown["recommended"]):
+        t.add_row(*(cells[c] for c in columns), style="bold green" if rec else None)
     console.print(t)
 
 
@@ -288,8 +312,12 @@ def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: st
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="mean", show_default=True,
               help="Rank by mean straggler (throughput without PP) or worst step (PP bottleneck).")
 @click.option("--top", type=int, default=15, show_default=True, help="Rows of the printed ranking.")
+@click.option("--methods", default=",".join(TUNE_METHODS), show_default=True,
+              help="Comma list of TAP planners to tune (libra-adaptive plans with --profile).")
+@click.option("--wide", is_flag=True, help="Print every column of the ranking (default: the narrow table).")
 def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, dp, cp,
-         seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, tie_tolerance, objective, top):
+         seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, tie_tolerance, objective, top,
+         methods, wide):
     """Search Libra's (P, H, B) for your workload and cluster and recommend one configuration."""
     check_counts(windows, seed)
     if top < 1:
@@ -307,12 +335,14 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
                               parse_int_list(head_splits, "head split") if head_splits else None,
                               parse_int_list(block_sizes, "block size") if block_sizes else None)
         n_windows = 1 if quick else windows
-        click.echo(f"simulating Ulysses + {len(grid)} Libra candidates x {n_windows} window(s) "
+        method_list = parse_list(methods, TAP_METHODS + OPTIONAL_METHODS, "method")
+        click.echo(f"simulating Ulysses + {len(grid)} (P, H, B) candidates x {', '.join(method_list)} "
+                   f"x {n_windows} window(s) "
                    f"(DP {dp}, CP {cp}, S {seq_len}, GBS {gbs}, GA {par.ga}; hq {q_heads}, h_kv {kv_heads}, "
                    f"d {head_dim}; M {chunks}, tau {tap.tau}) ...")
         t0 = time.perf_counter()
         table, steps, run = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
-                                     objective, out=out, force=force, quiet=no_progress)
+                                     objective, out=out, force=force, quiet=no_progress, methods=method_list)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     rec = table[table["recommended"]].iloc[0]
@@ -320,16 +350,17 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
     atomic_write_text(run.out_dir / f"{run.name}_steps.csv", steps.to_csv(index=False))
     paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective),
                        extra={"profile": prof.to_dict(), "recommendation": recommendation})
-    _print_table(table, top, prof.name, objective)
+    _print_table(table, top, prof.name, objective, wide)
     click.echo(f"Ulysses on the same windows: mean straggler {rec['ulysses_mean_ms']:.1f} ms, "
                f"worst step {rec['ulysses_max_ms']:.1f} ms.")
-    click.echo(f"Recommended: P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={chunks} "
+    click.echo(f"Recommended: {rec['method']} with P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={chunks} "
                f"({rec['tiles_per_sequence']} tiles per packed sequence): predicted mean straggler "
                f"{rec['mean_ms']:.1f} ms ({rec['speedup']:.2f}x over Ulysses), worst step {rec['max_ms']:.1f} ms "
                f"({rec['max_speedup']:.2f}x), {rec['comm_gb_per_step']:.1f} GB moved per step.")
     click.echo(f"Rule: lowest {objective} straggler (--objective); candidates within {tie_tolerance:.0%} of the "
-               "best tie and go to the smaller P (less traffic, smaller pool to plan), then fewer tiles per "
-               f"sequence (cheaper placement), then the lower {'worst step' if objective == 'mean' else 'mean'}.")
+               "best tie and go to the smaller P (less traffic, smaller pool to plan), then libra before "
+               "libra-adaptive (cheaper to plan), then fewer tiles per sequence (cheaper placement), then the "
+               f"lower {'worst step' if objective == 'mean' else 'mean'}.")
     if rec["speedup"] < 1.0:
         click.echo("Warning: no candidate beats Ulysses on this workload and cluster; Libra is not predicted "
                    "to help here.")

@@ -23,7 +23,7 @@ def test_paper_setting_plans(setting):
     window = gbs_windows("libra-prod", par.seq_len, par.gbs, 1, seed=0)[0]
     moved = {}
     for name in PLANNERS:
-        opts = {} if name in ("ulysses", "wlb-llm") else {"block_size": block}
+        opts = {} if name in ("ulysses", "ulysses-sorted", "wlb-llm") else {"block_size": block}
         plans = get_planner(name, **opts).plan_window(window, par, SHAPE)
         assert len(plans) == par.ga
         if setting == "256K" or name != "wlb-llm":      # WLB-LLM at 1M validates in ~30 s: skip

@@ -29,7 +29,7 @@ def make_window(gbs: int, seq_len: int, seed: int) -> list[PackedSequence]:
 
 
 def options(name: str, pool_size: int) -> dict:
-    if name in ("ulysses", "wlb-llm"):
+    if name in ("ulysses", "ulysses-sorted", "wlb-llm"):
         return {}
     if name == "distca":
         return dict(TAP_OPTS)

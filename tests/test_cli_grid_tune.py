@@ -87,7 +87,8 @@ def test_tune_quick_ranks_and_recommends(tmp_path):
     r = invoke(TUNE + ["--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     t = pd.read_csv(tmp_path / "tune.csv")
-    assert len(t) == 8 and list(t["rank"]) == list(range(1, 9))
+    assert len(t) == 16 and list(t["rank"]) == list(range(1, 17))  # 8 (P, H, B) x {libra, libra-adaptive}
+    assert set(t["method"]) == {"libra", "libra-adaptive"}
     assert t["mean_ms"].is_monotonic_increasing
     assert t["recommended"].sum() == 1
     assert set(t["pool_size"]) == {2, 4} and set(t["pipeline_chunks"]) == {4}
@@ -101,9 +102,13 @@ def test_tune_quick_ranks_and_recommends(tmp_path):
     assert (run["config"]["tau"], run["config"]["pipeline_chunks"]) == (TapConfig().tau, TapConfig().pipeline_chunks)
     assert run["recommendation"]["block_size"] == rec["block_size"]
     steps = pd.read_csv(tmp_path / "tune_steps.csv")
-    assert set(steps["method"]) == {"ulysses", "libra"} and len(steps) == 9 * 2  # GA = 8 / 4
+    assert set(steps["method"]) == {"ulysses", "libra", "libra-adaptive"} and len(steps) == 17 * 2  # GA = 8 / 4
     assert (tmp_path / "tune.png").stat().st_size > 0
-    assert f"Recommended: P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}" in r.output
+    assert (f"Recommended: {rec['method']} with P={rec['pool_size']}, H={rec['head_split']}, "
+            f"B={rec['block_size']}") in r.output
+    only = invoke(TUNE + ["--methods", "libra", "--out", str(tmp_path / "libra")])
+    assert only.exit_code == 0, only.output
+    assert set(pd.read_csv(tmp_path / "libra" / "tune.csv")["method"]) == {"libra"}
     assert "Rule: lowest mean straggler" in r.output and "<- recommended" in r.output
 
 

@@ -9,7 +9,8 @@ from libra.config import ParallelConfig, TapConfig
 from libra.data.packing import PackedSequence
 from libra.workload import AttentionShape
 
-NAMES = ["ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt"]
+NAMES = ["ulysses", "ulysses-sorted", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt",
+         "libra-adaptive"]
 
 
 def test_registry_lists_every_method():
@@ -21,12 +22,12 @@ def test_each_planner_has_the_interface(name):
     planner = get_planner(name)
     assert isinstance(planner, Planner)
     assert planner.name == name
-    assert planner.pipeline_chunks == (4 if name in ("distca", "libra", "libra-kt") else 1)
+    assert planner.pipeline_chunks == (4 if name in ("distca", "libra", "libra-kt", "libra-adaptive") else 1)
     assert callable(planner.plan_window)
 
 
 def test_unknown_name_lists_the_registered_names():
-    with pytest.raises(ValueError, match="unknown planner 'ring'.*ulysses, wlb-llm, distca, libra-tap"):
+    with pytest.raises(ValueError, match="unknown planner 'ring'.*ulysses, ulysses-sorted, wlb-llm, distca, libra-tap"):
         get_planner("ring")
 
 
@@ -79,12 +80,13 @@ def test_layout_errors_are_value_errors(name, opts, par, shape, match):
 # TAP planners: the config is a TapConfig (one declaration of the layout and its defaults)
 # --------------------------------------------------------------------------------------------
 
-TAP_NAMES = ["distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt"]
+TAP_NAMES = ["distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "libra-adaptive"]
 PINNED = {"distca": {"load_estimate": "flops", "comm_aware": False},
           "libra-tap": {"load_estimate": "flops", "pipeline_chunks": 1},
           "libra-tap-vrsp": {"load_estimate": "flops", "pipeline_chunks": 1},
           "libra": {"load_estimate": "flops"},
-          "libra-kt": {"load_estimate": "kernel-time"}}
+          "libra-kt": {"load_estimate": "kernel-time"},
+          "libra-adaptive": {"load_estimate": "kernel-time"}}
 
 
 @pytest.mark.parametrize("name", TAP_NAMES)
@@ -102,6 +104,8 @@ def test_tap_planner_options_are_the_tapconfig_fields_it_does_not_pin(name):
         expected -= {"pool_size"}  # P = DP, set per window
     if name == "libra-kt":
         expected |= {"profile"}
+    if name == "libra-adaptive":
+        expected |= {"profile", "candidates"}
     assert set(planner_class(name).option_names()) == expected
 
 
@@ -133,6 +137,7 @@ def test_tap_planner_takes_a_tapconfig_and_pins_its_fields():
 @pytest.mark.parametrize("name", TAP_NAMES)
 def test_layout_is_checked_once_per_window_not_per_pool(monkeypatch, name):
     import baselines.libra_planners as lp
+    import libra.tap.adaptive as adaptive
     import libra.tap.planner as tp
 
     checks, flags = [], []
@@ -151,6 +156,7 @@ def test_layout_is_checked_once_per_window_not_per_pool(monkeypatch, name):
 
     monkeypatch.setattr(lp, "check_layout", counting_check)
     monkeypatch.setattr(lp, "plan_pool", recording_pool)
+    monkeypatch.setattr(adaptive, "plan_pool", recording_pool)  # libra-adaptive's Alg. 2 candidates
     monkeypatch.setattr(tp, "check_block", no_pool_check)
     monkeypatch.setattr(tp, "check_heads", no_pool_check)
     par = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=64)
@@ -158,4 +164,5 @@ def test_layout_is_checked_once_per_window_not_per_pool(monkeypatch, name):
     opts = {"block_size": 16} | ({} if name == "distca" else {"pool_size": 2})
     plans = get_planner(name, **opts).plan_window(window, par, AttentionShape(8, 2, 8))
     assert len(plans) == par.ga and len(checks) == 1
-    assert len(flags) == sum(len(p.pools) for p in plans) > 1 and all(flags)
+    pools = sum(len(p.pools) for p in plans)
+    assert len(flags) == (2 * pools if name == "libra-adaptive" else pools) and pools > 1 and all(flags)

@@ -79,12 +79,12 @@ def _window(rng, dp: int, S: int):
 
 
 def _options(name: str, M: int, H: int, B: int, dp: int) -> dict:
-    if name in ("ulysses", "wlb-llm"):
+    if name in ("ulysses", "ulysses-sorted", "wlb-llm"):
         return {}
     opts = {"block_size": B, "head_split": H}
     if name != "distca":
         opts["pool_size"] = dp
-    if name in ("libra", "libra-kt", "distca"):
+    if name in ("libra", "libra-kt", "libra-adaptive", "distca"):
         opts["pipeline_chunks"] = M
     return opts
 

@@ -117,6 +117,36 @@ class PlanCost:
         """Bytes moved per link class over the whole plan (fwd + bwd; each byte counted once)."""
         return {c: int(v.sum()) for c, v in self.bytes_sent.items()}
 
+    def loss_factors(self) -> dict[str, float]:
+        """Split ``straggler / balance_bound`` into four factors whose product is exactly that ratio.
+
+        With ``w`` the straggler worker, ``pool_mean`` the mean compute over the workers of ``w``'s
+        pool and ``step_mean`` the mean compute over every worker of the plan's pools (the
+        :attr:`balanced_compute_ms`, the same workers :attr:`balance_bound_ms` divides by):
+
+        * ``comm``: ``straggler / compute[w]`` -- exposed communication (Libra sec. 4.3.3, 4.4);
+        * ``placement``: ``compute[w] / pool_mean`` -- imbalance TAP leaves inside the pool
+          (sec. 4.3; includes tiles heavier than a worker's share and device jitter, sec. 3.2);
+        * ``pooling``: ``pool_mean / step_mean`` -- imbalance between the step's pools, which
+          grouping (VRSP, sec. 4.2) and the pool size ``P`` bound;
+        * ``kernel``: ``step_mean / balance_bound`` -- the step's kernel time over its FLOPs at the
+          kernel's best rate (short segments below the best rate, launches, the mean jitter).
+
+        The product telescopes to ``straggler / balance_bound``. A zero denominator (no compute,
+        an empty plan) gives NaN for the factors it enters.
+        """
+        w = self.straggler_worker
+        comp = float(self.compute_ms[w])
+        in_pool = self.pool == self.pool[w]
+        pool_mean = float(self.compute_ms[in_pool].mean()) if self.pool[w] >= 0 else 0.0
+        step_mean = self.balanced_compute_ms
+
+        def ratio(a: float, b: float) -> float:
+            return a / b if b > 0 else float("nan")
+
+        return {"comm": ratio(self.straggler_ms, comp), "placement": ratio(comp, pool_mean),
+                "pooling": ratio(pool_mean, step_mean), "kernel": ratio(step_mean, self.balance_bound_ms)}
+
 
 def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
     """Exposed communication of one pass under the Pipeliner, per worker (Libra sec. 4.4).
@@ -175,6 +205,12 @@ class CostModel:
         ports = sorted({lk.port for lk in links})
         self._port_of = np.array([ports.index(lk.port) for lk in links])
         self._nports = len(ports)
+
+    def flops_ms(self, flops_fwd):
+        """Forward + backward time of ``flops_fwd`` forward attention FLOPs at the kernel's best
+        rate (the unit of :attr:`PlanCost.balance_bound_ms` and of FLOPs-only stragglers)."""
+        best = self.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
+        return flops_fwd / best * (1.0 + self.kernel.backward_time_ratio)
 
     # -- compute ---------------------------------------------------------------------------
     def _schedules(self, plan: Plan, chunks: int) -> list[ChunkSchedule]:
@@ -322,8 +358,7 @@ class CostModel:
         exposed = (pipelined_exposed(events, fwd / chunks, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
                    + pipelined_exposed(events, bwd / chunks, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
         workers = max(int((pool_of >= 0).sum()), 1)
-        best = self.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
-        bound = float(flops.sum()) / workers / best * (1.0 + self.kernel.backward_time_ratio)
+        bound = self.flops_ms(float(flops.sum()) / workers)
         compute = fwd + bwd
         return PlanCost(
             method=plan.method, ga_index=int(plan.ga_index), pipeline_chunks=chunks, pool=pool_of,

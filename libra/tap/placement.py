@@ -128,7 +128,8 @@ def _place_flops_only(flops, order, n_workers, cap):
 
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                 shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
-                weights=None, index: PoolIndex | None = None, placer: str = "auto") -> tuple[TileTable, int]:
+                weights=None, index: PoolIndex | None = None, placer: str = "auto",
+                order=None) -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -146,6 +147,9 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             already has it (built once per call otherwise).
         placer: ``"auto"`` (default: the compiled kernels when numba imports, else Python; see
             :func:`default_placer`), ``"numba"`` or ``"python"``. All make identical choices.
+        order: the order tiles are placed in, a permutation of ``range(T)`` (default: Alg. 2's,
+            heaviest first, ties by tile index; :func:`libra.tap.adaptive.retention_order` is
+            another).
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -155,7 +159,8 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         ValueError: ``tau < 0`` (or not a number), no/duplicate workers, a Q-home or holder outside
             the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
             token range is not inside one holder range of its Q-home, ``weights`` that are not
-            ``(T,)`` finite numbers >= 0, an ``index`` of other sequences, or an unknown placer.
+            ``(T,)`` finite numbers >= 0, an ``index`` of other sequences, an unknown placer, or
+            an ``order`` that is not a permutation of the tiles.
         ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
     jit = _placer_module(placer)
@@ -165,7 +170,7 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     if n_tiles == 0:
         return tiles, 0
     cap = (1.0 + float(tau)) * (float(load.sum()) / n_workers)
-    order = np.argsort(-load, kind="stable")  # heaviest first, ties by tile index
+    order = np.argsort(-load, kind="stable") if order is None else _check_order(order, n_tiles)  # heaviest first
     if jit is not None:
         dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
                                              comm_aware)
@@ -237,6 +242,14 @@ def _check_weights(weights, n_tiles: int) -> np.ndarray:
     if len(bad):
         raise ValueError(f"tile weights must be finite and >= 0; tile {int(bad[0])} has {float(w[bad[0]])!r}")
     return w
+
+
+def _check_order(order, n_tiles: int) -> np.ndarray:
+    """``order`` as an int64 permutation of ``range(n_tiles)`` (ValueError otherwise)."""
+    o = np.asarray(order)
+    if o.shape != (n_tiles,) or o.dtype.kind not in "iu" or not np.array_equal(np.sort(o), np.arange(n_tiles)):
+        raise ValueError(f"order must be a permutation of the {n_tiles} tiles")
+    return o.astype(np.int64)
 
 
 def _qo_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:

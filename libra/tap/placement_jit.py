@@ -20,8 +20,11 @@ level, ``_inline``); every function stays within the project's 80-line limit.
 
 Costs are int64 bytes (Python's are ints, or integer-valued float64 sums in the dense path, both
 exact), loads are float64 summed in the same order, and ties break on (cost, load, lowest worker)
-exactly as in Python. Kernels compile lazily on first call, once per process (no on-disk cache);
-:func:`warmup` compiles them on tiny inputs and returns the seconds it took. Nothing is memoised
+exactly as in Python. Kernels compile lazily on first call and numba caches the machine code on
+disk (``cache=True``: beside this module, or in numba's user-wide cache folder where that is
+read-only), so each training rank pays the ~20-40 s compilation once per machine and code version,
+not once per process; :func:`warmup` compiles (or loads) them on tiny inputs and returns the
+seconds it took. Nothing is memoised
 across calls: every call allocates its state afresh.
 """
 
@@ -32,8 +35,8 @@ import time
 import numba
 import numpy as np
 
-_njit = numba.njit(cache=False, nogil=True)
-_inline = numba.njit(cache=False, nogil=True, inline="always")
+_njit = numba.njit(cache=True, nogil=True)
+_inline = numba.njit(cache=True, nogil=True, inline="always")
 
 # columns of the grouped kernel's per-tile int64 table (module constants: compile-time in numba)
 HOME, FREE, KF, KL, BODY, A0, A1, QO, SF, NF, SL, E, J0, J1 = range(14)

@@ -5,8 +5,8 @@
 holder ranges and one into the samples, and fills the TileTable columns in tile order; it returns
 each tile's causal area, which :func:`libra.workload.attention_flops` turns into FLOPs (one
 formula, one place). Same rows as the numpy implementation in :mod:`libra.tap.tiles`, which stays
-the fallback (the tests compare them). Compiles lazily on first call, once per process (no on-disk
-cache); :func:`libra.tap.tiles.warmup` compiles it on a tiny pool.
+the fallback (the tests compare them). Compiles lazily on first call and is cached on
+disk (see :mod:`libra.tap.placement_jit`); :func:`libra.tap.tiles.warmup` compiles it on a tiny pool.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-_njit = numba.njit(cache=False, nogil=True)
+_njit = numba.njit(cache=True, nogil=True)
 
 
 @_njit

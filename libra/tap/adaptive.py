@@ -1,0 +1,154 @@
+"""Adaptive TAP for real corpora: finer tiles, keep cheap-to-move work home (an extension
+beyond Libra sec. 4.3; the planner ``libra-adaptive``).
+
+An audit of the paper-faithful TAP on real length data (issue 11) found two losses that Alg. 2's
+tile set and order cause, not the data:
+
+* **Heavy tiles.** An equal-token SH-tile at the end of a long causal sample carries work that
+  grows linearly with its position; at 1M (B = 8192, H = 2) the heaviest is 1.5-2.3x a worker's
+  share, so no placement balances the pool. :func:`fine_head_split` cuts every block into head
+  shards of one KV head's query heads (finer shards would fetch that KV head twice), which
+  quarters the heaviest tile at the paper's shape. Cutting only the heavy tiles was measured too
+  (same per-tile FLOPs limit as a fraction of a worker's mean): it was never better than cutting
+  all of them, and it gives a worker tiles of mixed head widths, which the runtime's one kernel
+  call per Pipeliner chunk does not take.
+* **Moving the wrong tiles.** Alg. 2 takes tiles heaviest first, so a Q-home fills with its heavy
+  tiles and its light ones -- short-sample tiles whose Q and O cost as many bytes as a heavy
+  tile's but carry a hundredth of the work -- are displaced last, to whichever worker has room.
+  The receiving workers then spend more time on the wire than computing. :func:`place_retaining`
+  first lets every Q-home *retain* its tiles in order of increasing work per byte moved (the
+  least worth moving stay), up to the soft target, and only then places the rest -- the tiles
+  that carry the most work per byte -- with Alg. 2's own scoring (least incremental
+  communication, then least load; :class:`libra.tap.placement._KVGroupState`), heaviest first.
+
+Neither helps every pool: on a pool of short samples the paper's Alg. 2 is already good and a
+retained tile set can cost more communication. :func:`candidate_pools` therefore returns the
+paper's plan (FLOPs and kernel-time weighted) beside the two adaptive ones, and the planner keeps,
+per pool, the one its cost model prices fastest (``baselines.libra_planners.LibraAdaptivePlanner``).
+
+All are pure functions of the pool's metadata (deterministic, identical on every rank).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from libra.config import TapConfig
+from libra.plan import PoolIndex, PoolPlan, SequenceLayout, TileTable, pool_index
+from libra.tap.exchange import build_transfers
+from libra.tap.placement import place_tiles
+from libra.tap.planner import plan_pool
+from libra.tap.tiles import make_tiles
+from libra.tap.weights import kernel_time_weights
+from libra.workload import AttentionShape
+
+CANDIDATES = ("alg2-flops", "alg2-kernel-time", "fine", "fine-retain")
+"""The plans :func:`candidate_pools` offers per pool: the paper's Alg. 2 on FLOPs (``libra``'s
+plan), Alg. 2 on estimated kernel time (``libra-kt``'s), and on kernel-time weights with the
+finer head split of :func:`fine_head_split`, placed by Alg. 2 (``fine``) or by
+:func:`place_retaining` (``fine-retain``)."""
+
+
+def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
+    """The head split ``H'`` whose shards hold one KV head's query heads (``hq / hkv`` of them),
+    widened to a multiple of the Pipeliner's ``M`` -- or ``tap.head_split`` when that is already as
+    fine, or no such width divides ``hq``."""
+    width = math.lcm(max(shape.num_q_heads // shape.num_kv_heads, 1), tap.pipeline_chunks)
+    fine = shape.num_q_heads // width if shape.num_q_heads % width == 0 else tap.head_split
+    return max(fine, tap.head_split)
+
+
+def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
+                    tap: TapConfig, shape: AttentionShape, kernel,
+                    names: Sequence[str] = CANDIDATES) -> dict[str, PoolPlan]:
+    """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
+
+    Args:
+        index_in_group: the pool's index in its microbatch group (``PoolPlan.pool_index``).
+        sequences, workers, tap, shape: as :func:`libra.tap.planner.plan_pool`.
+        kernel: the :class:`libra.sim.kernel.KernelModel` that prices tiles by kernel time.
+        names: the candidates to build (a subset of :data:`CANDIDATES`).
+
+    Returns:
+        ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order.
+    """
+    sequences = tuple(sequences)
+    out = {}
+    if "alg2-flops" in names:
+        out["alg2-flops"] = plan_pool(index_in_group, sequences, workers, replace(tap, load_estimate="flops"),
+                                      shape, layout_checked=True)
+    if "alg2-kernel-time" in names:
+        out["alg2-kernel-time"] = plan_pool(index_in_group, sequences, workers,
+                                            replace(tap, load_estimate="kernel-time"), shape, kernel=kernel,
+                                            layout_checked=True)
+    if "fine" not in names and "fine-retain" not in names:
+        return out
+    index = pool_index(sequences)
+    tiles = make_tiles(sequences, tap.block_size, fine_head_split(tap, shape), shape, index=index)
+    load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
+    placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tau=tap.tau, weights=load, index=index),
+               "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index)}
+    for name in (n for n in placers if n in names):
+        placed = placers[name]()
+        out[name] = PoolPlan(pool_index=index_in_group, workers=tuple(workers), sequences=sequences, tiles=placed[0],
+                             transfers=build_transfers(sequences, placed[0], shape, index=index),
+                             fallback_tiles=placed[1])
+    return out
+
+
+def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n_workers: int,
+                    tau: float) -> np.ndarray:
+    """Alg. 2's placement order with Q-home retention: the tiles each Q-home keeps first, then the
+    others heaviest first (ties: tile index in both parts).
+
+    A tile's *move cost* is what it costs on a worker that holds none of it: its Q + O bytes plus
+    all the KV bytes of its KV interval (Alg. 2's ``generic`` cost); its *density* is load / move
+    cost. Per Q-home, tiles in order of increasing density are kept while the home's load stays
+    within ``C = (1 + tau) * mean``: the work least worth moving stays where its Q, O and (for the
+    usual tile) KV already are. Placed first, those tiles take their Q-home under Alg. 2's own rule
+    (the Q-home has room and costs nothing), and the movers -- the tiles that carry the most work
+    per byte -- are then scored as Alg. 2 scores any tile (:func:`libra.tap.placement.place_tiles`
+    with this ``order``).
+
+    Args:
+        tiles: the pool's tiles; ``load``: ``(T,)`` their loads; ``n_workers``: W; ``tau``: the slack.
+
+    Returns:
+        int64 ``(T,)`` permutation of the tiles.
+    """
+    qo = (tiles.q_end - tiles.q_start).astype(np.float64) * (tiles.head_end - tiles.head_start) * 2 \
+        * shape.head_dim * shape.dtype_bytes
+    k0, k1 = shape.kv_head_range(tiles.head_start, tiles.head_end)
+    kv = tiles.q_end.astype(np.float64) * (k1 - k0) * 2 * shape.head_dim * shape.dtype_bytes  # prefix bound
+    cap = (1.0 + float(tau)) * float(load.sum()) / n_workers
+    keep = _retained(tiles.q_home, load, qo + kv, cap)
+    heavy = np.argsort(-load, kind="stable")
+    return np.concatenate((heavy[keep[heavy]], heavy[~keep[heavy]]))
+
+
+def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
+                    shape: AttentionShape, tau: float, load: np.ndarray | None = None,
+                    index: PoolIndex | None = None) -> tuple[TileTable, int]:
+    """Alg. 2 (:func:`libra.tap.placement.place_tiles`, compiled when numba imports) in
+    :func:`retention_order`; arguments and result as ``place_tiles`` (``load``: its ``weights``)."""
+    load = tiles.flops if load is None else np.asarray(load, dtype=np.float64)
+    order = retention_order(tiles, shape, load, len(tuple(workers)), tau)
+    return place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index, order=order)
+
+
+def _retained(home: np.ndarray, load: np.ndarray, move_cost: np.ndarray, cap: float) -> np.ndarray:
+    """bool ``(T,)``: the tiles each Q-home keeps -- in order of increasing load per byte moved,
+    the longest prefix of that order whose load stays within ``cap``."""
+    density = load / np.maximum(move_cost, 1.0)
+    order = np.lexsort((np.arange(len(load)), density, home))  # by home, then density, then index
+    h, lo = home[order], load[order]
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    csum = np.cumsum(lo)
+    before = np.repeat(csum[starts] - lo[starts], np.diff(np.r_[starts, len(h)]))
+    keep = np.zeros(len(load), dtype=bool)
+    keep[order] = (csum - before) <= cap
+    return keep
