@@ -33,7 +33,7 @@ test-all: $(STAMP)  ## the default suite plus the slow tests
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
 
-bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP planning per pool); prints medians
+bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP per pool, compile and prepare per worker); prints medians
 	mkdir -p results/bench
 	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-min-rounds=30 --benchmark-columns=min,median,iqr,rounds -p no:cacheprovider -p no:hypothesispytest --benchmark-json=results/bench/benchmarks.json
 
@@ -78,8 +78,9 @@ fig13: $(STAMP)  ## Figure 13: simulated DP scaling
 fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
 	$(BENCH) pp-balance --workload libra-prod --out results/pp-balance $(RESULTS)
 
-microbench: $(STAMP)  ## measured core attention on 4 local gloo processes (CPU, small sizes)
-	$(BENCH) microbench --nproc 4 --methods ulysses,wlb-llm,distca,libra-tap,libra-tap-vrsp,libra --windows 2 --repeats 5 --out results/microbench-cpu $(RESULTS)
+microbench: $(STAMP)  ## measured core attention, 2 gloo ranks (one per core), skewed 8K windows, vs the measured ideal (run on a quiet host)
+	$(BENCH) calibrate --device cpu --out results/microbench-cpu/calibrate-cpu $(RESULTS)
+	$(BENCH) microbench --nproc 2 --dp 2 --cp 1 --pool-size 2 --seq-len 8192 --gbs 2 --block-size 1024 --head-split 2 --q-heads 8 --kv-heads 2 --head-dim 64 --methods ulysses,libra,libra-kt --profile results/microbench-cpu/calibrate-cpu/profile.json --workload workloads/skewed-8k.txt --repeats 3 --out results/microbench-cpu $(RESULTS)
 
 paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link to Fig. 15, rerun Figs. 15 and 12 with it
 	$(BENCH) fit-links --out results/fit-links

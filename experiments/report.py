@@ -231,8 +231,9 @@ REASONS: dict[str, list[tuple[Callable[[dict], bool], str]]] = {
              (lambda f: True, "VRSP is the paper's Algorithm 1; R-1 depends only on the length distribution")],
     "sec4.2": [(lambda f: True, "Python heapq VRSP on a shared 2-core host vs the paper's implementation")],
     "sec5": [(lambda f: f.get("tap_ratio", 0) > 1,
-              "pure-Python/numpy TAP placement on a shared {cpus}-core host is {tap_ratio:.1f}x the paper's time"),
-             (lambda f: True, "pure-Python/numpy planner on a shared {cpus}-core host vs the paper's production planner")],
+              "TAP with the {placer} placer on a shared {cpus}-core host is {tap_ratio:.1f}x the paper's time"),
+             (lambda f: True, "TAP with the {placer} placer (numba kernels when the fast extra is installed, else "
+                              "Python/numpy) on a shared {cpus}-core host vs the paper's production planner")],
     "fig12-speedup": [(lambda f: f.get("over", False),
                        "simulated; Ulysses' mean straggler is {u_bound:.1f}x its perfect-balance bound on this "
                        "data, so there is more imbalance to remove than the paper's corpus left"),
@@ -446,7 +447,8 @@ def rows_sec5(sources) -> list[Row]:
             v, t = float(med.get("vrsp", np.nan)), float(med.get("tap", np.nan))
             row.source, row.ours = src, f"VRSP {v:.2f} ms; TAP {t:.1f} ms (medians)"
             row.pairs = [(v, p["vrsp"], "rel"), (t, p["tap"], "rel")]
-            row.facts = {"tap_ratio": t / p["tap"], "cpus": (src.record.get("environment") or {}).get("cpu_count", "?")}
+            row.facts = {"tap_ratio": t / p["tap"], "cpus": (src.record.get("environment") or {}).get("cpu_count", "?"),
+                         "placer": (src.record.get("config") or {}).get("placer", "recorded")}
         rows.append(row)
     return rows
 
@@ -514,6 +516,11 @@ def fig12_context(summ, s: str, src: Source, off: Source | None) -> str:
                                     f"{_value(summ, s, 'libra', 'window_speedup_max'):.2f}x"
                                     if np.isfinite(_value(summ, s, "libra", "window_speedup_min")) else "n/a"),
              packing_text(src)]
+    adaptive = _value(summ, s, "libra-adaptive", "mean_speedup")
+    if np.isfinite(adaptive):  # the extension, where the run has it (make fig12-real, make extensions)
+        parts.insert(2, f"libra-adaptive (not in the paper) {adaptive:.2f}x, pool-balanced ratio "
+                        f"{_value(summ, s, 'libra-adaptive', 'pool_balanced_ratio'):.2f} vs Libra's "
+                        f"{_value(summ, s, 'libra', 'pool_balanced_ratio'):.2f}")
     same = off is not None and all(off.config.get(k) == src.config.get(k) for k in ("windows", "seed"))
     on = _value(summ, s, "libra", "mean_speedup")
     flat = _value(_straggler_summary(off), s, "libra", "mean_speedup") if same else float("nan")

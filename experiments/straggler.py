@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import tap_options
-from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runner import ExperimentRun, atomic_write_text, is_paper_layout
 from experiments.sim_common import (
     LABELS,
     METHODS,
@@ -155,7 +155,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     df = pd.DataFrame(run.map(keys, point, desc="straggler"))
     lead = ["workload", "setting", "method", "window", "step", "straggler_ms", "compute_ms", "comm_exposed_ms"]
     df = df[lead + [c for c in df.columns if c not in lead]]
-    return df, summarize(df), run, timings
+    return df, summarize(df, paper_settings(workload, chosen, shape)), run, timings
 
 
 def step_row(r, workload: str, setting: str, window: int) -> dict:
@@ -195,9 +195,22 @@ def _decomposition(g: pd.DataFrame) -> dict:
     return out
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
+def paper_settings(workload: str, chosen: dict, shape) -> set[str]:
+    """The settings of a run whose numbers the paper's Figure 12 speedups describe: the paper's
+    corpus stand-in (``libra-prod``), the paper's layout (:func:`experiments.runner.is_paper_layout`)
+    and head shape. Other runs get no ``paper_*`` columns and no paper marks."""
+    if workload != "libra-prod" or (shape.num_q_heads, shape.num_kv_heads, shape.head_dim) != (32, 4, 128):
+        return set()
+    return {name for name, st in chosen.items() if is_paper_layout(setting_record(st))}
+
+
+def summarize(df: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:
     """Per (setting, method): mean straggler, mean per-window worst step, both / Ulysses' mean, and
-    the loss decomposition (geometric means over steps) with the FLOPs-only limit."""
+    the loss decomposition (geometric means over steps) with the FLOPs-only limit.
+
+    ``paper``: the settings that get the paper's speedups (``paper_mean_speedup``,
+    ``paper_max_speedup``; None: every setting the paper reports). An empty set leaves the
+    columns out (a run on other data or another layout is not comparable to the paper's)."""
     rows = []
     for (setting, method), g in df.groupby(["setting", "method"], sort=False):
         per_window_max = g.groupby("window")["straggler_ms"].max()
@@ -224,10 +237,11 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         spread = window_speedups(df[df["setting"] == setting])
         out.loc[idx, "window_speedup_min"] = out.loc[idx, "method"].map(spread["min"])
         out.loc[idx, "window_speedup_max"] = out.loc[idx, "method"].map(spread["max"])
-    out["paper_mean_speedup"] = [PAPER_SPEEDUP.get((s, "mean"), {}).get(m, np.nan)
-                                 for s, m in zip(out["setting"], out["method"])]
-    out["paper_max_speedup"] = [PAPER_SPEEDUP.get((s, "max"), {}).get(m, np.nan)
-                                for s, m in zip(out["setting"], out["method"])]
+    if paper is None or paper:
+        keep = (lambda s: True) if paper is None else paper.__contains__
+        for metric in ("mean", "max"):
+            out[f"paper_{metric}_speedup"] = [PAPER_SPEEDUP.get((s, metric), {}).get(m, np.nan) if keep(s) else np.nan
+                                              for s, m in zip(out["setting"], out["method"])]
     return out
 
 
@@ -266,15 +280,17 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
         sns.barplot(data=sub, x="label", y="norm", hue="metric", order=order, hue_order=["mean", "max"], ax=ax)
         srow = summary[summary["setting"] == setting].set_index("method")
         u_max = float(srow["max_norm"].get("ulysses", np.nan)) if "ulysses" in srow.index else np.nan
+        marks = 0
         for i, method in enumerate(srow.index):
-            for j, (metric, off) in enumerate((("mean", -0.2), ("max", 0.2))):
-                sp = PAPER_SPEEDUP.get((setting, metric), {}).get(method)
-                if sp is None or not np.isfinite(u_max):
+            for metric, off in (("mean", -0.2), ("max", 0.2)):
+                sp = srow[f"paper_{metric}_speedup"].get(method, np.nan) if f"paper_{metric}_speedup" in srow else np.nan
+                if not (np.isfinite(sp) and np.isfinite(u_max)):
                     continue
                 y = 1.0 / sp if metric == "mean" else u_max / sp
                 ax.plot(i + off, y, marker="_", color="black", markersize=18, mew=2.5,
-                        label="paper" if (i, j) == (0, 0) else None)
-        ax.set_title(f"{setting}: straggler / Ulysses mean (black: paper)")
+                        label="paper" if marks == 0 else None)
+                marks += 1
+        ax.set_title(f"{setting}: straggler / Ulysses mean" + (" (black: paper)" if marks else ""))
         ax.set_xlabel("")
         ax.set_ylabel("normalised straggler time")
         ax.tick_params(axis="x", rotation=25)
@@ -364,8 +380,9 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
 
 def echo_tables(summary: pd.DataFrame) -> None:
     """Print the speedup table and the loss-decomposition table."""
+    paper = [c for c in ("paper_mean_speedup", "paper_max_speedup") if c in summary]
     click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "mean_norm", "max_norm",
-                                      "mean_speedup", "paper_mean_speedup", "max_speedup", "paper_max_speedup",
+                                      "mean_speedup", *paper[:1], "max_speedup", *paper[1:],
                                       "window_speedup_min", "window_speedup_max", "bound_ratio",
                                       "balanced_ratio"], "{:.2f}"))
     click.echo("\nloss decomposition, geometric means over steps (comm x placement x pooling x kernel = "
