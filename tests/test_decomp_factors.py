@@ -9,11 +9,10 @@ VRSP pool / (P * CP) in the bound's unit. The summary keeps the product exact wi
 import numpy as np
 import pandas as pd
 import pytest
+from test_sim_simulator import PAR, window  # the same 8-sequence window
 
 from baselines.registry import get_planner
 from experiments.straggler import FACTORS, gmean, summarize
-from libra.config import ParallelConfig
-from libra.data.packing import PackedSequence
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.simulator import flops_stragglers, simulate_window
@@ -21,21 +20,10 @@ from libra.sim.topology import Topology
 from libra.vrsp import vrsp
 from libra.workload import AttentionShape, packed_flops, packed_workloads
 
-PAR = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=16384)
 SHAPE = AttentionShape(num_q_heads=8, num_kv_heads=2, head_dim=64)
 TAP = {"block_size": 2048, "head_split": 2}
 PLANNERS = {"ulysses": {}, "ulysses-sorted": {}, "wlb-llm": {"rejoin": "none"}, "distca": TAP,
             "libra-tap": {**TAP, "pool_size": 2}, "libra": {**TAP, "pool_size": 2}}
-
-
-def window():
-    """8 sequences of 16K tokens: heavy ones (one long sample) mixed with short-sample ones."""
-    rows = [[16384], [12288, 4096], [2048] * 8, [1024] * 16, [4096] * 4, [512] * 32, [8192, 8192], [2048] * 8]
-    out, n = [], 0
-    for i, r in enumerate(rows):
-        out.append(PackedSequence(i, np.array(r), np.arange(n, n + len(r))))
-        n += len(r)
-    return out
 
 
 @pytest.fixture(scope="module")
