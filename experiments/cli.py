@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "variability": "experiments.variability:variability",
     "tune": "experiments.tune:tune",
     "report": "experiments.report:report",
+    "compare": "experiments.compare:compare",
     "microbench": "experiments.microbench:microbench",
     "train": "experiments.train:train",
     "dp-scaling": "experiments.dp_scaling:dp_scaling",

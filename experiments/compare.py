@@ -1,0 +1,170 @@
+"""`libra-bench compare RUN_DIR RUN_DIR [...]`: two or more result folders of one experiment side by side.
+
+What users come for -- "compare methods on *my* cluster with *my* data" -- usually ends with two
+runs: two clusters' profiles, two workloads, before and after a change. This command reads each
+folder's ``run.json`` (they must record the same experiment) and its summary table
+(``<experiment>_summary.csv`` when the experiment writes one, else ``<experiment>.csv``), lists the
+config keys in which each run differs from the first, and puts the chosen metrics side by side:
+one row per (key columns, metric) with each run's value and its ratio to the first run's.
+
+Key columns are the text columns every table shares (``setting``, ``method``, ...); rows with the
+same keys are averaged (a per-step CSV becomes per-key means). Metrics default to each
+experiment's headline numbers (:data:`DEFAULT_METRICS`) or ``--metrics``.
+
+Outputs (``--out``, default ``runs/compare/<experiment>-<hash of the inputs>/``): ``compare.csv``,
+``compare.png`` (one panel per metric, bars per key, one colour per run, values as printed) and
+``run.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+
+from experiments.runner import RUNS_ROOT, ExperimentRun, differing_keys, stable_hash
+
+DEFAULT_METRICS = {
+    "straggler": ("mean_ms", "mean_speedup", "pool_balanced_ratio"),
+    "pool-sweep": ("total_ms",),
+    "tune": ("mean_ms", "speedup"),
+    "plan-cost": ("median_ms",),
+    "microbench": ("mean_ms", "ideal_ratio"),
+    "grid-search": ("speedup",),
+}
+"""Headline metrics per experiment (others: the first three numeric columns)."""
+
+IGNORED_KEYS = {"workload", "label"}
+"""Text columns that name the run rather than a row (they differ between the runs compared)."""
+
+
+def load_run(folder: Path) -> tuple[dict, pd.DataFrame]:
+    """``(run.json record, summary table)`` of one result folder.
+
+    Raises:
+        click.UsageError: no ``run.json`` or no table in the folder.
+    """
+    record_path = folder / "run.json"
+    if not record_path.is_file():
+        raise click.UsageError(f"{folder} holds no run.json (not a libra-bench result folder)")
+    record = json.loads(record_path.read_text())
+    name = record.get("experiment", "")
+    for table in (folder / f"{name}_summary.csv", folder / f"{name}.csv"):
+        if table.is_file():
+            return record, pd.read_csv(table)
+    raise click.UsageError(f"{folder} holds no {name}_summary.csv or {name}.csv")
+
+
+def key_columns(tables: list[pd.DataFrame]) -> list[str]:
+    """Text columns present in every table: the row keys (run-naming columns excluded)."""
+    common = set.intersection(*(set(t.columns) for t in tables))
+    first = tables[0]
+    return [c for c in first.columns if c in common and c not in IGNORED_KEYS
+            and not pd.api.types.is_numeric_dtype(first[c])]
+
+
+def choose_metrics(experiment: str, tables: list[pd.DataFrame], asked: tuple[str, ...]) -> list[str]:
+    """``asked`` (each must be a numeric column of every table), else the experiment's defaults
+    present in every table, else the first three shared numeric columns.
+
+    Raises:
+        click.UsageError: an asked metric missing from a table, or no numeric column to compare.
+    """
+    numeric = [c for c in tables[0].columns
+               if all(c in t.columns and pd.api.types.is_numeric_dtype(t[c]) for t in tables)]
+    if asked:
+        missing = [m for m in asked if m not in numeric]
+        if missing:
+            raise click.UsageError(f"metric(s) {missing} are not numeric columns of every run; "
+                                   f"shared ones: {', '.join(numeric)}")
+        return list(asked)
+    chosen = [m for m in DEFAULT_METRICS.get(experiment, ()) if m in numeric] or numeric[:3]
+    if not chosen:
+        raise click.UsageError("the runs share no numeric column to compare")
+    return chosen
+
+
+def side_by_side(tables: list[pd.DataFrame], labels: list[str], keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """One row per (keys, metric): each run's value (mean over rows with those keys) and its ratio
+    to the first run's (``ratio:<label>``); keys missing from a run give NaN."""
+    per_run = []
+    for t in tables:
+        g = t.groupby(keys, sort=False)[metrics].mean() if keys else t[metrics].mean().to_frame().T
+        per_run.append(g)
+    index = per_run[0].index
+    for g in per_run[1:]:
+        index = index.append(g.index.difference(index))
+    rows = []
+    for key in index:
+        for m in metrics:
+            vals = [float(g[m].get(key, np.nan)) if key in g.index else np.nan for g in per_run]
+            row = dict(zip(keys, key if isinstance(key, tuple) else (key,))) if keys else {}
+            row["metric"] = m
+            row.update({lab: v for lab, v in zip(labels, vals)})
+            row.update({f"ratio:{lab}": v / vals[0] if vals[0] else np.nan for lab, v in zip(labels[1:], vals[1:])})
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_compare(table: pd.DataFrame, labels: list[str], keys: list[str], path: Path) -> None:
+    """One panel per metric: bars per key, one colour per run (the values of compare.csv)."""
+    from experiments.plotting import plt, save_figure, setup_style  # noqa: PLC0415  (Agg backend)
+
+    setup_style()
+    metrics = list(dict.fromkeys(table["metric"]))
+    fig, axes = plt.subplots(len(metrics), 1, figsize=(max(6.0, 0.5 * len(table) / len(metrics) * len(labels) + 3),
+                                                      3.2 * len(metrics)), squeeze=False)
+    for ax, m in zip(axes[:, 0], metrics):
+        sub = table[table["metric"] == m]
+        names = [" / ".join(str(v) for v in r) for r in sub[keys].itertuples(index=False)] if keys else ["all"]
+        x = np.arange(len(sub))
+        width = 0.8 / len(labels)
+        for i, lab in enumerate(labels):
+            ax.bar(x + (i - (len(labels) - 1) / 2) * width, sub[lab].to_numpy(), width, label=lab)
+        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(m)
+        ax.set_title(f"{m} per {' / '.join(keys) or 'run'} (bars: runs compared)")
+        ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+@click.command("compare")
+@click.argument("runs", nargs=-1, type=click.Path(file_okay=False, exists=True, path_type=Path))
+@click.option("--metrics", default=None, help="Comma list of numeric columns to compare (default: the "
+                                              "experiment's headline metrics).")
+@click.option("--labels", default=None, help="Comma list of names for the runs (default: folder names).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Output folder (default runs/compare/<experiment>-<hash>/).")
+def compare(runs, metrics, labels, out):
+    """Compare two or more result folders of the same experiment side by side."""
+    if len(runs) < 2:
+        raise click.UsageError("give at least two result folders")
+    loaded = [load_run(Path(r)) for r in runs]
+    experiments = {rec.get("experiment") for rec, _ in loaded}
+    if len(experiments) != 1:
+        raise click.UsageError(f"the folders hold different experiments: {sorted(map(str, experiments))}")
+    experiment = experiments.pop()
+    names = [s.strip() for s in labels.split(",")] if labels else [Path(r).name or str(r) for r in runs]
+    if len(names) != len(runs) or len(set(names)) != len(names):
+        raise click.UsageError(f"--labels needs {len(runs)} distinct names, got {names}")
+    tables = [t for _, t in loaded]
+    keys = key_columns(tables)
+    chosen = choose_metrics(experiment, tables, tuple(m.strip() for m in metrics.split(",")) if metrics else ())
+    table = side_by_side(tables, names, keys, chosen)
+    diffs = {lab: differing_keys(loaded[0][0].get("config"), rec.get("config"), depth=4)
+             for lab, (rec, _) in zip(names[1:], loaded[1:])}
+    config = {"experiment": experiment, "runs": [str(Path(r).resolve()) for r in runs], "labels": names,
+              "metrics": chosen, "keys": keys}
+    out = out or RUNS_ROOT / "compare" / f"{experiment}-{stable_hash(config)[:10]}"
+    run = ExperimentRun("compare", config, out_dir=out, quiet=True, paper=False)
+    paths = run.finish(table, plot=lambda d, p: plot_compare(d, names, keys, p), extra={"config_differences": diffs})
+    for lab, keys_ in diffs.items():
+        click.echo(f"{lab} vs {names[0]}: config differs in {', '.join(keys_) if keys_ else 'nothing'}")
+    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
+        click.echo(f"{experiment}: each run's value (mean over rows with the same keys) and ratio:<run> = "
+                   f"run / {names[0]}")
+        click.echo(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    click.echo(f"wrote {paths['csv']}, {paths.get('png')}, {paths['run']}")

@@ -1,0 +1,64 @@
+"""`libra-bench compare` (issue 14 item 2): two or more result folders of one experiment side by side."""
+
+import json
+
+import pandas as pd
+from click.testing import CliRunner
+
+from experiments.cli import main
+
+
+def _run(folder, experiment, config, rows, summary=True):
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"experiment": experiment, "config": config}))
+    name = f"{experiment}_summary.csv" if summary else f"{experiment}.csv"
+    pd.DataFrame(rows).to_csv(folder / name, index=False)
+    return str(folder)
+
+
+def _straggler(folder, workload, scale):
+    rows = [{"workload": workload, "setting": s, "method": m, "mean_ms": base * scale, "mean_speedup": 100 / base,
+             "pool_balanced_ratio": 1.0 + base / 1000} for s in ("256k", "1m") for m, base in
+            (("ulysses", 100.0), ("libra", 40.0))]
+    return _run(folder, "straggler", {"workload": workload, "windows": 4, "profile": {"name": "a"}}, rows)
+
+
+def test_compare_lists_config_differences_and_ratios(tmp_path):
+    a = _straggler(tmp_path / "a", "wiki.txt", 1.0)
+    b = _straggler(tmp_path / "b", "prolong.json", 2.0)
+    out = tmp_path / "cmp"
+    r = CliRunner().invoke(main, ["compare", a, b, "--labels", "wiki,prolong", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "prolong vs wiki: config differs in workload" in r.output
+    t = pd.read_csv(out / "compare.csv")
+    assert list(t.columns[:3]) == ["setting", "method", "metric"]
+    assert set(t["metric"]) == {"mean_ms", "mean_speedup", "pool_balanced_ratio"}
+    ms = t[t["metric"] == "mean_ms"]
+    assert (ms["ratio:prolong"] == 2.0).all() and (ms["wiki"] == [100.0, 40.0, 100.0, 40.0]).all()
+    assert (out / "compare.png").stat().st_size > 0
+    assert json.loads((out / "run.json").read_text())["config_differences"]["prolong"] == ["workload"]
+
+
+def test_compare_metrics_option_and_per_step_tables(tmp_path):
+    rows = [{"setting": "256k", "method": "libra", "step": i, "straggler_ms": 10.0 + i} for i in range(4)]
+    a = _run(tmp_path / "a", "microbench", {"x": 1}, rows, summary=False)
+    b = _run(tmp_path / "b", "microbench", {"x": 2}, [dict(r, straggler_ms=2 * r["straggler_ms"]) for r in rows],
+             summary=False)
+    r = CliRunner().invoke(main, ["compare", a, b, "--metrics", "straggler_ms", "--out", str(tmp_path / "c")])
+    assert r.exit_code == 0, r.output
+    t = pd.read_csv(tmp_path / "c" / "compare.csv")
+    assert len(t) == 1 and t["a"].iloc[0] == 11.5 and t["ratio:b"].iloc[0] == 2.0  # mean over steps
+
+
+def test_compare_bad_input_is_one_line(tmp_path):
+    a = _straggler(tmp_path / "a", "w", 1.0)
+    b = _straggler(tmp_path / "b", "w", 1.0)
+    other = _run(tmp_path / "o", "tune", {}, [{"method": "libra", "mean_ms": 1.0}])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for args, match in ((["compare", a], "at least two"), (["compare", a, other], "different experiments"),
+                        (["compare", a, str(empty)], "no run.json"),
+                        (["compare", a, b, "--metrics", "nope"], "not numeric columns"),
+                        (["compare", a, a], "distinct names")):
+        r = CliRunner().invoke(main, args + ["--out", str(tmp_path / "x")])
+        assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, (args, r.output)
