@@ -162,6 +162,38 @@ def force_option():
     return click.option("--force", is_flag=True, help="recompute every point instead of reusing finished ones")
 
 
+def layout_options():
+    """``--dp --cp --seq-len --gbs``: the user's own parallel layout instead of the paper's
+    settings (all four together; sizes accept ``K``/``M``). Unset: None (the command's presets)."""
+    def deco(fn):
+        for opt in reversed([
+            click.option("--dp", type=click.IntRange(min=1), default=None, help="data-parallel degree (your layout)"),
+            click.option("--cp", type=click.IntRange(min=1), default=None, help="context-parallel degree (your layout)"),
+            click.option("--seq-len", type=SizeType(), default=None, help="tokens per packed sequence S, e.g. 128K"),
+            click.option("--gbs", type=click.IntRange(min=1), default=None,
+                         help="packed sequences per optimizer step (a multiple of DP)"),
+        ]):
+            fn = opt(fn)
+        return fn
+    return deco
+
+
+def given_layout(dp, cp, seq_len, gbs) -> dict | None:
+    """``{dp, cp, seq_len, gbs}`` when :func:`layout_options` were given, None when none was.
+
+    Raises:
+        click.UsageError: some but not all four given (the message names the missing ones).
+    """
+    values = {"dp": dp, "cp": cp, "seq_len": seq_len, "gbs": gbs}
+    if all(v is None for v in values.values()):
+        return None
+    missing = [f"--{k.replace('_', '-')}" for k, v in values.items() if v is None]
+    if missing:
+        raise click.UsageError(f"a layout of your own needs --dp, --cp, --seq-len and --gbs together; missing "
+                               f"{', '.join(missing)}")
+    return values
+
+
 def _store_overwrite(ctx: click.Context, _param, value: bool) -> bool:
     ctx.meta[OVERWRITE_META] = bool(value)
     return value

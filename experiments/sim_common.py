@@ -72,6 +72,24 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+def custom_setting(dp: int, cp: int, seq_len: int, gbs: int) -> Setting:
+    """A user's layout as a :class:`Setting` named ``dp{DP}-cp{CP}-s{S}-gbs{GBS}``: TapConfig's
+    defaults except P = the largest divisor of DP up to 8 (the paper's pool size where it fits);
+    the TAP options (``--pool-size``, ``--block-size``, ...) override them.
+
+    Raises:
+        ValueError: a non-positive size, DP not dividing GBS or CP not dividing S.
+    """
+    par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)  # checks the layout rules
+    if par.seq_len % par.cp:
+        raise ValueError(f"CP={cp} must divide the sequence length S={seq_len}")
+    pool = max(p for p in range(1, min(8, dp) + 1) if dp % p == 0)
+    size = f"{seq_len // 2**20}m" if seq_len % 2**20 == 0 else (f"{seq_len // 1024}k" if seq_len % 1024 == 0
+                                                                 else str(seq_len))
+    return Setting(f"dp{dp}-cp{cp}-s{size}-gbs{gbs}", dp=dp, cp=cp, gbs=gbs, seq_len=seq_len,
+                   tap=TapConfig(pool_size=pool))
+
+
 def with_tap(setting, **overrides):
     """``setting`` (any dataclass with a ``tap`` TapConfig) with the given TAP fields replaced;
     None values (TAP options not given on the command line) keep the setting's.

@@ -52,7 +52,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import tap_options
+from experiments.options import given_layout, layout_options, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, is_paper_layout
 from experiments.sim_common import (
     LABELS,
@@ -63,6 +63,7 @@ from experiments.sim_common import (
     build_cost_model,
     check_counts,
     common_options,
+    custom_setting,
     format_table,
     jitter_seed,
     load_windows,
@@ -112,6 +113,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     """Simulate every (setting, method, window); returns (steps, summary, run, timings).
 
     Args:
+        settings: paper setting names (:data:`SETTINGS`) or :class:`Setting` objects (a user's layout).
         tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
         jitter: apply the profile's device variability (False: every GPU at speed 1).
 
@@ -120,7 +122,9 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     """
     from baselines.registry import get_planner  # noqa: PLC0415
 
-    chosen = {s: with_tap(SETTINGS[s], **(tap_overrides or {})) for s in settings}
+    chosen = {st.name: with_tap(st, **(tap_overrides or {}))
+              for st in (SETTINGS[s] if isinstance(s, str) else s for s in settings)}
+    settings = list(chosen)
     options = {s: {m: {k: (v.name if k == "profile" else v)
                        for k, v in run_options(m, chosen[s], profile, wlb_rejoin).items()} for m in methods}
                for s in settings}
@@ -337,7 +341,9 @@ def plot_factors(ax, summary: pd.DataFrame, setting: str) -> None:
 
 @click.command("straggler")
 @common_options(default_windows=8)
-@click.option("--settings", "settings_", default="256k,1m", show_default=True, help="Comma list: 256k, 1m.")
+@click.option("--settings", "--setting", "settings_", default="256k,1m", show_default=True,
+              help="Comma list of the paper's settings: 256k, 1m (case-insensitive); ignored with --dp/--cp/...")
+@layout_options()
 @click.option("--methods", default=",".join(METHODS), show_default=True,
               help=f"Comma list of registered planner names (e.g. {', '.join(OPTIONAL_METHODS)}, not in the paper), "
                    "or 'all'.")
@@ -346,14 +352,18 @@ def plot_factors(ax, summary: pd.DataFrame, setting: str) -> None:
               help="WLB-LLM's rejoin option; anything but 'none' gives it more attention work than the others.")
 @click.option("--no-jitter", is_flag=True,
               help="Every GPU at speed 1 (no device variability): shows how much the jitter model contributes.")
-@tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
+@tap_options("pool_size", "block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-              settings_, methods, wlb_rejoin, no_jitter, block_size, head_split, tau, pipeline_chunks):
-    """Figure 12: mean and worst-step straggler of every method in both paper settings."""
+              settings_, dp, cp, seq_len, gbs, methods, wlb_rejoin, no_jitter, pool_size, block_size, head_split, tau,
+              pipeline_chunks):
+    """Figure 12: mean and worst-step straggler of every method in both paper settings (or your layout:
+    --dp --cp --seq-len --gbs)."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
+    layout = given_layout(dp, cp, seq_len, gbs)
     try:
-        settings = parse_list(settings_, tuple(SETTINGS), "setting")
+        settings = ([custom_setting(**layout)] if layout else
+                    parse_list(settings_.lower(), tuple(SETTINGS), "setting"))
         known = all_methods()
         method_list = known if methods.strip() == "all" else parse_list(methods, known, "method")
         shape = make_shape(q_heads, kv_heads, head_dim)
@@ -363,13 +373,15 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
         df, summary, run, timings = run_straggler(workload, prof, settings, method_list, 1 if quick else windows,
                                                   seed, shape, out=out, force=force, quiet=no_progress,
                                                   wlb_rejoin=wlb_rejoin, jitter=not no_jitter,
-                                                  tap_overrides={"block_size": block_size, "head_split": head_split,
+                                                  tap_overrides={"pool_size": pool_size, "block_size": block_size,
+                                                                 "head_split": head_split,
                                                                  "tau": tau, "pipeline_chunks": pipeline_chunks})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     wall = time.perf_counter() - t0
     atomic_write_text(run.out_dir / "straggler_summary.csv", summary.to_csv(index=False))
-    per_setting = {s: round(sum(v for (ss, _), v in timings.items() if ss == s), 3) for s in settings}
+    names = [s if isinstance(s, str) else s.name for s in settings]
+    per_setting = {s: round(sum(v for (ss, _), v in timings.items() if ss == s), 3) for s in names}
     paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p),
                        extra={"profile": prof.to_dict(), "simulate_seconds_per_setting": per_setting,
                               "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}})
