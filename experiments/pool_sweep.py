@@ -25,14 +25,14 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import tap_options
+from experiments.options import given_layout, layout_options, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     LABELS,
-    SETTINGS,
     TAP_METHODS,
     build_cost_model,
     check_counts,
+    chosen_settings,
     common_options,
     format_table,
     jitter_seed,
@@ -42,7 +42,7 @@ from experiments.sim_common import (
     parse_list,
     resolve_profile,
     setting_record,
-    with_tap,
+    settings_from_options,
     workload_record,
 )
 from libra.sim.simulator import simulate_window
@@ -67,7 +67,8 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
 
     ``tap_overrides``: TapConfig fields replacing every setting's (None values keep the setting's).
     """
-    chosen = {s: with_tap(SETTINGS[s], **(tap_overrides or {})) for s in settings}
+    chosen = chosen_settings(settings, tap_overrides)
+    settings = list(chosen)
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
               "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
@@ -157,18 +158,21 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 
 @click.command("pool-sweep")
 @common_options(default_windows=4)
-@click.option("--settings", "settings_", default="256k,1m", show_default=True, help="Comma list: 256k, 1m.")
+@click.option("--settings", "--setting", "settings_", default="256k,1m", show_default=True,
+              help="Comma list of the paper's settings: 256k, 1m (case-insensitive); ignored with --dp/--cp/...")
+@layout_options()
 @click.option("--pool-sizes", default=",".join(map(str, POOL_SIZES)), show_default=True,
               help="Comma list of P (those not dividing DP are skipped per setting).")
 @click.option("--methods", default=",".join(TAP_METHODS), show_default=True, help="Libra variants to sweep.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-               settings_, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks):
+               settings_, dp, cp, seq_len, gbs, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks):
     """Figure 15: compute vs communication of the slowest pool as the pool size P grows."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
+    layout = given_layout(dp, cp, seq_len, gbs)
     try:
-        settings = parse_list(settings_, tuple(SETTINGS), "setting")
+        settings = settings_from_options(settings_, layout)
         method_list = parse_list(methods, TAP_METHODS, "method")
         sizes = []
         for x in str(pool_sizes).split(","):

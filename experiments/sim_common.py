@@ -90,6 +90,25 @@ def custom_setting(dp: int, cp: int, seq_len: int, gbs: int) -> Setting:
                    tap=TapConfig(pool_size=pool))
 
 
+def chosen_settings(settings, tap_overrides: dict | None = None) -> dict[str, Setting]:
+    """``{name: Setting}`` of a run: paper setting names (:data:`SETTINGS`) or Setting objects (a
+    user's layout, :func:`custom_setting`), each with the command's TAP options applied."""
+    return {st.name: with_tap(st, **(tap_overrides or {}))
+            for st in (SETTINGS[s] if isinstance(s, str) else s for s in settings)}
+
+
+def settings_from_options(settings_text: str, layout: dict | None) -> list:
+    """The settings a command runs: the user's layout (``layout``, from
+    :func:`experiments.options.given_layout`) or the comma list of paper settings (case-insensitive).
+
+    Raises:
+        ValueError: an unknown setting name or an invalid layout.
+    """
+    if layout:
+        return [custom_setting(**layout)]
+    return list(parse_list(settings_text.lower(), tuple(SETTINGS), "setting"))
+
+
 def with_tap(setting, **overrides):
     """``setting`` (any dataclass with a ``tap`` TapConfig) with the given TAP fields replaced;
     None values (TAP options not given on the command line) keep the setting's.

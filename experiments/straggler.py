@@ -58,12 +58,11 @@ from experiments.sim_common import (
     LABELS,
     METHODS,
     OPTIONAL_METHODS,
-    SETTINGS,
     WLB_REJOIN_DEFAULT,
     build_cost_model,
     check_counts,
+    chosen_settings,
     common_options,
-    custom_setting,
     format_table,
     jitter_seed,
     load_windows,
@@ -72,7 +71,7 @@ from experiments.sim_common import (
     planner_options,
     resolve_profile,
     setting_record,
-    with_tap,
+    settings_from_options,
     workload_record,
 )
 from libra.sim.simulator import simulate_window
@@ -122,8 +121,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     """
     from baselines.registry import get_planner  # noqa: PLC0415
 
-    chosen = {st.name: with_tap(st, **(tap_overrides or {}))
-              for st in (SETTINGS[s] if isinstance(s, str) else s for s in settings)}
+    chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
     options = {s: {m: {k: (v.name if k == "profile" else v)
                        for k, v in run_options(m, chosen[s], profile, wlb_rejoin).items()} for m in methods}
@@ -362,8 +360,7 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     prof = resolve_profile(profile)
     layout = given_layout(dp, cp, seq_len, gbs)
     try:
-        settings = ([custom_setting(**layout)] if layout else
-                    parse_list(settings_.lower(), tuple(SETTINGS), "setting"))
+        settings = settings_from_options(settings_, layout)
         known = all_methods()
         method_list = known if methods.strip() == "all" else parse_list(methods, known, "method")
         shape = make_shape(q_heads, kv_heads, head_dim)

@@ -37,3 +37,12 @@ def test_settings_are_case_insensitive_and_setting_is_an_alias(tmp_path):
                                   "--methods", "ulysses", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
     assert set(pd.read_csv(tmp_path / "straggler.csv")["setting"]) == {"256k"}
+
+
+def test_pool_sweep_on_a_users_layout(tmp_path):
+    r = CliRunner().invoke(main, ["pool-sweep", "--quick", "--no-progress", "--dp", "4", "--cp", "2", "--seq-len",
+                                  "32K", "--gbs", "8", "--pool-sizes", "1,2,4", "--methods", "libra",
+                                  "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "pool_sweep.csv")
+    assert set(df["setting"]) == {"dp4-cp2-s32k-gbs8"} and set(df["pool_size"]) == {0, 1, 2, 4}
