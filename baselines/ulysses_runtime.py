@@ -15,6 +15,11 @@ group) the kernel runs on the received KV as is; otherwise (the shard starts or 
 group, e.g. hq=12, hkv=3, CP=2: rank 0's heads 0-5 read KV heads 0,0,0,0,1,1) the KV is expanded to
 one head per query head for the kernel and dK/dV are summed back before they travel home.
 
+A CP group of one rank (CP = 1, e.g. the 2-rank DP CPU microbench) already holds the whole
+sequence and every head: it runs the kernel on its inputs with no all-to-all and no packing
+copies, as a deployment would, so the baseline carries no runtime overhead that Libra is then
+compared against (issue 13).
+
 Shapes: ``q (S/CP, hq, d)``, ``k, v (S/CP, hkv, d)`` in, ``out (S/CP, hq, d)``.
 """
 
@@ -121,10 +126,11 @@ class UlyssesAttention:
         out.index_add_(1, self.kv_index.to(gx.device), gx.to(acc))
         return out.to(like.dtype)
 
-    def forward(self, q, k, v):
-        t0 = time.perf_counter()
+    def _to_heads(self, q, k, v, meter):
+        """Sequence-sharded q, k, v -> this rank's head shard of the whole sequence (first all-to-all)."""
         C, n, qh, d, me = self.C, self.n, self.qh, q.shape[-1], self.group.rank
-        meter = MemoryMeter()
+        if C == 1:  # a CP group of one holds the whole sequence and every head: no all-to-all, no copy
+            return q, k, v
         parts, rows = [], []
         for j in range(C):  # one packed buffer per destination rank: its Q heads, then its K and V heads
             a, b = self.kv_lo[j], self.kv_hi[j]
@@ -137,13 +143,18 @@ class UlyssesAttention:
         meter.free(send)
         del send
         blocks = recv.view(C, -1, d)
-        qf = blocks[:, :n * qh].reshape(C * n, qh, d)
-        kf = blocks[:, n * qh:n * (qh + kvh)].reshape(C * n, kvh, d)
-        vf = blocks[:, n * (qh + kvh):].reshape(C * n, kvh, d)
-        qf, kf, vf = qf.contiguous(), kf.contiguous(), vf.contiguous()
+        qf = blocks[:, :n * qh].reshape(C * n, qh, d).contiguous()
+        kf = blocks[:, n * qh:n * (qh + kvh)].reshape(C * n, kvh, d).contiguous()
+        vf = blocks[:, n * (qh + kvh):].reshape(C * n, kvh, d).contiguous()
         meter.alloc(qf, kf, vf)
         meter.free(recv)
-        del recv, blocks
+        return qf, kf, vf
+
+    def forward(self, q, k, v):
+        t0 = time.perf_counter()
+        C, n, qh, d = self.C, self.n, self.qh, q.shape[-1]
+        meter = MemoryMeter()
+        qf, kf, vf = self._to_heads(q, k, v, meter)
         tc = time.perf_counter()
         kx, vx = self._expand(kf, vf, meter)
         out_full, lse = self.backend.forward(qf, kx, vx, self.seg, self.scale)
@@ -152,11 +163,14 @@ class UlyssesAttention:
             meter.free(kx, vx)
         del kx, vx
         meter.alloc(out_full, lse)
-        send = out_full.reshape(-1, d)  # token-major: rank i's tokens are rows [i n qh, (i+1) n qh)
-        recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "head-to-sequence all-to-all")
-        meter.alloc(recv)
-        out = recv.view(C, n, qh, d).permute(1, 0, 2, 3).reshape(n, self.hq, d)
-        meter.free(recv)
+        if C == 1:
+            out = out_full
+        else:
+            send = out_full.reshape(-1, d)  # token-major: rank i's tokens are rows [i n qh, (i+1) n qh)
+            recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "head-to-sequence all-to-all")
+            meter.alloc(recv)
+            out = recv.view(C, n, qh, d).permute(1, 0, 2, 3).reshape(n, self.hq, d)
+            meter.free(recv)
         self.stats["forward_s"] += time.perf_counter() - t0
         self.stats["calls"] += 1
         # head-sharded q, k, v, out and lse are saved for backward (RunnerFunction: save_for_backward)
@@ -169,11 +183,14 @@ class UlyssesAttention:
         meter = meta["meter"]
         qf, kf, vf, out_full, lse = tensors
         tensors.clear()
-        send = torch.cat([dout[:, j * qh:(j + 1) * qh].reshape(-1, d) for j in range(C)])
-        recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "dO all-to-all")
-        meter.alloc(send, recv)
-        meter.free(send)
-        do_full = recv.view(C, n, qh, d).reshape(C * n, qh, d)
+        if C == 1:
+            do_full = dout
+        else:
+            send = torch.cat([dout[:, j * qh:(j + 1) * qh].reshape(-1, d) for j in range(C)])
+            recv = self._a2a(send, [n * qh] * C, [n * qh] * C, "dO all-to-all")
+            meter.alloc(send, recv)
+            meter.free(send)
+            do_full = recv.view(C, n, qh, d).reshape(C * n, qh, d)
         tc = time.perf_counter()
         kx, vx = self._expand(kf, vf, meter)
         gq, gk, gv = self.backend.backward(do_full, qf, kx, vx, out_full, lse, self.seg, self.scale)
@@ -183,8 +200,18 @@ class UlyssesAttention:
             gk, gv = self._reduce(gk, kf), self._reduce(gv, vf)
             meter.alloc(gk, gv)
         self.stats["compute_s"] += time.perf_counter() - tc
-        meter.free(recv, qf, kf, vf, out_full, lse)
+        meter.free(*([] if C == 1 else [do_full]), qf, kf, vf, out_full, lse)
         del qf, kf, vf, kx, vx, out_full, lse
+        dq, dk, dv = (gq, gk, gv) if C == 1 else self._to_sequence_grads(gq, gk, gv, dout, k, v, meter)
+        meta.clear()
+        self.stats["backward_s"] += time.perf_counter() - t0
+        self.stats["peak_transient_bytes"] = max(self.stats["peak_transient_bytes"], meter.peak)
+        return dq, dk, dv
+
+    def _to_sequence_grads(self, gq, gk, gv, dout, k, v, meter):
+        """This rank's head-shard gradients -> dq, dk, dv of its own tokens (gradient all-to-all;
+        KV heads replicated to several ranks have their gradients summed here)."""
+        C, n, qh, d = self.C, self.n, self.qh, dout.shape[-1]
         kvh = gk.shape[1]
         parts, rows = [], []
         for i in range(C):  # to rank i: dQ, dK, dV of its tokens for this rank's heads
@@ -205,9 +232,6 @@ class UlyssesAttention:
             dv[:, a:b] += blk[n * (qh + b - a):].view(n, b - a, d)
             off += recv_rows[j]
         meter.free(send, recv, gq, gk, gv)
-        meta.clear()
-        self.stats["backward_s"] += time.perf_counter() - t0
-        self.stats["peak_transient_bytes"] = max(self.stats["peak_transient_bytes"], meter.peak)
         return dq, dk, dv
 
     def __call__(self, q, k, v):

@@ -55,7 +55,7 @@ from experiments.gpu_common import (
     synchronize,
     time_calls,
 )
-from experiments.options import IntListType, SizeType
+from experiments.options import IntListType, SizeType, overwrite_option
 from experiments.runner import ExperimentRun, atomic_write_text, git_sha
 from libra.runtime.kernels import Segments
 from libra.sim.kernel import KernelModel, fit_length_efficiency
@@ -63,6 +63,13 @@ from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.workload import attention_flops, sample_area
 
 LAUNCH_PROBE_TOKENS = 128
+CPU_DEFAULTS = {"lengths": [128, 256, 512, 1024, 2048, 4096, 8192], "heads": [1, 2, 4, 8], "q_heads": 8,
+                "kv_heads": 2, "head_dim": 64, "heads_length": 2048, "copy_mb": 256, "warmup": 1, "repeats": 5,
+                "rotate": 2}
+"""``--device cpu``: the sizes of a CPU profile (each unless given): the CPU microbench's head
+geometry (8 q / 2 kv heads, head_dim 64) and the sample lengths it runs (128 to 8K), where a CPU
+kernel is far from its long-segment rate (issue 13 item 5: ``libra-kt`` with this profile balances
+measured time, not FLOPs). The GPU defaults' 64K, 32-head calls would take hours on one core."""
 
 
 @dataclass(frozen=True)
@@ -435,6 +442,20 @@ def format_curves(df: pd.DataFrame) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def _cpu_sized(ctx: click.Context, device: str, *values):
+    """The values of :data:`CPU_DEFAULTS`' options (in its order), CPU-sized on a CPU device for
+    every option the command line does not set; unchanged on a GPU."""
+    names = list(CPU_DEFAULTS)
+    try:
+        on_cpu = resolve_device(device).type == "cpu"
+    except ValueError:
+        on_cpu = False  # run_calibrate reports the bad device
+    if not on_cpu:
+        return values
+    given = {click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT}
+    return tuple(v if ctx.get_parameter_source(n) in given else CPU_DEFAULTS[n] for n, v in zip(names, values))
+
+
 @click.command("calibrate")
 @device_options()
 @click.option("--lengths", type=IntListType(), default="1024,2048,4096,8192,16384,32768,65536", show_default=True,
@@ -451,12 +472,21 @@ def format_curves(df: pd.DataFrame) -> str:
 @click.option("--base-profile", default=DEFAULT_PROFILE, show_default=True,
               help="profile whose links / cluster shape the measured profile keeps (name or .json)")
 @click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): lengths 128..1024, heads 1,2,4 of 4, 5 repeats")
+@overwrite_option()
 def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force, no_progress, lengths,
               heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, base_profile, quick):
-    """Measure the attention kernel (Figure 5), device copy bandwidth, and write a measured profile."""
+    """Measure the attention kernel (Figure 5), device copy bandwidth, and write a measured profile.
+
+    On ``--device cpu`` the sweep is CPU-sized unless given (:data:`CPU_DEFAULTS`: lengths 128..8K,
+    8 q / 2 kv heads, head_dim 64); its ``profile.json`` is what ``libra-bench microbench --methods
+    ...,libra-kt --profile PATH`` balances kernel time with."""
     if quick:
         lengths, heads, q_heads, kv_heads, head_dim = [128, 256, 512, 1024], [1, 2, 4], 4, 2, 32
         heads_length, warmup, repeats, rotate, copy_mb = 512, 1, 5, 2, 16
+    else:
+        (lengths, heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, warmup, repeats,
+         rotate) = _cpu_sized(click.get_current_context(), device, lengths, heads, q_heads, kv_heads, head_dim,
+                              heads_length, copy_mb, warmup, repeats, rotate)
     try:
         cfg = CalibrateConfig(lengths=tuple(lengths), heads=tuple(heads), q_heads=q_heads, kv_heads=kv_heads,
                               head_dim=head_dim, heads_length=heads_length, warmup=warmup, repeats=repeats,

@@ -246,6 +246,39 @@ def make_inputs(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, de
     return sets
 
 
+def time_whole_sequence(backend: AttentionBackend, sample_lengths, qh: int, kvh: int, d: int, dtype: torch.dtype,
+                        device: torch.device, warmup: int, repeats: int, seed: int, backward: bool = True) -> dict:
+    """Median time of one packed sequence's whole-sequence attention on this process alone.
+
+    The measured *ideal* of a balanced runtime (issue 13): every sample is one causal segment of
+    one ``backend`` call (no tiles, no communication, no runtime around it), forward and, with
+    ``backward``, the backward of the same call; the caller sets threads and dtype as its ranks do.
+
+    Returns:
+        ``{"ms", "fwd_ms", "bwd_ms"}`` medians over ``repeats`` (``bwd_ms`` 0 without backward).
+    """
+    seg = Segments(sample_lengths, sample_lengths)
+    s = make_inputs(seg, qh, kvh, d, dtype, device, 1, seed)[0]
+    fwd, bwd = [], []
+
+    def call(i):
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out, lse = backend.forward(s.q, s.k, s.v, seg)
+        synchronize(device)
+        t1 = time.perf_counter()
+        if backward:
+            backend.backward(s.dout, s.q, s.k, s.v, out, lse, seg)
+            synchronize(device)
+        if i >= warmup:
+            fwd.append(t1 - t0)
+            bwd.append(time.perf_counter() - t1)
+
+    total = time_calls(call, torch.device("cpu"), warmup, repeats)  # host clock around synchronised calls
+    return {"ms": float(np.median(total)), "fwd_ms": float(np.median(fwd)) * 1e3,
+            "bwd_ms": float(np.median(bwd)) * 1e3 if backward else 0.0}
+
+
 # --------------------------------------------------------------------------------------------
 # a worker's tile pieces
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,24 @@ forward + backward (or forward only), communication and computation, for every m
   ``wlb-llm``): its Plans executed by :func:`libra.runtime.attention.libra_attention`.
 
 A step's straggler is the slowest worker's time (median over ``--repeats`` barrier-aligned
-repetitions of the per-repetition maximum). Launch:
+repetitions of the per-repetition maximum). Every call's process CPU time is recorded too
+(``cpu_ms``: forward + backward, per rank, mean over ranks): for the same attention work it is
+the runtime's overhead beyond the kernels.
+
+**The ideal** (issue 13): for each DP rank, its packed sequence's whole-sequence attention (every
+sample one causal segment of one backend call -- the CPU flash backend runs consecutive
+equal-length samples as one batched call --, forward + backward, same backend, dtype and threads
+as the ranks) timed alone on one process, divided by CP; a step's ``ideal_ms`` is the mean over its DP ranks, and
+``ideal_ratio`` = straggler / ideal is how far a method is from perfect balance at zero overhead.
+It is measured after the ranks finish, in one fresh spawned process (under torchrun: on rank 0
+while the others wait).
+
+**Honest CPU timing**: on CPU every rank runs one thread; more ranks than the cores this process
+may use (``os.sched_getaffinity``) would time total CPU work / cores whatever the placement, so
+balancing could not show. Such a run is refused before any process starts unless
+``--oversubscribe`` is passed (recorded in ``run.json``'s config).
+
+Launch:
 
 * ``libra-bench microbench --nproc 4 ...``: spawns 4 local processes (gloo on CPU);
 * ``torchrun --nnodes N --nproc-per-node 8 -m experiments.cli microbench --device cuda ...``:
@@ -17,7 +34,14 @@ repetitions of the per-repetition maximum). Launch:
 Outputs (``results/microbench/`` or ``--out``): ``microbench.csv`` (the straggler CSV schema plus
 ``measured = True``, backend, device, dtype and per-step memory; bytes per link class are NaN, the
 measured ``bytes_sent`` replaces them; ``balance_bound_ms`` is the measured mean worker compute), ``microbench_summary.csv``
-(per method: mean / max straggler, speedup over Ulysses), ``microbench.png`` and ``run.json``.
+(per method: mean / max straggler, speedup over Ulysses, ``ideal_ms``, ``ideal_ratio``, ``cpu_ms`` and
+``cpu_vs_ulysses``), ``microbench.png`` and ``run.json``.
+
+``--quick``: a smoke run (1 window, 1 repeat, no warm-up; S=1024, B=128, head_dim 16 unless given).
+``--profile``: the hardware profile ``libra-kt`` balances kernel time with (e.g. the
+``profile.json`` of ``libra-bench calibrate --device cpu``); needs ``libra-kt`` in ``--methods``.
+Skewed length files for the CPU runs are in ``workloads/`` (e.g. ``skewed-8k.txt``: one 8192-token
+sample, then eight of 1024).
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
 ``--pipeline-chunks``; ``--chunks`` is kept as an alias of the last) come from
@@ -39,11 +63,11 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import tap_options
+from experiments.options import overwrite_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
-METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
+METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt")
 DTYPES = ("fp32", "bf16", "fp64", "fp16")
 # `libra-bench straggler`'s CSV columns, in its order (measured extras follow them)
 STRAGGLER_COLUMNS = ["workload", "setting", "method", "window", "step", "straggler_ms", "compute_ms",
@@ -54,6 +78,10 @@ DEFAULT_TAP = TapConfig(pool_size=2, block_size=256, pipeline_chunks=2)
 """microbench's TAP layout at its CPU sizes: P = 2, B = 256, TapConfig's H and tau, M = 2."""
 TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
 """The TapConfig fields microbench takes as options."""
+QUICK = {"windows": 1, "repeats": 1, "warmup": 0, "seq_len": 1024, "block_size": 128, "head_dim": 16}
+"""``--quick``: these values for every option not given on the command line."""
+RANK_THREADS = 1
+"""torch threads of each spawned CPU rank (and of the ideal's process)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,9 +90,11 @@ TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
 
 
 def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head_dim, dtype, device, backend, comm,
-                methods, windows, workload, seed, repeats, warmup, backward, timeout) -> dict:
+                methods, windows, workload, seed, repeats, warmup, backward, timeout, profile=None,
+                oversubscribe=False) -> dict:
     """Validated, JSON-ready configuration (raises ValueError naming the bad value); the TAP layout
-    is ``config["tap"]`` (:func:`tap_of` reads it back)."""
+    is ``config["tap"]`` (:func:`tap_of` reads it back). ``profile``: libra-kt's hardware profile
+    (None: its default); ``oversubscribe``: more CPU ranks than cores was allowed."""
     from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
@@ -89,10 +119,18 @@ def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head
             raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
     if "ulysses" in method_list and q_heads % cp:
         raise ValueError(f"ulysses needs CP={cp} to divide q_heads={q_heads}")
+    if profile is not None:
+        if "libra-kt" not in method_list:
+            raise ValueError("--profile sets libra-kt's kernel model: add libra-kt to --methods")
+        from libra.sim.profiles import load_profile  # noqa: PLC0415
+
+        load_profile(profile)  # an unknown name or a bad file fails here, before any process starts
     return {"dp": dp, "cp": cp, "seq_len": seq_len, "gbs": gbs, "tap": asdict(tap), "q_heads": q_heads,
             "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "device": device, "backend": backend,
             "comm": comm, "methods": list(method_list), "windows": windows, "workload": workload, "seed": seed,
-            "repeats": repeats, "warmup": warmup, "backward": bool(backward), "timeout": float(timeout)}
+            "repeats": repeats, "warmup": warmup, "backward": bool(backward), "timeout": float(timeout),
+            "profile": None if profile is None else str(profile), "oversubscribe": bool(oversubscribe),
+            "threads": RANK_THREADS}
 
 
 def tap_of(cfg: dict) -> TapConfig:
@@ -101,10 +139,35 @@ def tap_of(cfg: dict) -> TapConfig:
 
 
 def planner_options(method: str, cfg: dict) -> dict:
-    """The registry options of ``method``: those the run's TapConfig sets for it."""
+    """The registry options of ``method``: those the run's TapConfig sets for it (and libra-kt's
+    ``--profile``)."""
     from baselines.registry import options_from_tap  # noqa: PLC0415
 
-    return options_from_tap(method, tap_of(cfg))
+    opts = options_from_tap(method, tap_of(cfg))
+    if method == "libra-kt" and cfg.get("profile"):
+        opts["profile"] = cfg["profile"]
+    return opts
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; ``os.cpu_count`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_cpu_ranks(ranks: int, device: str, oversubscribe: bool, cores: int | None = None) -> None:
+    """Refuse more single-thread CPU ranks than cores (see the module docstring).
+
+    Raises:
+        ValueError: ``ranks * RANK_THREADS`` exceeds the usable cores on CPU without ``oversubscribe``.
+    """
+    cores = usable_cores() if cores is None else cores
+    if device.startswith("cpu") and ranks * RANK_THREADS > cores and not oversubscribe:
+        raise ValueError(f"{ranks} single-thread CPU ranks on {cores} usable core(s) (os.sched_getaffinity) "
+                         f"would time total CPU work / {cores}, not balance: use --nproc <= {cores} or pass "
+                         f"--oversubscribe to run anyway (recorded in run.json)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,11 +191,15 @@ def _local_tensors(ranges, seq_ids, shape, dtype, device, seed):
 
 
 def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_group):
-    """Per repetition: barrier, then one complete core-attention call; returns seconds and stats."""
+    """Per repetition: barrier, then one complete core-attention call.
+
+    Returns ``(wall s, process CPU s, compute s, comm wait s)`` arrays of the timed repetitions and
+    the peak transient bytes.
+    """
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
-    times, compute, wait, peak = [], [], [], 0
+    times, cpu, compute, wait, peak = [], [], [], [], 0
     for r in range(warmup + repeats):
         qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
         stats = runner.stats
@@ -144,20 +211,66 @@ def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_gr
         dist.barrier(group=world_group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = runner(qq, kk, vv)
         if backward:
             out.backward(do)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if r >= warmup:
             times.append(dt)
+            cpu.append(dc)
             st = stats if isinstance(stats, dict) else vars(stats)
             compute.append(st["compute_s"])
             wait.append(st["comm_wait_s"])
             peak = max(peak, int(st["peak_transient_bytes"]))
-    return np.array(times), np.array(compute), np.array(wait), peak
+    return np.array(times), np.array(cpu), np.array(compute), np.array(wait), peak
+
+
+def _runner(method, plan, cfg, groups, backend, shape, me):
+    """This worker's prepared runner of ``plan`` and what it holds.
+
+    Returns ``(runner, local ranges, seq ids of the ranges' sequences, chunks, P)``.
+    """
+    from baselines.ulysses_runtime import UlyssesAttention  # noqa: PLC0415
+    from libra.runtime.attention import prepare  # noqa: PLC0415
+    from libra.runtime.groups import RankGrid, build_groups  # noqa: PLC0415
+
+    pool = plan.pool_of_worker(me)
+    P = len(pool.workers) // cfg["cp"]
+    if method == "ulysses":
+        seq = pool.sequences[0]
+        runner = UlyssesAttention(seq.sample_lengths, groups[1].cp, shape.num_q_heads, shape.num_kv_heads,
+                                  backend=backend)
+        n = cfg["seq_len"] // cfg["cp"]
+        c = me % cfg["cp"]
+        return runner, [(0, c * n, (c + 1) * n)], [seq.seq_id], 1, P
+    if P not in groups:
+        groups[P] = build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=P), timeout_s=cfg["timeout"])
+    runner = prepare(plan, groups[P].pool, backend=backend, comm=cfg["comm"], check_finite=False)
+    return runner, runner.program.local_ranges, [s.seq_id for s in pool.sequences], runner.program.chunks, P
+
+
+def _setup(rank: int, cfg: dict):
+    """Device, kernel backend, dtype, head shape and the process groups of one rank."""
+    import torch  # noqa: PLC0415
+
+    from libra.runtime.groups import RankGrid, build_groups  # noqa: PLC0415
+    from libra.runtime.kernels import get_backend  # noqa: PLC0415
+    from libra.workload import AttentionShape  # noqa: PLC0415
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64, "fp16": torch.float16}[cfg["dtype"]]
+    device = torch.device(cfg["device"])
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))))
+        torch.cuda.set_device(device)
+    backend = get_backend(cfg["backend"], device)
+    shape = AttentionShape(cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], torch.empty(0, dtype=dtype).element_size())
+    pool_sizes = sorted({1, tap_of(cfg).pool_size, cfg["dp"]})
+    groups = {p: build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=p), timeout_s=cfg["timeout"])
+              for p in pool_sizes}
+    return device, backend, dtype, shape, groups
 
 
 def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
@@ -168,63 +281,34 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
     import torch  # noqa: PLC0415
 
     from baselines.registry import get_planner  # noqa: PLC0415
-    from baselines.ulysses_runtime import UlyssesAttention  # noqa: PLC0415
     from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
-    from libra.runtime.attention import prepare  # noqa: PLC0415
-    from libra.runtime.groups import RankGrid, all_gather_single, build_groups  # noqa: PLC0415
-    from libra.runtime.kernels import get_backend  # noqa: PLC0415
-    from libra.workload import AttentionShape  # noqa: PLC0415
+    from libra.runtime.groups import all_gather_single  # noqa: PLC0415
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64, "fp16": torch.float16}[cfg["dtype"]]
-    device = torch.device(cfg["device"])
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))))
-        torch.cuda.set_device(device)
-    backend = get_backend(cfg["backend"], device)
+    device, backend, dtype, shape, groups = _setup(rank, cfg)
     par = ParallelConfig(dp=cfg["dp"], cp=cfg["cp"], gbs=cfg["gbs"], seq_len=cfg["seq_len"])
-    shape = AttentionShape(cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], torch.empty(0, dtype=dtype).element_size())
-    pool_sizes = sorted({1, tap_of(cfg).pool_size, cfg["dp"]})
-    groups = {p: build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=p), timeout_s=cfg["timeout"])
-              for p in pool_sizes}
-    world_group = None
     me = groups[1].cp.worker
     windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
     out = {}
     for method, w in keys:
         planner = get_planner(method, **planner_options(method, cfg))
-        plans = planner.plan_window(windows[w], par, shape)
         rows = []
-        for plan in plans:
-            pool = plan.pool_of_worker(me)
-            P = len(pool.workers) // cfg["cp"]
-            if method == "ulysses":
-                seq = pool.sequences[0]
-                runner = UlyssesAttention(seq.sample_lengths, groups[1].cp, shape.num_q_heads, shape.num_kv_heads,
-                                          backend=backend)
-                n = cfg["seq_len"] // cfg["cp"]
-                c = me % cfg["cp"]
-                ranges, seq_ids = [(0, c * n, (c + 1) * n)], [seq.seq_id]
-                chunks = 1
-            else:
-                if P not in groups:
-                    groups[P] = build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=P), timeout_s=cfg["timeout"])
-                runner = prepare(plan, groups[P].pool, backend=backend, comm=cfg["comm"], check_finite=False)
-                ranges = runner.program.local_ranges
-                seq_ids = [s.seq_id for s in pool.sequences]
-                chunks = runner.program.chunks
+        for plan in planner.plan_window(windows[w], par, shape):
+            runner, ranges, seq_ids, chunks, P = _runner(method, plan, cfg, groups, backend, shape, me)
             q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
-            times, compute, wait, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
-                                                     cfg["backward"], device, world_group)
+            times, cpu, compute, wait, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
+                                                          cfg["backward"], device, None)
             st = runner.stats
             sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
             sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
-            mine = torch.tensor(np.concatenate([times, compute, wait, [peak, sent, P]]), dtype=torch.float64)
+            mine = torch.tensor(np.concatenate([times, cpu, compute, wait, [peak, sent, P]]), dtype=torch.float64)
             allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
             all_gather_single(allv, mine.to(device))
-            allv = allv.view(world, -1).cpu()
             if rank == 0:
-                rows.append(_step_row(method, w, plan.ga_index, allv.numpy(), cfg, chunks, backend.name, str(device)))
+                row = _step_row(method, w, plan.ga_index, allv.view(world, -1).cpu().numpy(), cfg, chunks,
+                                backend.name, str(device))
+                row["seq_ids"] = ";".join(str(s.seq_id) for pool in plan.pools for s in pool.sequences)
+                rows.append(row)
         if rank == 0:
             out[stable_hash([method, w])] = rows
     return out
@@ -232,8 +316,8 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
 
 def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
     R = cfg["repeats"]
-    times, compute, wait = allv[:, :R], allv[:, R:2 * R], allv[:, 2 * R:3 * R]
-    peak, sent, P = allv[:, 3 * R], allv[:, 3 * R + 1], allv[:, 3 * R + 2]
+    times, cpu, compute, wait = (allv[:, i * R:(i + 1) * R] for i in range(4))
+    peak, sent, P = allv[:, 4 * R], allv[:, 4 * R + 1], allv[:, 4 * R + 2]
     per_rep_max = times.max(axis=0)
     rep = int(np.argsort(per_rep_max)[len(per_rep_max) // 2])  # the median repetition
     w = int(np.argmax(times[:, rep]))
@@ -247,9 +331,64 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
             "balance_bound_ms": float(compute[:, rep].mean() * 1e3),
             "bytes_nvlink": float("nan"), "bytes_roce": float("nan"), "bytes_inter_supernode": float("nan"),
             "bound_ratio": float(per_rep_max[rep] / max(compute[:, rep].mean(), 1e-12)),
+            # process CPU time per rank (each rank's median repetition), mean over ranks
+            "cpu_ms": float(np.median(cpu, axis=1).mean() * 1e3),
             "bytes_sent": int(sent.sum()), "peak_transient_bytes": int(peak.max()), "pipeline_chunks": int(chunks),
             "measured": True, "backend": backend, "device": device.split(":")[0], "dtype": cfg["dtype"],
             "repeats": R, "backward": cfg["backward"]}
+
+
+# --------------------------------------------------------------------------------------------
+# the ideal: each packed sequence's whole-sequence attention, alone
+# --------------------------------------------------------------------------------------------
+
+
+def measure_ideal(cfg: dict, window_ids: list[int]) -> dict:
+    """Whole-sequence attention time of every packed sequence of the given windows, on this process
+    alone (:func:`experiments.gpu_common.time_whole_sequence`; module docstring: the ideal).
+
+    Returns ``{str(window): rows}``, one row per sequence: ``window, seq_id, ideal_seq_ms`` (forward
+    + backward median), ``fwd_ms``, ``bwd_ms``.
+    """
+    import torch  # noqa: PLC0415
+
+    from experiments.gpu_common import time_whole_sequence  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
+    from libra.runtime.kernels import get_backend  # noqa: PLC0415
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64, "fp16": torch.float16}[cfg["dtype"]]
+    device = torch.device(cfg["device"])
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    backend = get_backend(cfg["backend"], device)
+    windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
+    out = {}
+    for w in window_ids:
+        rows = []
+        for seq in windows[w]:
+            t = time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"],
+                                    dtype, device, cfg["warmup"], cfg["repeats"], seed=cfg["seed"] + seq.seq_id,
+                                    backward=cfg["backward"])
+            rows.append({"window": int(w), "seq_id": int(seq.seq_id), "ideal_seq_ms": t["ms"],
+                         "fwd_ms": t["fwd_ms"], "bwd_ms": t["bwd_ms"]})
+        out[str(w)] = rows
+    return out
+
+
+def _ideal_rank(rank: int, world: int, cfg: dict, window_ids: list[int]) -> dict:
+    return measure_ideal(cfg, window_ids)
+
+
+def add_ideal(rows: list[dict], ideal_rows: list[dict], cp: int) -> list[dict]:
+    """Each step row with ``ideal_ms`` (mean over its DP ranks' sequences of their whole-sequence
+    time, divided by CP) and ``ideal_ratio`` (straggler / ideal)."""
+    seq_ms = {(int(r["window"]), int(r["seq_id"])): float(r["ideal_seq_ms"]) for r in ideal_rows}
+    out = []
+    for row in rows:
+        ids = [int(x) for x in str(row["seq_ids"]).split(";")]
+        ideal = float(np.mean([seq_ms[(int(row["window"]), s)] for s in ids])) / cp
+        out.append({**row, "ideal_ms": ideal, "ideal_ratio": row["straggler_ms"] / ideal})
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -257,34 +396,47 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def run_spawned(nproc: int, cfg: dict, keys: list, deadline_s: float) -> dict:
-    """Spawn ``nproc`` gloo ranks locally; returns rank 0's rows per point.
+def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], deadline_s: float) -> dict:
+    """Spawn ``nproc`` gloo ranks locally, then one process for the ideal.
+
+    Returns rank 0's rows per point and ``{"ideal": {window: rows}}``.
 
     Raises:
         RuntimeError: a rank failed (its traceback included) or the run passed its deadline.
     """
     from libra.runtime.launch import RankDeadlineError, run_local_ranks  # noqa: PLC0415
 
-    try:
-        results = run_local_ranks(bench_rank, nproc, cfg, keys, deadline_s=deadline_s, pg_timeout_s=cfg["timeout"],
-                                  what="microbench ranks")
-    except RankDeadlineError as exc:
-        raise RuntimeError(str(exc)) from exc
-    for r, res in enumerate(results):
-        if "error" in res:
-            raise RuntimeError(f"microbench rank {r} failed: {res['error']}\n{res['traceback']}")
-    return results[0]["ok"]
+    got = {}
+    jobs = [(bench_rank, nproc, keys, "microbench ranks")] if keys else []
+    jobs += [(_ideal_rank, 1, ideal_windows, "microbench ideal")] if ideal_windows else []
+    for fn, world, todo, what in jobs:
+        try:
+            results = run_local_ranks(fn, world, cfg, todo, deadline_s=deadline_s, pg_timeout_s=cfg["timeout"],
+                                      threads=RANK_THREADS, what=what)
+        except RankDeadlineError as exc:
+            raise RuntimeError(str(exc)) from exc
+        for r, res in enumerate(results):
+            if "error" in res:
+                raise RuntimeError(f"{what}: rank {r} failed: {res['error']}\n{res['traceback']}")
+        got.update(results[0]["ok"] if fn is bench_rank else {"ideal": results[0]["ok"]})
+    return got
 
 
-def run_torchrun(cfg: dict, keys: list) -> dict | None:
-    """Inside torchrun: init from the environment (NCCL on CUDA, gloo on CPU); rows on rank 0."""
+def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int]) -> dict | None:
+    """Inside torchrun: init from the environment (NCCL on CUDA, gloo on CPU); rows on rank 0, which
+    also measures the ideal while the other ranks wait."""
     import torch.distributed as dist  # noqa: PLC0415
 
     backend = "nccl" if cfg["device"].startswith("cuda") else "gloo"
     dist.init_process_group(backend, timeout=_dt.timedelta(seconds=cfg["timeout"]))
     try:
-        out = bench_rank(dist.get_rank(), dist.get_world_size(), cfg, keys)
-        return out if dist.get_rank() == 0 else None
+        rank = dist.get_rank()
+        out = bench_rank(rank, dist.get_world_size(), cfg, keys)
+        dist.barrier()
+        if rank == 0 and ideal_windows:
+            out["ideal"] = measure_ideal(cfg, ideal_windows)
+        dist.barrier()
+        return out if rank == 0 else None
     finally:
         dist.destroy_process_group()
 
@@ -295,19 +447,29 @@ def run_torchrun(cfg: dict, keys: list) -> dict | None:
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per method: straggler mean / max, the ideal and how far from it, CPU time per rank,
+    and (with ulysses in the run) speedups and ratios over Ulysses."""
     rows = []
     for method, g in df.groupby("method", sort=False):
-        rows.append({"method": method, "steps": len(g), "mean_ms": g["straggler_ms"].mean(),
-                     "max_ms": g["straggler_ms"].max(), "compute_ms": g["compute_ms"].mean(),
-                     "comm_exposed_ms": g["comm_exposed_ms"].mean(), "mean_worker_ms": g["mean_worker_ms"].mean(),
-                     "peak_transient_mib": g["peak_transient_bytes"].max() / 2**20,
-                     "backend": g["backend"].iloc[0], "device": g["device"].iloc[0]})
+        row = {"method": method, "steps": len(g), "mean_ms": g["straggler_ms"].mean(),
+               "max_ms": g["straggler_ms"].max(), "compute_ms": g["compute_ms"].mean(),
+               "comm_exposed_ms": g["comm_exposed_ms"].mean(), "mean_worker_ms": g["mean_worker_ms"].mean(),
+               "peak_transient_mib": g["peak_transient_bytes"].max() / 2**20,
+               "backend": g["backend"].iloc[0], "device": g["device"].iloc[0]}
+        if "ideal_ms" in g:
+            row["ideal_ms"] = g["ideal_ms"].mean()
+            row["ideal_ratio"] = row["mean_ms"] / row["ideal_ms"]
+        if "cpu_ms" in g:
+            row["cpu_ms"] = g["cpu_ms"].mean()
+        rows.append(row)
     out = pd.DataFrame(rows)
     if "ulysses" in set(out["method"]):
         base = out.set_index("method").loc["ulysses"]
         out["mean_speedup"] = base["mean_ms"] / out["mean_ms"]
         out["max_speedup"] = base["max_ms"] / out["max_ms"]
         out["peak_vs_ulysses"] = out["peak_transient_mib"] / base["peak_transient_mib"]
+        if "cpu_ms" in out:
+            out["cpu_vs_ulysses"] = out["cpu_ms"] / base["cpu_ms"]
     return out
 
 
@@ -323,6 +485,9 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     long["metric"] = long["metric"].str.replace("_ms", "")
     fig, ax = plt.subplots(figsize=(7, 4))
     sns.barplot(data=long, x="method", y="ms", hue="metric", ax=ax)
+    if "ideal_ms" in summary:
+        ax.axhline(float(summary["ideal_ms"].iloc[0]), color="black", linestyle="--", linewidth=1, label="ideal")
+        ax.legend()
     ax.set_ylabel("straggler core-attention time per step (ms)")
     ax.set_title(f"measured: {df['backend'].iloc[0]} on {df['device'].iloc[0]}, {df['dtype'].iloc[0]}")
     ax.tick_params(axis="x", rotation=20)
@@ -339,6 +504,46 @@ def plot(df: pd.DataFrame, path: Path) -> None:
 def _missing_point(key):
     raise RuntimeError(f"point {key} was neither cached nor computed by the ranks")
 
+
+def apply_quick(ctx: click.Context, params: dict) -> dict:
+    """``--quick``: :data:`QUICK`'s value for every option the command line does not set."""
+    given = {click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT}
+    return {**params, **{k: v for k, v in QUICK.items() if ctx.get_parameter_source(k) not in given}}
+
+
+def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) -> list[dict] | None:
+    """Compute the points (and ideals) not cached yet; every step row with its ideal, or None on a
+    non-zero torchrun rank."""
+    windows = range(cfg["windows"])
+    keys = [[m, w] for m in cfg["methods"] for w in windows]
+    todo = [k for k in keys if run.cached(k) is None]
+    ideal_todo = [w for w in windows if run.cached(["ideal", w]) is None]
+    if todo or ideal_todo:
+        got = (run_torchrun(cfg, todo, ideal_todo) if under_torchrun
+               else run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg["timeout"] * 4))
+        if got is None:  # non-zero torchrun ranks write nothing
+            return None
+        for k in todo:
+            run.record(k, got[stable_hash(k)])
+        for w in ideal_todo:
+            run.record(["ideal", w], got["ideal"][str(w)])
+    ideal_rows = [r for w in windows for r in run.cached(["ideal", w])]
+    return add_ideal(run.map(keys, _missing_point, desc="microbench"), ideal_rows, cfg["cp"])
+
+
+def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[int, bool]:
+    """The number of ranks and whether torchrun launched this process; checks them (ValueError)."""
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and nproc is None
+    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else nproc
+    if world is None:
+        raise ValueError("pass --nproc N (local spawn) or launch under torchrun")
+    if world != dp * cp:
+        raise ValueError(f"--nproc/WORLD_SIZE={world} must equal DP*CP={dp * cp}")
+    if device.startswith("cuda") and not under_torchrun:
+        raise ValueError("--device cuda needs one GPU per rank: launch under torchrun")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world)) if under_torchrun else world
+    check_cpu_ranks(local, device, oversubscribe)
+    return world, under_torchrun
 
 
 @click.command("microbench", context_settings={"default_map": {f: getattr(DEFAULT_TAP, f) for f in TAP_FIELDS}})
@@ -357,65 +562,71 @@ def _missing_point(key):
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda (one GPU per rank under torchrun).")
 @click.option("--backend", default="auto", show_default=True, help="Kernel backend (auto resolves per device).")
 @click.option("--comm", default="p2p", show_default=True, help="p2p (batch_isend_irecv) or a2a.")
-@click.option("--methods", default="ulysses,libra-tap,libra", show_default=True, help="Comma list.")
+@click.option("--methods", default="ulysses,libra-tap,libra", show_default=True,
+              help=f"Comma list of {', '.join(METHODS)}.")
 @click.option("--windows", type=int, default=1, show_default=True)
-@click.option("--workload", default="libra-prod", show_default=True, help="Length preset or length file.")
+@click.option("--workload", default="libra-prod", show_default=True,
+              help="Length preset or length file (skewed CPU cases: workloads/skewed-8k.txt, ...).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Timed repetitions per step.")
 @click.option("--warmup", type=int, default=1, show_default=True)
 @click.option("--forward-only", is_flag=True, help="Time forward only (default: forward + backward).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Collective timeout (s).")
+@click.option("--profile", default=None, help="Hardware profile (name or .json, e.g. from `libra-bench calibrate "
+              "--device cpu`) whose kernel model libra-kt balances; needs libra-kt in --methods.")
+@click.option("--oversubscribe", is_flag=True, help="Allow more single-thread CPU ranks than usable cores "
+              "(timings then show total CPU work / cores, not balance; recorded in run.json).")
+@click.option("--quick", is_flag=True, help="Smoke run: 1 window, 1 repeat, no warm-up, S=1024, B=128, "
+              "head_dim 16 (each unless given).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder.")
 @click.option("--force", is_flag=True, help="Recompute cached points.")
+@overwrite_option()
 @click.option("--no-progress", is_flag=True)
 @click.pass_context
 def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, chunks,
                q_heads, kv_heads, head_dim, dtype, device, backend, comm, methods, windows, workload, seed, repeats,
-               warmup, forward_only, timeout, out, force, no_progress):
-    """Measured core-attention straggler per step (Libra sec. 6.3) for Ulysses and Libra."""
+               warmup, forward_only, timeout, profile, oversubscribe, quick, out, force, no_progress):
+    """Measured core-attention straggler per step (Libra sec. 6.3) for Ulysses and Libra, with the
+    measured ideal and CPU time per rank."""
     from experiments.gpu_common import chunks_alias  # noqa: PLC0415  (imports torch: keeps `--help` fast)
 
     pipeline_chunks = chunks_alias(ctx, pipeline_chunks, chunks)
+    p = {"windows": windows, "repeats": repeats, "warmup": warmup, "seq_len": seq_len, "block_size": block_size,
+         "head_dim": head_dim}
+    p = apply_quick(ctx, p) if quick else p
     try:
-        tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
+        tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=p["block_size"], head_split=head_split, tau=tau,
                       pipeline_chunks=pipeline_chunks)
-        cfg = make_config(dp=dp, cp=cp, seq_len=seq_len, gbs=gbs, tap=tap, q_heads=q_heads, kv_heads=kv_heads,
-                          head_dim=head_dim, dtype=dtype, device=device, backend=backend, comm=comm,
-                          methods=methods, windows=windows, workload=workload, seed=seed, repeats=repeats,
-                          warmup=warmup, backward=not forward_only, timeout=timeout)
+        cfg = make_config(dp=dp, cp=cp, seq_len=p["seq_len"], gbs=gbs, tap=tap, q_heads=q_heads, kv_heads=kv_heads,
+                          head_dim=p["head_dim"], dtype=dtype, device=device, backend=backend, comm=comm,
+                          methods=methods, windows=p["windows"], workload=workload, seed=seed, repeats=p["repeats"],
+                          warmup=p["warmup"], backward=not forward_only, timeout=timeout, profile=profile,
+                          oversubscribe=oversubscribe)
+        world, under_torchrun = _world(nproc, dp, cp, device, oversubscribe)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and nproc is None
-    world = int(os.environ["WORLD_SIZE"]) if under_torchrun else nproc
-    if world is None:
-        raise click.UsageError("pass --nproc N (local spawn) or launch under torchrun")
-    if world != dp * cp:
-        raise click.UsageError(f"--nproc/WORLD_SIZE={world} must equal DP*CP={dp * cp}")
-    if device.startswith("cuda") and not under_torchrun:
-        raise click.UsageError("--device cuda needs one GPU per rank: launch under torchrun")
     run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress)
-    keys = [[m, w] for m in cfg["methods"] for w in range(windows)]
-    todo = [k for k in keys if run.cached(k) is None]
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    if todo:
-        got = run_torchrun(cfg, todo) if under_torchrun else run_spawned(world, cfg, todo, deadline_s=timeout * 4)
-        if got is None:  # non-zero torchrun ranks write nothing
-            return
-        for k in todo:
-            run.record(k, got[stable_hash(k)])
-    rows = run.map(keys, _missing_point, desc="microbench")
+    rows = _measure(run, cfg, world, under_torchrun)
+    if rows is None:
+        return
+    _finish(run, rows, {"measured": True, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
+                        "world_size": world, "usable_cores": usable_cores(),
+                        "bench_wall_s": round(time.perf_counter() - t0, 3),
+                        # CPU timings on a shared host are only as quiet as the host: record its load
+                        "loadavg_1m": [load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]})
+
+
+def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
+    """Write the step CSV, the summary, the plot and run.json; print the summary."""
     df = pd.DataFrame(rows)
     df = df[STRAGGLER_COLUMNS + [c for c in df.columns if c not in STRAGGLER_COLUMNS]]
     summary = summarize(df)
-    extra = {"measured": True, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
-             "world_size": world, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
-             "bench_wall_s": round(time.perf_counter() - t0, 3),
-             # CPU timings on a shared host are only as quiet as the host: record its load
-             "loadavg_1m": [load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]}
+    extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0]}
     paths = run.finish(df, plot=plot, extra=extra)
     atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
-    cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "compute_ms", "comm_exposed_ms", "peak_transient_mib",
-                        "mean_speedup", "max_speedup") if c in summary]
+    cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses",
+                        "comm_exposed_ms", "peak_transient_mib", "mean_speedup") if c in summary]
     click.echo(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     click.echo(f"backend {extra['kernel_backend']} on {extra['device']}; wrote {paths['csv']}")

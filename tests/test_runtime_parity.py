@@ -39,8 +39,8 @@ def _plan(case, dp, cp, seq_len, seed):
 
     shape = AttentionShape(case["hq"], case["hkv"], case["d"], 8)
     par = ParallelConfig(dp=dp, cp=cp, gbs=dp, seq_len=seq_len)
-    planner = get_planner("libra", pool_size=case["P"], block_size=case["B"], head_split=case["H"],
-                          pipeline_chunks=case["M"])
+    planner = get_planner(case.get("planner", "libra"), pool_size=case["P"], block_size=case["B"],
+                          head_split=case["H"], pipeline_chunks=case["M"], **case.get("options", {}))
     window = _window(dp, seq_len, seed)
     return planner.plan_window(window, par, shape)[0].validate(), window, shape
 
@@ -159,6 +159,10 @@ CASES_4 = [
     # GQA groups of 3 straddling chunks of 2 heads unevenly: the per-query-head KV expansion path
     {"hq": 12, "hkv": 4, "d": 8, "B": 32, "H": 3, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64", "float32", "bfloat16"]},
+    # libra-adaptive (issue 11): one KV head's query heads per tile, placed in the Q-home retention
+    # order (pinned candidate: the cost model would often pick the paper's plan at this size)
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",)},
+     "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
 ]
 
 

@@ -31,10 +31,18 @@ import torch.distributed as dist
 
 from libra.plan import Plan, PoolPlan
 from libra.runtime.agreement import check_finite_inputs, check_plan_agreement
-from libra.runtime.blocks import DK, DO, DQ, DV, OUT, K, Q, V, do_recv_key, grad_recv_key, kout_key, recv_key
-from libra.runtime.executor import Exchanger, MemoryMeter, copy_blocks, pack
+from libra.runtime.blocks import DK, DO, DQ, DV, OUT, K, Q, V, do_recv_key, grad_recv_key, recv_key
+from libra.runtime.calls import (
+    call_backward,
+    call_forward,
+    closed_call,
+    kv_grad_blocks,
+    rekey_messages,
+    split_calls,
+)
+from libra.runtime.executor import COMM_MODES, Exchanger, MemoryMeter, copy_blocks
 from libra.runtime.groups import PoolGroup
-from libra.runtime.kernels import AttentionBackend, Segments, get_backend
+from libra.runtime.kernels import AttentionBackend, get_backend
 from libra.runtime.program import WorkerProgram, compile_worker
 from libra.tap.pipeline import (
     BWD_DISPATCH,
@@ -94,8 +102,18 @@ class LibraAttention:
         self.exchanger = Exchanger(group, comm)
         self.scale, self.check_finite = scale, check_finite
         self.stats = RuntimeStats()
-        # kernel geometry of each chunk, built once (no index construction on the step's path)
-        self._segments = [Segments(k.q_lens, k.kv_lens) if k.total_q else None for k in program.kernels]
+        # each chunk's kernel calls (on views of the buffers they read where the backend runs
+        # segment by segment anyway) and the messages reading their outputs; built once, so no
+        # index construction is on the step's path
+        self._calls = [split_calls(kern, m, getattr(backend, "views", False)) for m, kern in enumerate(program.kernels)]
+        order = [m for ev, m in program.schedule.events if ev == COMPUTE]
+        closed = closed_call(program, self._calls, order[0]) if order else None
+        if closed is not None:  # exchanges nothing: one call at the first compute event, no copies
+            self._calls = [[closed] if m == order[0] else [] for m in range(program.chunks)]
+        self._closed = closed
+        self._messages = rekey_messages(program.messages, self._calls)
+        self._kv_blocks = None if closed else kv_grad_blocks(self._calls, program.messages, order,
+                                                             program.num_local, program.shape.num_kv_heads)
 
     # -- checks -------------------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
@@ -114,14 +132,6 @@ class LibraAttention:
             check_finite_inputs({"q": q, "k": k, "v": v}, self.group)
 
     # -- forward ------------------------------------------------------------------------------
-    @staticmethod
-    def _kernel_inputs(kern, stores: dict, d: int):
-        like = stores[Q]
-        kq = pack(like.new_empty(kern.total_q * kern.qh, d), kern.q_pack, stores)
-        kk = pack(like.new_empty(kern.total_k * kern.kvh, d), kern.k_pack, stores)
-        kv = pack(like.new_empty(kern.total_k * kern.kvh, d), kern.v_pack, stores)
-        return kq.view(-1, kern.qh, d), kk.view(-1, kern.kvh, d), kv.view(-1, kern.kvh, d)
-
     def _run_pass(self, phases: tuple[str, str], recv_of, stores: dict, meter: MemoryMeter,
                   compute, unpack, after_return=None) -> tuple[float, float]:
         """Execute one pass as the pool's :class:`~libra.tap.pipeline.ChunkSchedule` lists it
@@ -132,12 +142,12 @@ class LibraAttention:
         returned rows, ``after_return(m)`` (optional) runs once its return is issued.
         Returns (seconds waiting on communication, seconds computing).
         """
-        prog, ex = self.program, self.exchanger
+        prog, ex, messages = self.program, self.exchanger, self._messages
         disp, ret = phases
         pending, returns, wait_s, compute_s = {}, {}, 0.0, 0.0
         for ev, m in prog.schedule.events:
             if ev == ISSUE_DISPATCH:
-                pending[m] = ex.issue(prog.messages[disp][m], stores, stores[Q], disp, m, meter)
+                pending[m] = ex.issue(messages[disp][m], stores, stores[Q], disp, m, meter)
             elif ev == WAIT_DISPATCH:
                 tw = time.perf_counter()
                 stores[recv_of(m)] = ex.finish(pending.pop(m), meter)
@@ -147,7 +157,7 @@ class LibraAttention:
                 compute(m)
                 compute_s += time.perf_counter() - tc
             elif ev == ISSUE_RETURN:
-                returns[m] = ex.issue(prog.messages[ret][m], stores, stores[Q], ret, m, meter)
+                returns[m] = ex.issue(messages[ret][m], stores, stores[Q], ret, m, meter)
                 if after_return is not None:
                     after_return(m)
             elif ev == WAIT_RETURN:
@@ -170,28 +180,21 @@ class LibraAttention:
         prog, meter = self.program, MemoryMeter()
         d, M = q.shape[-1], prog.chunks
         stores = {Q: q.reshape(-1, d), K: k.reshape(-1, d), V: v.reshape(-1, d)}
-        out = torch.empty_like(q)
-        out_rows = out.view(-1, d)
-        saved, segs = {}, {}
+        out = None if self._closed else torch.empty_like(q)  # closed: the kernel's output is out
+        out_rows = None if out is None else out.view(-1, d)
+        saved = {}
 
         def compute(m):
-            kern = prog.kernels[m]
-            if not kern.total_q:
-                return
-            kq, kk, kv = self._kernel_inputs(kern, stores, d)
-            meter.alloc(kq, kk, kv)
-            seg = self._segments[m]
-            o, lse = self.backend.forward(kq, kk, kv, seg, self.scale)
-            meter.alloc(o, lse)
-            meter.free(kq, kk, kv)
-            stores[kout_key(m)] = o_rows = o.reshape(-1, d)
-            saved[("o", m)], saved[("lse", m)], segs[m] = o, lse, seg
-            copy_blocks(o_rows, kern.out_local, {Q: out_rows}, reverse=True)
+            for c, call in enumerate(self._calls[m]):
+                saved[("o", m, c)], saved[("lse", m, c)] = call_forward(call, self.backend, stores, meter, self.scale,
+                                                                      out_rows)
 
         def unpack(m, recv):
-            copy_blocks(recv, prog.messages[FWD_RETURN][m].unpack, {OUT: out_rows}, reverse=True)
+            copy_blocks(recv, self._messages[FWD_RETURN][m].unpack, {OUT: out_rows}, reverse=True)
 
         wait_s, compute_s = self._run_pass((FWD_DISPATCH, FWD_RETURN), recv_key, stores, meter, compute, unpack)
+        if out is None:
+            out = saved[("o", self._closed.key.chunk, 0)].view_as(q)
         held = {**{("recv", m): stores[recv_key(m)] for m in range(M)}, **saved}
         st = self.stats
         st.held_for_backward_bytes = meter.current
@@ -199,26 +202,9 @@ class LibraAttention:
         st.comm_wait_s += wait_s
         st.compute_s += compute_s
         st.calls += 1
-        return out, list(held.values()), {"names": list(held), "segs": segs, "meter": meter}
+        return out, list(held.values()), {"names": list(held), "meter": meter}
 
     # -- backward -----------------------------------------------------------------------------
-    def _backward_chunk(self, m: int, kern, stores: dict, grads: dict, saved: dict, seg, meter, dq_rows) -> None:
-        """Chunk ``m``'s backward kernels: dQ into the store / local dq, dK/dV added onto their sources."""
-        d = dq_rows.shape[-1]
-        o, lse = saved.pop(("o", m)), saved.pop(("lse", m))
-        kq, kk, kv = self._kernel_inputs(kern, stores, d)
-        kdo = pack(stores[Q].new_empty(kern.total_q * kern.qh, d), kern.do_pack, stores)
-        meter.alloc(kq, kk, kv, kdo)
-        gq, gk, gv = self.backend.backward(kdo.view(-1, kern.qh, d), kq, kk, kv, o, lse, seg, self.scale)
-        meter.alloc(gq, gk, gv)
-        meter.free(kq, kk, kv, kdo, o, lse)
-        stores[kout_key(m)] = gq_rows = gq.reshape(-1, d)  # the dQ return reads it
-        copy_blocks(gq_rows, kern.out_local, {Q: dq_rows}, reverse=True)
-        # dK/dV: add back onto the rows the kernel inputs were read from (local or fetched)
-        copy_blocks(gk.reshape(-1, d), kern.k_pack, grads["k"], reverse=True, add=True)
-        copy_blocks(gv.reshape(-1, d), kern.v_pack, grads["v"], reverse=True, add=True)
-        meter.free(gk, gv)
-
     def backward(self, dout: torch.Tensor, q, k, v, tensors: list, meta: dict) -> tuple[torch.Tensor, ...]:
         """Gradients ``(dq, dk, dv)`` in the pre-attention layout from :meth:`forward`'s ``tensors``
         and ``meta`` (consumed: both are emptied). The tensors may be copies of the forward's (e.g.
@@ -232,30 +218,33 @@ class LibraAttention:
         tensors.clear()
         stores = {Q: q.reshape(-1, d), K: k.reshape(-1, d), V: v.reshape(-1, d), DO: dout.reshape(-1, d),
                   **{recv_key(m): saved.pop(("recv", m)) for m in range(M)}}
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        dq_rows, dk_rows, dv_rows = dq.view(-1, d), dk.view(-1, d), dv.view(-1, d)
-        for m in range(M):
-            stores[grad_recv_key(m)] = torch.zeros_like(stores[recv_key(m)])
-            meter.alloc(stores[grad_recv_key(m)])
-        fetched = {recv_key(m): stores[grad_recv_key(m)] for m in range(M)}
-        grads = {"k": {K: dk_rows, **fetched}, "v": {V: dv_rows, **fetched}}
+        dq, dk, dv, grads = self._grad_buffers(q, k, v, stores, meter)
+        dq_rows = None if dq is None else dq.view(-1, d)
+        closed_grads = []
 
         def compute(m):
-            if prog.kernels[m].total_q:
-                self._backward_chunk(m, prog.kernels[m], stores, grads, saved, meta["segs"][m], meter, dq_rows)
+            for c, call in enumerate(self._calls[m]):
+                got = call_backward(call, self.backend, stores, meter, self.scale, saved.pop(("o", m, c)),
+                                    saved.pop(("lse", m, c)), dq_rows, grads,
+                                    self._kv_blocks and self._kv_blocks[(m, c)])
+                closed_grads.extend(got if grads is None else ())
 
         def after_return(m):
-            if kout_key(m) in stores:
-                meter.free(stores.pop(kout_key(m)))
+            for call in self._calls[m]:
+                meter.free(stores.pop(call.key))
             meter.free(stores.pop(do_recv_key(m)))
 
         def unpack(m, recv):
-            msg = prog.messages[BWD_RETURN][m]
+            if grads is None:  # closed: nothing comes back
+                return
+            msg = self._messages[BWD_RETURN][m]
             copy_blocks(recv, msg.unpack, {DQ: dq_rows}, reverse=True)
-            copy_blocks(recv, msg.unpack_add, {DK: dk_rows, DV: dv_rows}, reverse=True, add=True)
+            copy_blocks(recv, msg.unpack_add, {DK: grads["k"][K], DV: grads["v"][V]}, reverse=True, add=True)
 
         wait_s, compute_s = self._run_pass((BWD_DISPATCH, BWD_RETURN), do_recv_key, stores, meter, compute, unpack,
                                            after_return)
+        if grads is None:  # closed: the one call's gradients are dq, dk, dv
+            dq, dk, dv = (g.view_as(x) for g, x in zip(closed_grads, (q, k, v)))
         for m in range(M):
             meter.free(stores.pop(recv_key(m)), stores.pop(grad_recv_key(m)))
         meta.clear()
@@ -268,6 +257,28 @@ class LibraAttention:
         el = q.element_size() * d
         st.sent_bytes = {p: rows * el for p, rows in prog.comm_rows().items()}
         return dq, dk, dv
+
+    def _grad_buffers(self, q, k, v, stores: dict, meter: MemoryMeter):
+        """``(dq, dk, dv, grads)``: the gradient tensors and, for the calls' scatter, every source
+        buffer's gradient buffer (``grads["k"]``, ``grads["v"]``: local k/v and fetched KV); all
+        None for a closed worker (:func:`~libra.runtime.calls.closed_call`), whose one call's
+        gradients are dq, dk, dv themselves."""
+        M = self.program.chunks
+        for m in range(M):
+            stores[grad_recv_key(m)] = torch.zeros_like(stores[recv_key(m)])
+            meter.alloc(stores[grad_recv_key(m)])
+        if self._closed is not None:
+            return None, None, None, None
+        # every dq row is written exactly once (a local kernel's dQ or a returned one: compile_worker
+        # checked each output row is returned once), so it is not zero-filled; dK/dV rows sum the
+        # gradients of every tile that read them (not zero-filled either where calls.kv_grad_blocks
+        # finds each written first by a copy)
+        dq = torch.empty_like(q)
+        dk, dv = ((torch.empty_like(k), torch.empty_like(v)) if self._kv_blocks is not None
+                  else (torch.zeros_like(k), torch.zeros_like(v)))
+        d = q.shape[-1]
+        fetched = {recv_key(m): stores[grad_recv_key(m)] for m in range(M)}
+        return dq, dk, dv, {"k": {K: dk.view(-1, d), **fetched}, "v": {V: dv.view(-1, d), **fetched}}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check(q, k, v)
@@ -321,12 +332,14 @@ def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | N
             a WorkerProgram's own, which a different value contradicts).
         backend: kernel backend name (``"auto"`` resolves per device) or instance.
         comm: ``"p2p"`` (batch_isend_irecv) or ``"a2a"`` (all_to_all_single).
-        verify_plan: all_gather the plan digest first (raises PlanMismatchError naming ranks).
+        verify_plan: all_gather the plan digest and the execution options (``chunks``, ``comm``,
+            the resolved backend name, ``scale``, ``check_finite``) first; raises
+            PlanMismatchError naming the differing option (or plan) and the ranks, on every rank.
 
     Raises:
         ValueError: bad arguments, including a WorkerProgram compiled for another worker, pool,
             ``chunks`` or ``shape``; PlanValidationError: plan inconsistent for this worker;
-        PlanMismatchError: pool ranks hold different plans.
+        PlanMismatchError: pool ranks hold different plans or prepare them with different options.
     """
     program = None
     if isinstance(plan, WorkerProgram):
@@ -363,11 +376,22 @@ def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | N
     be = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
     if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+    if comm not in COMM_MODES:
+        raise ValueError(f"comm mode must be one of {COMM_MODES}, got {comm!r}")
     if program is None:
         program = compile_worker(pool, shape, group.worker, chunks, digest=digest or pool.digest())
     if verify_plan:
-        check_plan_agreement(program.digest, group)
+        check_plan_agreement(program.digest, group, options=execution_options(program, be, comm, scale, check_finite))
     return LibraAttention(program, group, be, comm=comm, scale=scale, check_finite=check_finite)
+
+
+def execution_options(program: WorkerProgram, backend: AttentionBackend, comm: str, scale, check_finite: bool) -> dict:
+    """What every pool rank must execute a plan with besides the plan itself: ranks that differ in
+    any of these would pair different exchanges (chunks ``M`` sets the message tags and sizes,
+    ``comm`` p2p vs all-to-all, ``check_finite`` an extra collective) or compute differently
+    (``backend``, ``scale``)."""
+    return {"chunks": int(program.chunks), "comm": comm, "backend": backend.name,
+            "scale": None if scale is None else float(scale), "check_finite": bool(check_finite)}
 
 
 def libra_attention(q, k, v, plan, group, **kwargs) -> torch.Tensor:

@@ -73,12 +73,24 @@ class Blocks:
         return len(self.table)
 
     def rows(self) -> list[list[int]]:
-        """The table as Python ints (what the runtime loops over; built once, then cached)."""
+        """The table as Python ints, consecutive blocks that continue one another in both source
+        and target merged (:func:`merge_rows`): what the runtime loops over; built once, cached."""
         got = self.__dict__.get("_rows")
         if got is None:
-            got = self.table.tolist()
+            got = merge_rows(self.table).tolist()
             self.__dict__["_rows"] = got
         return got
+
+    def as_view(self) -> list[int] | None:
+        """The one block (a row of :meth:`rows`) when the whole table is a single rectangle copied
+        to the start of a packed target (``dst`` offset 0, head 0, stride = its heads): the target
+        is then just a strided view of the source and need not be built (issue 13: a kernel input
+        read from one local tensor is not gathered). None otherwise."""
+        rows = self.rows()
+        if len(rows) != 1:
+            return None
+        r = rows[0]
+        return r if r[DST_OFF] == 0 and r[DST_H0] == 0 and r[DST_STRIDE] == r[N_HEADS] else None
 
     def select(self, mask) -> Blocks:
         return Blocks(self.keys, self.table[mask])
@@ -103,6 +115,39 @@ class Blocks:
             t[:, KEY] = np.array([keys.index(k) for k in p.keys], dtype=np.int64)[p.table[:, KEY]]
             tables.append(t)
         return Blocks(keys, np.concatenate(tables))
+
+
+def merge_rows(table: np.ndarray) -> np.ndarray:
+    """Merge each block into its predecessor when it continues it: same source buffer, strides,
+    heads and head offsets, and its first token follows the predecessor's last one in both the
+    source and the target (e.g. a kernel input's per-sample blocks read from one local tensor).
+    The copies are the same; there are fewer of them."""
+    if len(table) < 2:
+        return table
+    t = table
+    same = np.all(t[1:][:, [KEY, SRC_STRIDE, SRC_H0, DST_STRIDE, DST_H0, N_HEADS]]
+                  == t[:-1][:, [KEY, SRC_STRIDE, SRC_H0, DST_STRIDE, DST_H0, N_HEADS]], axis=1)
+    follows = ((t[1:, SRC_OFF] == t[:-1, SRC_OFF] + t[:-1, N_TOK] * t[:-1, SRC_STRIDE])
+               & (t[1:, DST_OFF] == t[:-1, DST_OFF] + t[:-1, N_TOK] * t[:-1, DST_STRIDE]))
+    start = np.ones(len(t), dtype=bool)
+    start[1:] = ~(same & follows)
+    first = np.nonzero(start)[0]
+    out = t[first].copy()
+    out[:, N_TOK] = np.add.reduceat(t[:, N_TOK], first)
+    return out
+
+
+def covers_once(t0: np.ndarray, t1: np.ndarray, h0: np.ndarray, h1: np.ndarray, n_tok: int, heads: int) -> bool:
+    """Whether token x head rectangles ``[t0, t1) x [h0, h1)`` cover an ``n_tok`` x ``heads`` grid
+    exactly once: their areas add up to it and no two overlap (sorted by first token, a rectangle
+    can only overlap those starting before it ends)."""
+    if int(np.sum((t1 - t0) * (h1 - h0))) != n_tok * heads:
+        return False
+    order = np.argsort(t0, kind="stable")
+    t0, t1, h0, h1 = t0[order], t1[order], h0[order], h1[order]
+    reach = np.searchsorted(t0, t1, side="left")
+    return not any(np.any((h0[i + 1:reach[i]] < h1[i]) & (h1[i + 1:reach[i]] > h0[i]))
+                   for i in range(len(t0)) if reach[i] > i + 1)
 
 
 class Rects(NamedTuple):

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from libra.runtime.blocks import N_HEADS as N_HEADS_COL
+from libra.runtime.blocks import N_TOK as N_TOK_COL
 from libra.runtime.blocks import Blocks
 from libra.runtime.groups import CollectiveTimeoutError, PoolGroup, wait_all
 from libra.runtime.program import PHASES, Message
@@ -63,8 +65,13 @@ def _stores_get(stores: dict, key) -> torch.Tensor:
 
 
 def _rect(buf: torch.Tensor, off: int, stride: int, h0: int, n: int, nh: int) -> torch.Tensor:
-    """The ``n`` x ``nh`` rectangle of a flat row buffer (:mod:`libra.runtime.blocks`), as a view."""
-    return buf[off:off + n * stride].view(n, stride, buf.shape[-1])[:, h0:h0 + nh]
+    """The ``n`` x ``nh`` rectangle of a flat row buffer (:mod:`libra.runtime.blocks`), as a view
+    (one ``as_strided``: the runtime builds several per kernel call, each a Python-level op)."""
+    if off + n * stride > buf.shape[0] or h0 + nh > stride:
+        raise RuntimeError(f"block of {n} x {nh} rows at {off} (stride {stride}, head {h0}) is outside a buffer "
+                           f"of {buf.shape[0]} rows (program/plan inconsistency)")
+    rs, cs = buf.stride()
+    return buf.as_strided((n, nh, buf.shape[-1]), (stride * rs, rs, cs), buf.storage_offset() + (off + h0) * rs)
 
 
 def copy_blocks(target: torch.Tensor, blocks: Blocks, stores: dict, reverse: bool = False,
@@ -89,6 +96,25 @@ def copy_blocks(target: torch.Tensor, blocks: Blocks, stores: dict, reverse: boo
 def pack(dst: torch.Tensor, blocks: Blocks, stores: dict) -> torch.Tensor:
     """Fill ``dst`` from ``stores`` (every row of ``dst`` is written: compile_worker checked it)."""
     return copy_blocks(dst, blocks, stores)
+
+
+def gather(blocks: Blocks, stores: dict, n: int, heads: int, like: torch.Tensor,
+           meter: MemoryMeter | None = None) -> tuple[torch.Tensor, bool]:
+    """The packed ``(n, heads, d)`` input that ``blocks`` describe, and whether it was allocated.
+
+    When the blocks are one rectangle of one buffer (:meth:`Blocks.as_view`: e.g. a chunk's query
+    heads of every local token) the result is a strided view of that buffer and nothing is copied;
+    otherwise a new buffer is packed (and counted on ``meter``).
+    """
+    d = like.shape[-1]
+    rect = blocks.as_view()
+    if rect is not None and rect[N_TOK_COL] == n and rect[N_HEADS_COL] == heads:
+        k, so, ss, sh = rect[:4]
+        return _rect(_stores_get(stores, blocks.keys[k]), so, ss, sh, n, heads), False
+    buf = pack(like.new_empty(n * heads, d), blocks, stores)
+    if meter is not None:
+        meter.alloc(buf)
+    return buf.view(n, heads, d), True
 
 
 class Exchanger:

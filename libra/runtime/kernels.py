@@ -90,6 +90,21 @@ class Segments:
     def max_k(self) -> int:
         return int(self.kv_lens.max()) if len(self) else 0
 
+    def runs(self) -> list[tuple[int, int, int, int]]:
+        """Maximal runs of consecutive segments with the same ``(q_len, kv_len)``: ``(first segment,
+        count, q_len, kv_len)`` each. A backend can run each as one batched call (a packed sequence
+        of equal-length samples is one run); built once and cached."""
+        got = self.__dict__.get("_runs")
+        if got is None:
+            n = len(self)
+            change = np.ones(n, dtype=bool)
+            change[1:] = (self.q_lens[1:] != self.q_lens[:-1]) | (self.kv_lens[1:] != self.kv_lens[:-1])
+            first = np.nonzero(change)[0]
+            count = np.diff(np.append(first, n))
+            got = [(int(f), int(c), int(self.q_lens[f]), int(self.kv_lens[f])) for f, c in zip(first, count)]
+            self.__dict__["_runs"] = got
+        return got
+
     def cu_tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """int32 cumulative offsets on ``device`` (what flash-attn style kernels take); built once
         per device, so a prepared runner moves them at its first call and never again."""
@@ -125,6 +140,10 @@ class AttentionBackend:
     ``backward(dout, q, k, v, out, lse, seg, scale) -> (dq, dk, dv)``. ``scale`` None = 1/sqrt(d)."""
 
     name = "abstract"
+    views = False
+    """Whether the runtime should hand this backend strided views of the buffers a run of segments
+    reads instead of one packed varlen batch per chunk (:mod:`libra.runtime.calls`): True for
+    the CPU backends, which run segment by segment anyway, False for one-launch GPU varlen kernels."""
 
     def forward(self, q, k, v, seg: Segments, scale: float | None = None):
         raise NotImplementedError
@@ -141,42 +160,56 @@ class AttentionBackend:
 # --------------------------------------------------------------------------------------------
 
 
-def _bhld(x: torch.Tensor) -> torch.Tensor:
-    """(L, H, D) -> (1, H, L, D) view (DESIGN.md sec. 7: transposed views are accepted)."""
-    return x.transpose(0, 1).unsqueeze(0)
+def _batched(x: torch.Tensor, b: int, length: int) -> torch.Tensor:
+    """Rows of ``b`` consecutive segments of ``length`` tokens as a ``(b, length, H, D)`` view."""
+    return x.view(b, length, *x.shape[1:])
 
 
 class CpuFlashBackend(AttentionBackend):
-    """ATen's CPU flash attention per segment (float64, float32, bfloat16)."""
+    """ATen's CPU flash attention (float64, float32, bfloat16), one call per run of consecutive
+    equal-geometry segments (:meth:`Segments.runs`: e.g. a packed sequence of equal-length samples
+    is one batched call, ``(B, L, H, D)`` views of the packed rows, no copies in or out).
+
+    A run whose queries do not see all their keys causally (``Lq < Lk``: a tile piece attending to
+    its sample's prefix) is two calls on views of its keys -- the full off-diagonal block and the
+    square causal diagonal block -- merged by lse (DESIGN.md sec. 7)."""
 
     name = "cpu-flash"
+    views = True
 
     @staticmethod
     def _fwd(q, k, v, causal, scale):
+        """``(B, L, H, D)`` views in; out ``(B, L, H, D)`` (ATen's layout) and lse ``(B, H, L)``."""
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            _bhld(q), _bhld(k), _bhld(v), 0.0, causal, attn_mask=None, scale=scale)
-        return out[0].transpose(0, 1), lse[0]
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, causal, attn_mask=None, scale=scale)
+        return out.transpose(1, 2), lse
 
     def forward(self, q, k, v, seg, scale=None):
         _check_inputs(q, k, v, seg)
+        runs = seg.runs()
+        if len(runs) == 1 and runs[0][2] == runs[0][3]:  # whole samples of one length: the kernel's output as is
+            _, b, lq, _ = runs[0]
+            o, lse = self._fwd(*(_batched(x, b, lq) for x in (q, k, v)), True, scale)
+            return o.reshape(q.shape), lse.transpose(0, 1).reshape(q.shape[1], -1).to(_lse_dtype(q.dtype))
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[1], q.shape[0], dtype=_lse_dtype(q.dtype), device=q.device)
-        for i in range(len(seg)):
-            q0, q1 = int(seg.cu_q[i]), int(seg.cu_q[i + 1])
-            k0, k1 = int(seg.cu_k[i]), int(seg.cu_k[i + 1])
-            off = (k1 - k0) - (q1 - q0)  # keys every query row sees in full (the off-diagonal block)
-            qs = q[q0:q1]
-            o_d, l_d = self._fwd(qs, k[k0 + off:k1], v[k0 + off:k1], True, scale)
+        for i, b, lq, lk in runs:
+            q0, q1, k0, k1 = int(seg.cu_q[i]), int(seg.cu_q[i + b]), int(seg.cu_k[i]), int(seg.cu_k[i + b])
+            qs, ks, vs = _batched(q[q0:q1], b, lq), _batched(k[k0:k1], b, lk), _batched(v[k0:k1], b, lk)
+            off = lk - lq  # keys every query row sees in full (the off-diagonal block)
+            o_d, l_d = self._fwd(qs, ks[:, off:], vs[:, off:], True, scale)
+            o_run, l_run = out[q0:q1].view(b, lq, *q.shape[1:]), lse[:, q0:q1].view(-1, b, lq).transpose(0, 1)
             if off == 0:
-                out[q0:q1], lse[:, q0:q1] = o_d, l_d
+                o_run.copy_(o_d)
+                l_run.copy_(l_d)
                 continue
-            o_f, l_f = self._fwd(qs, k[k0:k0 + off], v[k0:k0 + off], False, scale)
+            o_f, l_f = self._fwd(qs, ks[:, :off], vs[:, :off], False, scale)
             # Both blocks give every row >= 1 visible key, so no lse = 0 "empty row" trap here.
             lse_m = torch.logaddexp(l_f.to(lse.dtype), l_d.to(lse.dtype))
-            w_f = torch.exp(l_f - lse_m).transpose(0, 1).unsqueeze(-1)
-            w_d = torch.exp(l_d - lse_m).transpose(0, 1).unsqueeze(-1)
-            out[q0:q1] = (o_f.to(w_f.dtype) * w_f + o_d.to(w_d.dtype) * w_d).to(q.dtype)
-            lse[:, q0:q1] = lse_m
+            w_f = torch.exp(l_f - lse_m).transpose(1, 2).unsqueeze(-1)
+            w_d = torch.exp(l_d - lse_m).transpose(1, 2).unsqueeze(-1)
+            o_run.copy_(o_f.to(w_f.dtype) * w_f + o_d.to(w_d.dtype) * w_d)
+            l_run.copy_(lse_m)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, seg, scale=None):
@@ -186,24 +219,39 @@ class CpuFlashBackend(AttentionBackend):
             # input dtype across query blocks, which loses ~3x accuracy on long samples. Upcast.
             grads = self.backward(*(x.float() for x in (dout, q, k, v, out)), lse.float(), seg, scale)
             return tuple(g.to(q.dtype) for g in grads)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-        for i in range(len(seg)):
-            q0, q1 = int(seg.cu_q[i]), int(seg.cu_q[i + 1])
-            k0, k1 = int(seg.cu_k[i]), int(seg.cu_k[i + 1])
-            off = (k1 - k0) - (q1 - q0)
-            do_, o_, l_ = _bhld(dout[q0:q1]), _bhld(out[q0:q1]), lse[:, q0:q1].unsqueeze(0)
-            qs = _bhld(q[q0:q1])
+        runs = seg.runs()
+        whole = len(runs) == 1 and runs[0][2] == runs[0][3]
+        # every row of dq/dk/dv is written by exactly one block below (dq of a split run: the
+        # diagonal block's copy, then the off-diagonal block's add), so nothing is zero-filled
+        dq, dk, dv = (None, None, None) if whole else (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+        for i, b, lq, lk in runs:
+            q0, q1, k0, k1 = int(seg.cu_q[i]), int(seg.cu_q[i + b]), int(seg.cu_k[i]), int(seg.cu_k[i + b])
+            qs, ks, vs = _batched(q[q0:q1], b, lq), _batched(k[k0:k1], b, lk), _batched(v[k0:k1], b, lk)
+            do_, o_ = _batched(dout[q0:q1], b, lq), _batched(out[q0:q1], b, lq)
+            l_ = lse[:, q0:q1].reshape(-1, b, lq).transpose(0, 1)
+            off = lk - lq
             # With the merged out and lse, each block's backward gives exactly its share of the
             # gradient (the softmax normaliser is the global one), as in ring attention.
-            parts = [(k0 + off, k1, True)] + ([(k0, k0 + off, False)] if off else [])
-            for a, b, causal in parts:
-                gq, gk, gv = bwd(do_, qs, _bhld(k[a:b]), _bhld(v[a:b]), o_, l_, 0.0, causal,
-                                 attn_mask=None, scale=scale)
-                dq[q0:q1] += gq[0].transpose(0, 1)
-                dk[a:b] += gk[0].transpose(0, 1)
-                dv[a:b] += gv[0].transpose(0, 1)
+            gq, gk, gv = self._bwd(do_, qs, ks[:, off:], vs[:, off:], o_, l_, True, scale)
+            if whole:
+                return gq.reshape(q.shape), gk.reshape(k.shape), gv.reshape(v.shape)
+            dq[q0:q1].view(gq.shape).copy_(gq)
+            dk[k0:k1].view(b, lk, *k.shape[1:])[:, off:].copy_(gk)
+            dv[k0:k1].view(b, lk, *v.shape[1:])[:, off:].copy_(gv)
+            if off:
+                gq, gk, gv = self._bwd(do_, qs, ks[:, :off], vs[:, :off], o_, l_, False, scale)
+                dq[q0:q1].view(gq.shape).add_(gq)
+                dk[k0:k1].view(b, lk, *k.shape[1:])[:, :off].copy_(gk)
+                dv[k0:k1].view(b, lk, *v.shape[1:])[:, :off].copy_(gv)
         return dq, dk, dv
+
+    @staticmethod
+    def _bwd(do_, q, k, v, o_, l_, causal, scale):
+        """Gradients of one block as ``(B, L, H, D)`` views (ATen's layout)."""
+        t = (x.transpose(1, 2) for x in (do_, q, k, v, o_))
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            *t, l_, 0.0, causal, attn_mask=None, scale=scale)
+        return tuple(g.transpose(1, 2) for g in grads)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,6 +264,7 @@ class MathBackend(AttentionBackend):
     (float64 for float64), like FlashAttention's ``attention_ref(upcast=False)``. Any device."""
 
     name = "math"
+    views = True
 
     @staticmethod
     def _expand(x, group):

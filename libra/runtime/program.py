@@ -32,6 +32,7 @@ from libra.runtime.blocks import (
     Blocks,
     BufKey,
     Rects,
+    covers_once,
     do_recv_key,
     first_missing,
     grad_recv_key,
@@ -289,7 +290,10 @@ def _work_list(pool: PoolPlan, me: int) -> dict:
             "qtok": segs["q_start"][mine], "q": segs["q_len"][mine], "kv": segs["kv_len"][mine]}
     if not len(mine):
         return cols
-    order = np.lexsort((cols["qtok"], cols["he"], cols["hs"], cols["s0"], cols["seq"]))
+    # head range first, then sample: a chunk's segments of one head range over consecutive local
+    # samples read consecutive rows of the local q/k/v, so a CPU backend runs them as one call on
+    # views (libra.runtime.calls) instead of one call per sample
+    order = np.lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"]))
     c = {k: v[order] for k, v in cols.items()}
     cont = np.zeros(len(order), dtype=bool)
     cont[1:] = ((c["seq"][1:] == c["seq"][:-1]) & (c["s0"][1:] == c["s0"][:-1]) & (c["hs"][1:] == c["hs"][:-1])
@@ -421,13 +425,7 @@ def _check_outputs(ctx: _Context, kernels: list[ChunkKernel], messages: dict) ->
     t0 = t[:, 1] // t[:, 2]  # SRC_OFF // SRC_STRIDE: the local token of the rectangle
     h0 = t[:, 3]
     t1, h1 = t0 + t[:, N_TOK], h0 + t[:, N_HEADS]
-    order = np.argsort(t0, kind="stable")
-    t0, t1, h0, h1 = t0[order], t1[order], h0[order], h1[order]
-    # rectangles sorted by first token: one may only overlap those starting before it ends
-    reach = np.searchsorted(t0, t1, side="left")
-    overlap = any(np.any((h0[i + 1:reach[i]] < h1[i]) & (h1[i + 1:reach[i]] > h0[i]))
-                  for i in range(len(t0)) if reach[i] > i + 1)
-    if not overlap and int(np.sum((t1 - t0) * (h1 - h0))) == ctx.num_local * hq:
+    if covers_once(t0, t1, h0, h1, ctx.num_local, hq):
         return
     corners = np.concatenate([t0 * (hq + 1) + h0, t1 * (hq + 1) + h0, t0 * (hq + 1) + h1, t1 * (hq + 1) + h1])
     signs = np.repeat(np.array([1, -1, -1, 1]), len(t0))

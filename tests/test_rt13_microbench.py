@@ -1,0 +1,85 @@
+"""Issue 13 items 3 and 5: `libra-bench microbench` measures honestly by default.
+
+* on CPU it refuses more single-thread ranks than usable cores (one line, before any process
+  starts) unless ``--oversubscribe``, which run.json records;
+* it measures the ideal (each DP rank's whole-sequence attention alone, / CP) and reports
+  ``ideal_ms``, ``ideal_ratio`` and ``cpu_ms`` per method; ``--quick`` and ``--profile`` (libra-kt).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from experiments import microbench as mb
+from experiments.cli import main
+
+BASE = ["microbench", "--dp", "2", "--cp", "1", "--pool-size", "2", "--gbs", "2", "--head-split", "2",
+        "--q-heads", "4", "--kv-heads", "2", "--no-progress", "--timeout", "60"]
+
+
+def test_more_cpu_ranks_than_cores_is_refused_before_spawning(tmp_path, monkeypatch):
+    monkeypatch.setattr(mb, "usable_cores", lambda: 2)
+    res = CliRunner().invoke(main, BASE[:1] + ["--nproc", "4", "--dp", "4", "--cp", "1", "--gbs", "4",
+                                               "--out", str(tmp_path / "x")])
+    assert res.exit_code == 2, res.output
+    assert "4 single-thread CPU ranks on 2 usable core(s)" in res.output and "--oversubscribe" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "x").exists()
+
+
+def test_check_cpu_ranks():
+    mb.check_cpu_ranks(2, "cpu", False, cores=2)
+    mb.check_cpu_ranks(8, "cpu", True, cores=2)  # allowed, and recorded by the caller
+    mb.check_cpu_ranks(8, "cuda", False, cores=2)  # one GPU per rank: cores do not matter
+    with pytest.raises(ValueError, match="use --nproc <= 2"):
+        mb.check_cpu_ranks(3, "cpu", False, cores=2)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--profile", "h100-roce-v1"], "add libra-kt to --methods"),
+    (["--methods", "libra-kt", "--profile", "no-such-profile"], "unknown hardware profile 'no-such-profile'"),
+])
+def test_profile_errors_before_spawning(tmp_path, args, message):
+    res = CliRunner().invoke(main, BASE + ["--nproc", "2", "--out", str(tmp_path / "x")] + args)
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+
+
+def test_add_ideal_and_summary_columns():
+    rows = [{"method": m, "window": 0, "step": 0, "seq_ids": "0;1", "straggler_ms": s, "compute_ms": 1.0,
+             "comm_exposed_ms": 0.0, "mean_worker_ms": s, "peak_transient_bytes": 1, "backend": "b",
+             "device": "cpu", "cpu_ms": c} for m, s, c in (("ulysses", 30.0, 10.0), ("libra", 22.0, 10.5))]
+    ideal = [{"window": 0, "seq_id": 0, "ideal_seq_ms": 30.0}, {"window": 0, "seq_id": 1, "ideal_seq_ms": 10.0}]
+    got = mb.add_ideal(rows, ideal, cp=2)
+    assert got[0]["ideal_ms"] == pytest.approx(10.0)  # mean over DP ranks (20) / CP (2)
+    assert got[1]["ideal_ratio"] == pytest.approx(2.2)
+    summary = mb.summarize(pd.DataFrame(got)).set_index("method")
+    assert summary.loc["libra", "ideal_ratio"] == pytest.approx(2.2)
+    assert summary.loc["libra", "cpu_vs_ulysses"] == pytest.approx(1.05)
+
+
+@pytest.mark.distributed
+def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
+    out = tmp_path / "mb"
+    args = BASE + ["--nproc", "2", "--quick", "--seq-len", "256", "--block-size", "32", "--methods",
+                   "ulysses,libra,libra-kt", "--profile", "h100-roce-v1", "--out", str(out)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    run = json.loads((out / "run.json").read_text())
+    cfg = run["config"]
+    assert cfg["oversubscribe"] is False and cfg["profile"] == "h100-roce-v1" and cfg["threads"] == 1
+    assert cfg["repeats"] == 1 and cfg["warmup"] == 0 and cfg["head_dim"] == 16  # --quick, S and B given
+    assert cfg["seq_len"] == 256 and cfg["tap"]["block_size"] == 32
+    summary = pd.read_csv(out / "microbench_summary.csv").set_index("method")
+    assert list(summary.index) == ["ulysses", "libra", "libra-kt"]
+    for col in ("ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses"):
+        assert (summary[col] > 0).all(), col
+    assert summary["ideal_ms"].nunique() == 1  # one ideal per window, whatever the method
+    steps = pd.read_csv(out / "microbench.csv")
+    assert {"ideal_ms", "ideal_ratio", "cpu_ms", "seq_ids"} <= set(steps.columns)
+    again = CliRunner().invoke(main, args)  # everything (the ideal included) comes from the cache
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "run.json").read_text())["points_reused"] == 3
