@@ -55,7 +55,7 @@ from experiments.gpu_common import (
     synchronize,
     time_calls,
 )
-from experiments.options import IntListType, SizeType, overwrite_option
+from experiments.options import IntListType, SizeType
 from experiments.runner import ExperimentRun, atomic_write_text, git_sha
 from libra.runtime.kernels import Segments
 from libra.sim.kernel import KernelModel, fit_length_efficiency
@@ -472,7 +472,6 @@ def _cpu_sized(ctx: click.Context, device: str, *values):
 @click.option("--base-profile", default=DEFAULT_PROFILE, show_default=True,
               help="profile whose links / cluster shape the measured profile keeps (name or .json)")
 @click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): lengths 128..1024, heads 1,2,4 of 4, 5 repeats")
-@overwrite_option()
 def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force, no_progress, lengths,
               heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, base_profile, quick):
     """Measure the attention kernel (Figure 5), device copy bandwidth, and write a measured profile.

@@ -31,6 +31,7 @@ import click
 import numpy as np
 import torch
 
+from experiments.options import overwrite_option
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend, resolve_backend_name
 from libra.workload import AttentionShape
@@ -432,6 +433,7 @@ def device_options(timing: bool = True):
         click.option("--out", type=click.Path(file_okay=False), default=None,
                      help="output folder (default results/gpu/<device>/<experiment>)"),
         click.option("--force", is_flag=True, help="recompute cached points"),
+        overwrite_option(),
         click.option("--no-progress", is_flag=True, help="no progress bar"),
     ]
 

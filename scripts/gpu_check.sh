@@ -211,14 +211,14 @@ if [ "$BACKEND" = math ] && [ "$CPU_SMOKE" = 0 ]; then
   SIM_ARGS=(--device cuda --seq-len 32768 --pool-size 2 --cp 4 --block-size 2048 --head-split 2 --pipeline-chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 2 --warmup 1 --repeats 3 --rotate 1)
 fi
-run_step calibrate 120 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/calibrate"
+run_step calibrate 120 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/calibrate"
 PROFILE="$OUT_DIR/calibrate/profile.json"
 if [ ! -f "$PROFILE" ]; then
   PROFILE=h100-roce-v1
   say "no measured profile: sim-check predicts with the built-in $PROFILE (its errors then say little)"
 fi
-run_step sim-check 120 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --out "$OUT_DIR/sim-check"
-run_step fidelity 90 "${CLI[@]}" fidelity "${FID_ARGS[@]}" --backend "$BACKEND" --no-progress --out "$OUT_DIR/fidelity"
+run_step sim-check 120 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --overwrite --out "$OUT_DIR/sim-check"
+run_step fidelity 90 "${CLI[@]}" fidelity "${FID_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/fidelity"
 
 # ---- 5. summary -----------------------------------------------------------------------------------
 STATUS[total]="$(( $(date +%s) - START ))s wall"
