@@ -63,7 +63,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import overwrite_option, tap_options
+from experiments.options import DtypeType, overwrite_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
@@ -558,7 +558,8 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--q-heads", type=int, default=8, show_default=True)
 @click.option("--kv-heads", type=int, default=2, show_default=True)
 @click.option("--head-dim", type=int, default=32, show_default=True)
-@click.option("--dtype", default="fp32", show_default=True, help=f"One of {', '.join(DTYPES)}.")
+@click.option("--dtype", type=DtypeType(DTYPES), default="fp32", show_default=True,
+              help=f"One of {', '.join(DTYPES)} (long names such as bfloat16 accepted).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda (one GPU per rank under torchrun).")
 @click.option("--backend", default="auto", show_default=True, help="Kernel backend (auto resolves per device).")
 @click.option("--comm", default="p2p", show_default=True, help="p2p (batch_isend_irecv) or a2a.")

@@ -162,6 +162,30 @@ def force_option():
     return click.option("--force", is_flag=True, help="recompute every point instead of reusing finished ones")
 
 
+DTYPE_SPELLINGS = {"fp64": "float64", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+"""Short and long names of the same dtype; every ``--dtype`` accepts both (:class:`DtypeType`)."""
+
+
+class DtypeType(click.ParamType):
+    """A dtype name in either spelling (``bf16`` or ``bfloat16``, case-insensitive), converted to the
+    spelling of ``choices`` (the names the command uses); anything else names the accepted ones."""
+
+    name = "dtype"
+
+    def __init__(self, choices):
+        self.choices = tuple(choices)
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip().lower()
+        long_of = DTYPE_SPELLINGS.get(text, text)
+        for c in self.choices:
+            if c == text or DTYPE_SPELLINGS.get(c, c) == long_of:
+                return c
+        accepted = sorted({x for c in self.choices
+                           for x in {c, DTYPE_SPELLINGS.get(c, c)} | {k for k, v in DTYPE_SPELLINGS.items() if v == c}})
+        self.fail(f"unknown dtype {value!r}; accepted: {', '.join(accepted)}", param, ctx)
+
+
 def layout_options():
     """``--dp --cp --seq-len --gbs``: the user's own parallel layout instead of the paper's
     settings (all four together; sizes accept ``K``/``M``). Unset: None (the command's presets)."""

@@ -35,7 +35,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import WorkloadType, overwrite_option, tap_options
+from experiments.options import DtypeType, WorkloadType, overwrite_option, tap_options
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES
@@ -83,7 +83,8 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--experts", type=click.IntRange(min=0), default=0, show_default=True, help="MoE experts (0 = dense)")
-@click.option("--dtype", type=click.Choice(tuple(DTYPES)), default="float32", show_default=True)
+@click.option("--dtype", type=DtypeType(DTYPES), default="float32", show_default=True,
+              help="float32, float64 or bfloat16 (short names such as bf16 accepted)")
 @click.option("--lr", type=float, default=3e-3, show_default=True)
 @click.option("--workload", type=WorkloadType(as_source=False), default="libra-prod", show_default=True,
               help="length preset or a length file (.txt, .txt.gz, .json, .csv, .parquet, .npy)")

@@ -87,3 +87,19 @@ def test_repeated_length_file_warning_is_one_stderr_line(tmp_path):
     lines = [ln for ln in proc.stderr.splitlines() if "repeated" in ln]
     assert lines == ["warning: length file three.txt (3 samples, 600 tokens) is repeated 436.9 times to fill "
                      "4 window(s) of GBS 8 x S 8192 tokens"], proc.stderr
+
+
+def test_dtype_accepts_both_spellings():
+    import click  # noqa: PLC0415
+
+    from experiments.options import DtypeType  # noqa: PLC0415
+
+    short, long = DtypeType(("fp32", "bf16", "fp64")), DtypeType(("float32", "bfloat16"))
+    assert short.convert("bfloat16", None, None) == "bf16" and short.convert("FP32", None, None) == "fp32"
+    assert long.convert("bf16", None, None) == "bfloat16" and long.convert("float32", None, None) == "float32"
+    try:
+        long.convert("fp8", None, None)
+    except click.BadParameter as exc:
+        assert "accepted: bf16, bfloat16, float32, fp32" in str(exc)
+    else:
+        raise AssertionError("fp8 accepted")
