@@ -606,7 +606,9 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
         world, under_torchrun = _world(nproc, dp, cp, device, oversubscribe)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress)
+    # CPU-sized measurements are never the paper's preset: without --out they go under runs/
+    run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress, paper=False,
+                        layouts=[{k: v for k, v in cfg.items() if k in ("dp", "cp", "seq_len", "gbs", "tap")}])
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     rows = _measure(run, cfg, world, under_torchrun)
