@@ -186,6 +186,25 @@ class DtypeType(click.ParamType):
         self.fail(f"unknown dtype {value!r}; accepted: {', '.join(accepted)}", param, ctx)
 
 
+JOBS_META = "libra_bench.jobs"
+"""Key of the ``--jobs`` value in the running click command's ``ctx.meta`` (:func:`jobs_option`)."""
+
+
+def _store_jobs(ctx: click.Context, _param, value: int) -> int:
+    ctx.meta[JOBS_META] = value
+    return value
+
+
+def jobs_option():
+    """``--jobs N``: compute a sweep's points in N processes (results identical to ``--jobs 1``).
+
+    Like ``--overwrite`` it lands in ``ctx.meta``, where :meth:`experiments.runner.ExperimentRun.map`
+    reads it, so a command gains it without changing its signature."""
+    return click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, expose_value=False,
+                        callback=_store_jobs, help="processes computing the sweep's points (results identical "
+                                                   "to --jobs 1; at most one per core is sensible)")
+
+
 def layout_options():
     """``--dp --cp --seq-len --gbs``: the user's own parallel layout instead of the paper's
     settings (all four together; sizes accept ``K``/``M``). Unset: None (the command's presets)."""

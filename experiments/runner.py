@@ -24,10 +24,12 @@ Contract:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime as _dt
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
 import shutil
@@ -43,7 +45,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import OVERWRITE_META
+from experiments.options import JOBS_META, OVERWRITE_META
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
@@ -351,6 +353,28 @@ def _overwrite_flag(overwrite: bool | None) -> bool:
     return bool(ctx is not None and ctx.meta.get(OVERWRITE_META))
 
 
+def _jobs(jobs: int | None) -> int:
+    """``jobs``, or the running click command's ``--jobs`` when it is None (1 outside a command)."""
+    if jobs is not None:
+        return int(jobs)
+    ctx = click.get_current_context(silent=True)
+    return int(ctx.meta.get(JOBS_META, 1)) if ctx is not None else 1
+
+
+_POINT_FN: Callable | None = None
+"""In a ``--jobs`` worker process only: the sweep's point function, installed once by
+:func:`_install_point_fn` (forked, so closures need no pickling); the parent never sets it."""
+
+
+def _install_point_fn(fn: Callable) -> None:
+    global _POINT_FN  # noqa: PLW0603 - per worker process, see _POINT_FN
+    _POINT_FN = fn
+
+
+def _call_point(key):
+    return _POINT_FN(key)
+
+
 class ExperimentRun:
     """One run of one experiment: resumable points, atomic outputs, a run record.
 
@@ -364,6 +388,8 @@ class ExperimentRun:
         quiet: no progress.
         overwrite: write into a folder holding a different run's ``run.json``; None = the running
             command's ``--overwrite`` flag (:data:`experiments.options.OVERWRITE_META`).
+        jobs: processes computing the points (:meth:`map`); None = the running command's
+            ``--jobs`` (:data:`experiments.options.JOBS_META`), 1 outside a command.
         workload: the run's workload (name, path or source; default ``config["workload"]``): its
             lengths' content hash joins the key, and it names the default folder.
         layouts: the run's layouts (records as in :func:`layouts_of`; default read from config).
@@ -380,7 +406,7 @@ class ExperimentRun:
     def __init__(self, name: str, config: dict, out_dir: str | Path | None = None, force: bool = False,
                  quiet: bool = False, *, overwrite: bool | None = None, workload=None,
                  layouts: Sequence[Mapping] | None = None, paper: bool | None = None,
-                 files: Mapping[str, str | Path] | None = None):
+                 files: Mapping[str, str | Path] | None = None, jobs: int | None = None):
         self.name = name
         self.config = json.loads(json.dumps(config, sort_keys=True, default=str))
         workload = config.get("workload") if workload is None else workload
@@ -391,6 +417,7 @@ class ExperimentRun:
             out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts, paper)
         self.out_dir = Path(out_dir)
         self._overwrite = _overwrite_flag(overwrite)
+        self.jobs = _jobs(jobs)
         self._claimed = False
         # inputs join the key only when there are any: preset runs keep their point folders
         self.config_hash = stable_hash({**self.config, "__inputs__": self.inputs} if self.inputs else self.config)
@@ -444,22 +471,37 @@ class ExperimentRun:
         rows: list[dict] = []
         try:
             with progress(total=len(keys), desc=desc or self.name, disable=self.quiet) as bar:
-                for key in keys:
-                    got = self.cached(key)
-                    if got is None:
-                        got = fn(key)
-                        self.record(key, got)
-                        self.computed += 1
-                    else:
-                        self.reused += 1
-                    rows.extend(got)
+                found = {i: self.cached(k) for i, k in enumerate(keys)}
+                todo = [i for i, got in found.items() if got is None]
+                self.reused += len(keys) - len(todo)
+                bar.advance(len(keys) - len(todo))
+                for i, got in self._compute([keys[i] for i in todo], todo, fn):
+                    self.record(keys[i], got)
+                    self.computed += 1
+                    found[i] = got
                     bar.advance()
+                for i in range(len(keys)):
+                    rows.extend(found[i])
         except KeyboardInterrupt:
             done = sum(self._point_path(k).exists() for k in keys)
             click.echo(f"\ninterrupted: {done} of {len(keys)} points of {self.name} are cached in "
                        f"{self.points_dir}; rerun the same command to resume", err=True)
             raise click.exceptions.Exit(130) from None
         return rows
+
+    def _compute(self, keys: list, index: list[int], fn: Callable):
+        """Yield ``(index, fn(key))`` for the points to compute, in key order: in this process, or
+        with ``--jobs N`` in N forked processes (each point is a pure function of its key, so the
+        rows are the same; only side effects of ``fn`` on the parent's state are lost)."""
+        jobs = min(self.jobs, len(keys))
+        if jobs <= 1:
+            for i, key in zip(index, keys):
+                yield i, fn(key)
+            return
+        ctx = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_install_point_fn,
+                                                    initargs=(fn,)) as pool:
+            yield from zip(index, pool.map(_call_point, keys))
 
     # -- outputs -------------------------------------------------------------------------
     @property

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 import click
 import numpy as np
 
-from experiments.options import overwrite_option
+from experiments.options import jobs_option, overwrite_option
 from libra.config import ParallelConfig, TapConfig
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
@@ -240,10 +240,11 @@ def common_options(default_windows: int, default_workload: str | None = "libra-p
             click.option("--quick", is_flag=True, help="One window, for a smoke run."),
             click.option("--force", is_flag=True, help="Recompute cached points."),
             overwrite_option(),
+            jobs_option(),
             click.option("--no-progress", is_flag=True, help="No progress bar."),
         ]
         if shape:
-            opts[7:7] = [
+            opts[8:8] = [
                 click.option("--q-heads", type=int, default=32, show_default=True, help="Query heads."),
                 click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads."),
                 click.option("--head-dim", type=int, default=128, show_default=True, help="Head width."),
