@@ -44,6 +44,8 @@ class _LogRecords:
         self.written += 1
 
     def advance(self, n: int = 1) -> None:
+        if n <= 0:  # nothing finished (e.g. no cached point to count): no record
+            return
         self.done += n
         now = self.clock()
         if now - self.last < self.every_s or self.done >= self.total:

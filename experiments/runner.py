@@ -474,7 +474,8 @@ class ExperimentRun:
                 found = {i: self.cached(k) for i, k in enumerate(keys)}
                 todo = [i for i, got in found.items() if got is None]
                 self.reused += len(keys) - len(todo)
-                bar.advance(len(keys) - len(todo))
+                if len(todo) < len(keys):
+                    bar.advance(len(keys) - len(todo))
                 for i, got in self._compute([keys[i] for i in todo], todo, fn):
                     self.record(keys[i], got)
                     self.computed += 1
