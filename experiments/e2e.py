@@ -23,7 +23,7 @@ import click
 import pandas as pd
 
 from baselines.registry import get_planner, options_from_tap
-from experiments.options import overwrite_option, tap_options
+from experiments.options import no_progress_option, overwrite_option, tap_options
 from experiments.runner import ExperimentRun
 from experiments.sim_common import with_tap
 from libra.config import ParallelConfig, TapConfig, check_layout
@@ -108,6 +108,7 @@ def sim_options(default_windows: int, quick_windows: int):
             click.option("--quick", is_flag=True, help="fewer windows (smoke run)"),
             click.option("--force", is_flag=True, help="recompute cached points"),
             overwrite_option(),
+            no_progress_option(),
         ]
         for opt in reversed(opts):
             fn = opt(fn)

@@ -186,6 +186,22 @@ class DtypeType(click.ParamType):
         self.fail(f"unknown dtype {value!r}; accepted: {', '.join(accepted)}", param, ctx)
 
 
+QUIET_META = "libra_bench.no_progress"
+"""Key of ``--no-progress`` in ``ctx.meta`` for commands that take it through :func:`no_progress_option`."""
+
+
+def _store_quiet(ctx: click.Context, _param, value: bool) -> bool:
+    ctx.meta[QUIET_META] = value
+    return value
+
+
+def no_progress_option():
+    """``--no-progress`` for commands whose function does not take it: the flag lands in
+    ``ctx.meta``, where :class:`experiments.runner.ExperimentRun` reads it (as ``--overwrite``)."""
+    return click.option("--no-progress", is_flag=True, expose_value=False, callback=_store_quiet,
+                        help="no progress bar or progress lines")
+
+
 JOBS_META = "libra_bench.jobs"
 """Key of the ``--jobs`` value in the running click command's ``ctx.meta`` (:func:`jobs_option`)."""
 
@@ -328,7 +344,7 @@ def tap_options(*names: str, per_setting: bool = False):
 def grouping_sweep_options():
     """All the options of a pool-grouping sweep (``lln``, ``vrsp``), in their CLI order."""
     opts = (workload_option(), seq_len_option(), gbs_option(), pool_sizes_option(), windows_option(),
-            seed_option(), out_option(), quick_option(), force_option(), overwrite_option())
+            seed_option(), out_option(), quick_option(), force_option(), overwrite_option(), no_progress_option())
 
     def deco(fn):
         for opt in reversed(opts):

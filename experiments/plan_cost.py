@@ -51,7 +51,7 @@ import pandas as pd
 
 from baselines.libra_planners import vrsp_groups
 from baselines.registry import get_planner, options_from_tap, pool_workers
-from experiments.options import overwrite_option, tap_options
+from experiments.options import no_progress_option, overwrite_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import with_tap
 from libra.config import ParallelConfig, TapConfig, check_layout
@@ -401,6 +401,7 @@ def plot(df: pd.DataFrame, path) -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="output folder (default results/plan-cost).")
 @click.option("--force", is_flag=True, help="recompute cached points.")
 @overwrite_option()
+@no_progress_option()
 @click.option("--methods", default="libra", show_default=True,
               help="comma list of TAP planners whose per-pool planning is timed: 'tap' is libra's, "
                    "'tap@<method>' another's (e.g. libra,libra-adaptive), same placer for all.")

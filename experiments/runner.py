@@ -45,7 +45,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import JOBS_META, OVERWRITE_META
+from experiments.options import JOBS_META, OVERWRITE_META, QUIET_META
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
@@ -423,7 +423,8 @@ class ExperimentRun:
         self.config_hash = stable_hash({**self.config, "__inputs__": self.inputs} if self.inputs else self.config)
         self.code_hash = code_fingerprint()
         self.points_dir = self.out_dir / ".points" / f"{self.config_hash}-{self.code_hash}"
-        self.quiet = quiet
+        ctx = click.get_current_context(silent=True)
+        self.quiet = quiet or bool(ctx is not None and ctx.meta.get(QUIET_META))  # --no-progress via meta
         self.started = time.time()
         self.reused = 0
         self.computed = 0

@@ -35,7 +35,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import DtypeType, WorkloadType, overwrite_option, tap_options
+from experiments.options import DtypeType, WorkloadType, no_progress_option, overwrite_option, tap_options
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES
@@ -91,6 +91,7 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
 @click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
+@no_progress_option()
 @overwrite_option()
 def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, layers,
           hidden, experts, dtype, lr, workload, seed, out, force):

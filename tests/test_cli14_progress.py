@@ -93,3 +93,10 @@ def test_no_rich_bar_without_a_tty():
         bar.advance()
         bar.advance()
     assert buf.getvalue() == ""  # no bar redraws, no escape codes in a log
+
+
+def test_no_progress_silences_commands_that_take_it_through_the_context(tmp_path, monkeypatch):
+    monkeypatch.setattr(progress_mod, "LOG_EVERY_S", 0.0)
+    res = CliRunner().invoke(main, [*LLN, "--no-progress", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert "points" not in res.stderr
