@@ -127,16 +127,21 @@ def get_planner(name: str, **options) -> Planner:
     return cls.from_options(**options)
 
 
-def options_from_tap(name: str, tap: TapConfig) -> dict:
+def options_from_tap(name: str, tap: TapConfig, profile=None) -> dict:
     """The :func:`get_planner` options of planner ``name`` that ``tap`` sets: the TapConfig fields the
     planner takes as options (none for Ulysses and WLB-LLM; no ``pipeline_chunks`` for the TAP-only
-    variants, no ``pool_size`` for DistCA).
+    variants, no ``pool_size`` for DistCA), and ``profile`` (a name, path or HardwareProfile) when
+    given and the planner plans with one (``libra-kt``, ``libra-adaptive``): the profile the run
+    prices with, so its estimate and the pricing agree.
 
     Raises:
         ValueError: unknown name.
     """
     names = set(planner_class(name).option_names())
-    return {f.name: getattr(tap, f.name) for f in dataclasses.fields(TapConfig) if f.name in names}
+    options = {f.name: getattr(tap, f.name) for f in dataclasses.fields(TapConfig) if f.name in names}
+    if profile is not None and "profile" in names:
+        options["profile"] = profile
+    return options
 
 
 # --------------------------------------------------------------------------------------------

@@ -143,10 +143,7 @@ def planner_options(method: str, cfg: dict) -> dict:
     ``--profile``)."""
     from baselines.registry import options_from_tap  # noqa: PLC0415
 
-    opts = options_from_tap(method, tap_of(cfg))
-    if method == "libra-kt" and cfg.get("profile"):
-        opts["profile"] = cfg["profile"]
-    return opts
+    return options_from_tap(method, tap_of(cfg), cfg.get("profile"))
 
 
 def usable_cores() -> int:

@@ -43,6 +43,15 @@ def parse_int_size(text: str) -> int:
         raise ValueError(f"not an integer size: {text!r}") from None
 
 
+def size_text(n: int) -> str:
+    """The inverse of :func:`parse_int_size` for display: ``262144 -> '256k'``, ``1048576 -> '1m'``,
+    other values unchanged."""
+    n = int(n)
+    if n >= 2**20 and n % 2**20 == 0:
+        return f"{n // 2**20}m"
+    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
 class SizeType(click.ParamType):
     """A positive integer, optionally with a ``K`` / ``M`` suffix (binary multiples)."""
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import JOBS_META, OVERWRITE_META, QUIET_META
+from experiments.options import JOBS_META, OVERWRITE_META, QUIET_META, size_text
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
@@ -202,14 +202,6 @@ LAYOUT_TAG_FIELDS = (("dp", "dp"), ("cp", "cp"), ("seq_len", "s"), ("gbs", "gbs"
 """Layout fields of a run folder's ``<layout-tag>``, in order, with their tag prefixes."""
 
 
-def _size_text(n: int) -> str:
-    """``262144 -> '256k'``, ``1048576 -> '1m'``, other values unchanged."""
-    n = int(n)
-    if n >= 2**20 and n % 2**20 == 0:
-        return f"{n // 2**20}m"
-    return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else str(n)
-
-
 def flat_layout(record: Mapping) -> dict:
     """A layout record (a setting's ``asdict``, a ``par`` dict, a TrainConfig dict...) reduced to
     its ``name`` and the :data:`LAYOUT_TAG_FIELDS` it carries (a nested ``tap`` is flattened)."""
@@ -224,7 +216,7 @@ def layout_tag(layout: Mapping) -> str:
     """``dp{DP}-cp{CP}-s{S}-gbs{GBS}-p{P}-b{B}-h{H}-m{M}`` of the fields ``layout`` carries
     (sizes as ``256k``/``1m``), e.g. ``dp8-cp4-s128k-gbs32-p4-b4k-h2-m4``."""
     flat = flat_layout(layout)
-    parts = [f"{prefix}{_size_text(flat[k]) if k in ('seq_len', 'block_size') else flat[k]}"
+    parts = [f"{prefix}{size_text(flat[k]) if k in ('seq_len', 'block_size') else flat[k]}"
              for k, prefix in LAYOUT_TAG_FIELDS if k in flat]
     return "-".join(parts) or "custom"
 

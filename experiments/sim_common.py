@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 import click
 import numpy as np
 
-from experiments.options import jobs_option, overwrite_option
+from experiments.options import jobs_option, overwrite_option, size_text
 from libra.config import ParallelConfig, TapConfig
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
@@ -84,9 +84,7 @@ def custom_setting(dp: int, cp: int, seq_len: int, gbs: int) -> Setting:
     if par.seq_len % par.cp:
         raise ValueError(f"CP={cp} must divide the sequence length S={seq_len}")
     pool = max(p for p in range(1, min(8, dp) + 1) if dp % p == 0)
-    size = f"{seq_len // 2**20}m" if seq_len % 2**20 == 0 else (f"{seq_len // 1024}k" if seq_len % 1024 == 0
-                                                                 else str(seq_len))
-    return Setting(f"dp{dp}-cp{cp}-s{size}-gbs{gbs}", dp=dp, cp=cp, gbs=gbs, seq_len=seq_len,
+    return Setting(f"dp{dp}-cp{cp}-s{size_text(seq_len)}-gbs{gbs}", dp=dp, cp=cp, gbs=gbs, seq_len=seq_len,
                    tap=TapConfig(pool_size=pool))
 
 
@@ -150,15 +148,12 @@ def planner_options(method: str, setting: Setting, pool_size: int | None = None,
     takes (:func:`baselines.registry.options_from_tap`; P override only affects Libra's variants),
     and ``profile`` (a HardwareProfile or name) for a planner that plans with one (``libra-kt``,
     ``libra-adaptive``): it must be the profile the run prices with."""
-    from baselines.registry import options_from_tap, planner_class  # noqa: PLC0415  (keeps `--help` fast)
+    from baselines.registry import options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
 
     if method == "wlb-llm":
         return {"rejoin": wlb_rejoin}
     tap = setting.tap if pool_size is None else replace(setting.tap, pool_size=pool_size)
-    options = options_from_tap(method, tap)
-    if profile is not None and "profile" in planner_class(method).option_names():
-        options["profile"] = profile
-    return options
+    return options_from_tap(method, tap, profile)
 
 
 def make_planner(method: str, setting: Setting, pool_size: int | None = None,

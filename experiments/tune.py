@@ -194,7 +194,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
     """
-    from baselines.registry import get_planner, options_from_tap, planner_class  # noqa: PLC0415  (fast --help)
+    from baselines.registry import get_planner, options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
@@ -212,9 +212,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     def point(key):
         method, p, h, b, w = key
         opts = {} if method == "ulysses" else options_from_tap(
-            method, replace(tap, pool_size=p, head_split=h, block_size=b))
-        if "profile" in planner_class(method).option_names():  # plans with the profile it is priced with
-            opts["profile"] = profile
+            method, replace(tap, pool_size=p, head_split=h, block_size=b), profile)
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w))
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
