@@ -39,7 +39,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import tap_options
+from experiments.options import SizeType, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     OPTIONAL_METHODS,
@@ -299,7 +299,7 @@ def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: st
 @common_options(default_windows=2)
 @click.option("--dp", type=int, required=True, help="Data-parallel degree (CP groups).")
 @click.option("--cp", type=int, required=True, help="Context-parallel degree.")
-@click.option("--seq-len", type=int, required=True, help="Tokens per packed sequence S.")
+@click.option("--seq-len", type=SizeType(), required=True, help="Tokens per packed sequence S (accepts 128K, 1M).")
 @click.option("--gbs", type=int, required=True, help="Global batch in packed sequences (multiple of DP).")
 @click.option("--pool-sizes", default=None, help="Comma list of P (default: every divisor of DP).")
 @click.option("--head-splits", default=None, help="Comma list of H (default: 1, 2, 4, 8 where valid).")
@@ -333,7 +333,7 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
                               parse_int_list(head_splits, "head split") if head_splits else None,
                               parse_int_list(block_sizes, "block size") if block_sizes else None)
         n_windows = 1 if quick else windows
-        method_list = parse_list(methods, TAP_METHODS + OPTIONAL_METHODS, "method")
+        method_list = parse_list(methods, tuple(dict.fromkeys(TAP_METHODS + OPTIONAL_METHODS)), "method")
         click.echo(f"simulating Ulysses + {len(grid)} (P, H, B) candidates x {', '.join(method_list)} "
                    f"x {n_windows} window(s) "
                    f"(DP {dp}, CP {cp}, S {seq_len}, GBS {gbs}, GA {par.ga}; hq {q_heads}, h_kv {kv_heads}, "

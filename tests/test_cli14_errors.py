@@ -103,3 +103,18 @@ def test_dtype_accepts_both_spellings():
         assert "accepted: bf16, bfloat16, float32, fp32" in str(exc)
     else:
         raise AssertionError("fp8 accepted")
+
+
+@pytest.mark.parametrize("args, match", [
+    (["plan-cost", "--quick", "--methods", "nope"], "unknown planner 'nope'"),
+    (["plan-cost", "--quick", "--methods", "libra,ulysses"], "'ulysses' does not plan pools with TAP"),
+    (["tune", "--quick", "--dp", "4", "--cp", "2", "--seq-len", "16K", "--gbs", "8", "--methods", "libra,nope"],
+     "unknown method 'nope'; choose from libra-tap, libra-tap-vrsp, libra, libra-kt, libra-adaptive"),
+    (["straggler", "--quick", "--dp", "3", "--cp", "2", "--seq-len", "16K", "--gbs", "8"],
+     "GBS=8 must be a multiple of DP=3"),
+    (["straggler", "--quick", "--dp", "4", "--cp", "3", "--seq-len", "16K", "--gbs", "8"],
+     "CP=3 must divide the sequence length S=16384"),
+])
+def test_bad_methods_and_layouts_are_one_line_errors(tmp_path, args, match):
+    res = CliRunner().invoke(main, args + ["--out", str(tmp_path)])
+    assert res.exit_code == 2 and match in res.output and "Traceback" not in res.output, res.output

@@ -69,3 +69,18 @@ def test_torchrun_line_parses(line):
     parsed = get_args_parser().parse_args(args)  # SystemExit on an ambiguous or unknown launcher flag
     assert parsed.module and parsed.training_script == "experiments.cli"
     _check_cli(parsed.training_script_args)
+
+
+@pytest.mark.distributed
+def test_hugging_face_snippet_runs_as_written_under_torchrun(tmp_path):
+    """The README's Hugging Face code block, saved as a file, trains under torchrun with 4 processes."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    pytest.importorskip("transformers", reason="the hf extra is not installed")
+    section = README.read_text().split("### Use Libra in a Hugging Face model", 1)[1]
+    script = tmp_path / "train_hf.py"
+    script.write_text(re.search(r"```python\n(.*?)```", section, flags=re.S).group(1))
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                          str(script)], cwd=README.parent, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
