@@ -49,8 +49,10 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS or not self._available(name):
             return None
+        from experiments.options import with_config_option  # noqa: PLC0415
+
         module, attr = COMMANDS[name].split(":")
-        return getattr(importlib.import_module(module), attr)
+        return with_config_option(getattr(importlib.import_module(module), attr))
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

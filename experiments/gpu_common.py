@@ -10,8 +10,7 @@
   head coordinates needed to gather its inputs from a pool's packed tensors;
 * :func:`device_info`: device, driver, torch, CUDA and kernel versions recorded with every result;
 * :class:`OnePoolLayout`: the one-pool layout of ``sim-check`` / ``fidelity`` and its planner, whose
-  options come from the config's :class:`libra.config.TapConfig`; :func:`chunks_alias` keeps
-  ``--chunks`` as an alias of the TAP option ``--pipeline-chunks``.
+  options come from the config's :class:`libra.config.TapConfig`.
 
 Everything here runs on CPU too (tiny sizes), so CI exercises the same code paths as the GPU run.
 """
@@ -443,22 +442,6 @@ def device_options(timing: bool = True):
         return fn
 
     return deco
-
-
-def chunks_alias(ctx: click.Context, pipeline_chunks: int, chunks: int | None) -> int:
-    """The Pipeliner's M of a command that keeps ``--chunks`` (its old name) as a hidden alias of
-    ``--pipeline-chunks`` (:func:`experiments.options.tap_options`): ``--chunks`` when given.
-
-    Raises:
-        click.UsageError: both given, with different values.
-    """
-    if chunks is None:
-        return pipeline_chunks
-    if ctx.get_parameter_source("pipeline_chunks") == click.core.ParameterSource.COMMANDLINE and \
-            pipeline_chunks != chunks:
-        raise click.UsageError(f"--chunks {chunks} and --pipeline-chunks {pipeline_chunks} disagree "
-                               "(--chunks is an alias of --pipeline-chunks)")
-    return chunks
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ Skewed length files for the CPU runs are in ``workloads/`` (e.g. ``skewed-8k.txt
 sample, then eight of 1024).
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
-``--pipeline-chunks``; ``--chunks`` is kept as an alias of the last) come from
+``--pipeline-chunks``, alias ``--chunks``) come from
 :func:`experiments.options.tap_options`, with this command's small defaults (:data:`DEFAULT_TAP`).
 Every planner gets the options of that one TapConfig it takes
 (:func:`baselines.registry.options_from_tap`: P for Libra's variants, M for ``libra`` and
@@ -551,7 +551,6 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per packed sequence S.")
 @click.option("--gbs", type=int, default=4, show_default=True, help="Packed sequences per window.")
 @tap_options(*TAP_FIELDS)
-@click.option("--chunks", type=click.IntRange(min=1), default=None, hidden=True, help="Alias of --pipeline-chunks.")
 @click.option("--q-heads", type=int, default=8, show_default=True)
 @click.option("--kv-heads", type=int, default=2, show_default=True)
 @click.option("--head-dim", type=int, default=32, show_default=True)
@@ -581,14 +580,11 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @overwrite_option()
 @click.option("--no-progress", is_flag=True)
 @click.pass_context
-def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, chunks,
+def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks,
                q_heads, kv_heads, head_dim, dtype, device, backend, comm, methods, windows, workload, seed, repeats,
                warmup, forward_only, timeout, profile, oversubscribe, quick, out, force, no_progress):
     """Measured core-attention straggler per step (Libra sec. 6.3) for Ulysses and Libra, with the
     measured ideal and CPU time per rank."""
-    from experiments.gpu_common import chunks_alias  # noqa: PLC0415  (imports torch: keeps `--help` fast)
-
-    pipeline_chunks = chunks_alias(ctx, pipeline_chunks, chunks)
     p = {"windows": windows, "repeats": repeats, "warmup": warmup, "seq_len": seq_len, "block_size": block_size,
          "head_dim": head_dim}
     p = apply_quick(ctx, p) if quick else p

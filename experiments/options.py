@@ -17,9 +17,15 @@ Every option turns bad input into a ``click.BadParameter`` (exit code 2, message
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import click
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover  (the tomli backport, a dependency on 3.10)
+    import tomli as tomllib
 
 from libra.config import LOAD_ESTIMATES, TapConfig
 from libra.data.source import FileSource, LengthSource, resolve_workload
@@ -279,12 +285,12 @@ def overwrite_option():
                              "of a different config; without it such a run is refused")
 
 
-TAP_OPTION_HELP: dict[str, tuple[str, str]] = {
+TAP_OPTION_HELP: dict[str, tuple[str | tuple[str, ...], str]] = {
     "pool_size": ("--pool-size", "TAP pool size P: DP replicas per pool; must divide DP"),
     "block_size": ("--block-size", "TAP block size B: tokens per SH-tile; must divide S/CP (accepts 4K)"),
     "head_split": ("--head-split", "TAP head split H: head shards per block; must divide the query heads"),
     "tau": ("--tau", "TAP soft load-target slack: placement targets (1 + tau) x the pool's mean load (Alg. 2)"),
-    "pipeline_chunks": ("--pipeline-chunks", "Pipeliner chunks M along the head axis; must divide hq/H; "
+    "pipeline_chunks": (("--chunks", "--pipeline-chunks"), "Pipeliner chunks M along the head axis; must divide hq/H; "
                                              "1 = no overlap (the TAP-only variants always use 1)"),
     "comm_aware": ("--comm-aware/--flops-only", "place tiles by load and incremental communication (Alg. 2), "
                                                 "or by FLOPs only (DistCA's placement)"),
@@ -340,7 +346,8 @@ def tap_options(*names: str, per_setting: bool = False):
             kwargs.update(default=None, show_default="each setting's")
         else:
             kwargs.update(default=default, show_default=True)
-        opts.append(click.option(flag, name, **kwargs))
+        flags = (flag,) if isinstance(flag, str) else flag
+        opts.append(click.option(*flags, name, **kwargs))
 
     def deco(fn):
         for opt in reversed(opts):
@@ -385,3 +392,90 @@ def check_pool_sizes(pool_sizes: list[int], gbs: int) -> list[int]:
             param_hint="--pool-sizes",
         )
     return pool_sizes
+
+
+def settings_option(default: str = "256k,1m"):
+    """``--settings`` (alias ``--setting``): a comma list of the paper's named layouts (``256k``,
+    ``1m``; case-insensitive), each a preset of the layout options; ignored when the command is
+    given a layout of its own (``--dp --cp --seq-len --gbs``, :func:`layout_options`)."""
+    return click.option("--settings", "--setting", "settings_", default=default, show_default=True,
+                        help="comma list of the paper's layouts: 256k (DP32 CP8), 1m (DP16 CP16); "
+                             "case-insensitive; ignored with --dp/--cp/--seq-len/--gbs")
+
+
+CONFIG_META = "libra_bench.config_file"
+"""Key of the ``--config`` file's path and its values in ``ctx.meta`` (recorded in ``run.json``)."""
+
+
+def _config_key_map(command: click.Command) -> dict[str, str]:
+    """Every spelling a config file may use for an option of ``command`` -> the parameter name:
+    the long flags without dashes (``pipeline-chunks``, ``chunks``), their ``_`` forms and the name."""
+    keys: dict[str, str] = {}
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name in (None, "config", "help"):
+            continue
+        spellings = {param.name}
+        for flag in [*param.opts, *param.secondary_opts]:
+            if flag.startswith("--"):
+                spellings |= {flag[2:], flag[2:].replace("-", "_")}
+        for key in spellings:
+            keys[key] = param.name
+    return keys
+
+
+def read_config_file(path: Path, command: click.Command) -> dict[str, object]:
+    """The ``--config`` TOML file as click default values of ``command``'s options.
+
+    Keys are option names (``seq-len`` or ``seq_len``; ``settings`` or ``setting``); top-level keys
+    apply, and a table named after the command (``[straggler]``) overrides them for that command
+    while tables of other commands are skipped. Lists become comma lists; sizes may be strings
+    (``"128K"``). Command-line flags override the file (click's default map).
+
+    Raises:
+        click.BadParameter: unreadable file, bad TOML, or a key the command has no option for
+            (the message names the key and the command).
+    """
+    from experiments.cli import COMMANDS  # noqa: PLC0415  (cli imports no command module eagerly)
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc.strerror}", param_hint="--config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise click.BadParameter(f"{path} is not valid TOML: {exc}", param_hint="--config") from None
+    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    flat.update(data.get(command.name, {}) if isinstance(data.get(command.name), dict) else {})
+    stray = [k for k, v in data.items() if isinstance(v, dict) and k != command.name and k not in COMMANDS]
+    keys = _config_key_map(command)
+    unknown = [k for k in flat if k not in keys] + stray
+    if unknown:
+        raise click.BadParameter(f"unknown key {unknown[0]!r} in {path}: `libra-bench {command.name}` has no such "
+                                 f"option (see its --help)", param_hint="--config")
+    return {keys[k]: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in flat.items()}
+
+
+def _apply_config(ctx: click.Context, _param, value):
+    if value is None:
+        return None
+    values = read_config_file(Path(value), ctx.command)
+    ctx.default_map = {**(ctx.default_map or {}), **values}
+    ctx.meta[CONFIG_META] = {"path": str(value), "values": values}
+    return value
+
+
+def config_option():
+    """``--config FILE.toml``: option values from a TOML file (:func:`read_config_file`); processed
+    before the other options, so the command line overrides the file. :mod:`experiments.cli` adds it
+    to every command."""
+    return click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        is_eager=True, expose_value=False, callback=_apply_config,
+                        help="TOML file of option values (keys as the long options, e.g. dp = 8, "
+                             "seq-len = \"128K\"); flags given on the command line override it")
+
+
+def with_config_option(command: click.Command) -> click.Command:
+    """``command`` with :func:`config_option` as its first option (once)."""
+    if not any(p.name == "config" for p in command.params):
+        config_option()(command)  # click.option appends to a Command's params
+    return command

@@ -45,7 +45,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import JOBS_META, OVERWRITE_META, QUIET_META, size_text
+from experiments.options import CONFIG_META, JOBS_META, OVERWRITE_META, QUIET_META, size_text
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
@@ -529,6 +529,9 @@ class ExperimentRun:
             "wall_s": round(time.time() - self.started, 3), "points_computed": self.computed,
             "points_reused": self.reused, "rows": len(df), "environment": environment(),
         }
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None and CONFIG_META in ctx.meta:
+            record["config_file"] = ctx.meta[CONFIG_META]  # --config: the file and the values it gave
         if extra:
             record.update(extra)
         paths["run"] = atomic_write_text(self.out_dir / "run.json", json.dumps(record, indent=2, default=str))

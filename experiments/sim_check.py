@@ -20,7 +20,7 @@ and worker), ``sim_check.png`` (predicted vs measured, with y = x and a +-10 % b
 ``run.json`` with the median and worst relative error (target: median within 10 %).
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
-``--pipeline-chunks``; ``--chunks`` is kept as an alias of the last) come from
+``--pipeline-chunks``, alias ``--chunks``) come from
 :func:`experiments.options.tap_options`, with this command's defaults (:data:`DEFAULT_TAP`:
 TapConfig's but P = 2); ``run.json`` records the layout under ``config.tap``.
 """
@@ -37,7 +37,6 @@ import torch
 
 from experiments.gpu_common import (
     OnePoolLayout,
-    chunks_alias,
     cpu_threads,
     device_info,
     device_options,
@@ -293,8 +292,6 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
 @click.option("--seq-len", type=SizeType(), default=65536, show_default=True, help="tokens per packed sequence S")
 @click.option("--cp", type=int, default=4, show_default=True, help="context-parallel degree CP")
 @tap_options(*TAP_FIELDS)
-@click.option("--chunks", type=click.IntRange(min=1), default=None, hidden=True,
-              help="alias of --pipeline-chunks")
 @click.option("--q-heads", type=int, default=32, show_default=True, help="query heads")
 @click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads")
 @click.option("--head-dim", type=int, default=128, show_default=True, help="head width")
@@ -303,11 +300,10 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
 @click.pass_context
 def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force,
               no_progress, profile, method, workload, seq_len, cp, pool_size, block_size, head_split, tau,
-              pipeline_chunks, chunks, q_heads, kv_heads, head_dim, windows, quick):
+              pipeline_chunks, q_heads, kv_heads, head_dim, windows, quick):
     """Cost-model compute time vs measured kernel time of each worker's tiles, on one device.
 
     P is also DP and GBS here (one pool); the Pipeliner's M applies to ``libra`` only."""
-    pipeline_chunks = chunks_alias(ctx, pipeline_chunks, chunks)
     if quick:
         seq_len, pool_size, cp, block_size, head_split, pipeline_chunks = 2048, 2, 2, 256, 2, 2
         q_heads, kv_heads, head_dim, windows, warmup, repeats, rotate = 4, 2, 32, 2, 1, 3, 2

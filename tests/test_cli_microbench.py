@@ -86,6 +86,7 @@ def test_tau_reaches_every_tap_planner():
     assert get_planner("libra", **planner_options("libra", cfg)).tap.pipeline_chunks == 2
 
 
-def test_chunks_is_an_alias_of_pipeline_chunks(tmp_path):
-    res = CliRunner().invoke(main, TINY + ["--pipeline-chunks", "1", "--out", str(tmp_path / "x")])
-    assert res.exit_code == 2 and "--chunks 2 and --pipeline-chunks 1 disagree" in res.output
+def test_chunks_is_an_alias_of_pipeline_chunks():
+    # one option with two spellings (experiments.options.tap_options), not two options that may disagree
+    res = CliRunner().invoke(main, ["microbench", "--help"])
+    assert res.exit_code == 0 and "--chunks, --pipeline-chunks" in res.output

@@ -134,10 +134,11 @@ def test_tau_reaches_the_planner_and_the_run_record(tmp_path, planner_calls):
                           head_dim=16).planner().tap == dataclasses.replace(TAP, pipeline_chunks=1)
 
 
-def test_chunks_is_an_alias_of_pipeline_chunks(tmp_path):
-    # TINY passes --chunks 2 (the default M is 4): the test above saw M = 2 reach the planner
-    both = CliRunner().invoke(sim_check, [*TINY, "--pipeline-chunks", "1", "--out", str(tmp_path)])
-    assert both.exit_code == 2 and "--chunks 2 and --pipeline-chunks 1 disagree" in both.output
+def test_chunks_is_an_alias_of_pipeline_chunks():
+    # TINY passes --chunks 2 (the default M is 4): the test above saw M = 2 reach the planner; the two
+    # spellings are one option (experiments.options.tap_options)
+    res = CliRunner().invoke(sim_check, ["--help"])
+    assert res.exit_code == 0 and "--chunks, --pipeline-chunks" in res.output
 
 
 @pytest.mark.parametrize("args, match", [
