@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import given_layout, layout_options, tap_options
+from experiments.paper import fig15_marks
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     LABELS,
@@ -49,16 +50,7 @@ from libra.sim.simulator import simulate_window
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
 
-# Libra sec. 6.5 (TAP+VRSP split into computation and communication, / Ulysses mean).
-PAPER_FIG15 = {
-    ("256k", 4): {"paper_comm": 0.07, "paper_compute": 0.27},
-    ("256k", 8): {"paper_compute": 0.19},
-    ("256k", 32): {"paper_comm": 0.77},
-    ("1m", 2): {"paper_compute": 0.54},
-    ("1m", 4): {"paper_comm": 0.03},
-    ("1m", 8): {"paper_compute": 0.31},
-    ("1m", 16): {"paper_comm": 0.26},
-}
+PAPER_FIG15 = fig15_marks()  # Libra sec. 6.5: TAP+VRSP compute / comm over Ulysses mean, per (setting, P)
 
 
 def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, windows: int, seed: int, shape,

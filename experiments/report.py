@@ -30,9 +30,11 @@ import click
 import numpy as np
 import pandas as pd
 
+from experiments.paper import NUMBERS, SEQ_LABEL
+from experiments.paper import label as _setting_name
 from experiments.runner import atomic_write_text
 
-SETTING_OF_SEQ = {262144: "256K", 1048576: "1M"}
+SETTING_OF_SEQ = SEQ_LABEL
 
 
 # --------------------------------------------------------------------------------------------
@@ -168,29 +170,7 @@ def latest(sources: list[Source], experiment: str, where: Callable[[Source], boo
 # the paper's numbers (DESIGN.md sec. 6 and the sections it cites)
 # --------------------------------------------------------------------------------------------
 
-PAPER = {
-    "fig4": {"256K": {"p8": 1.08, "p64": 0.09}, "1M": {"p8": 0.90, "p64": 0.08}},
-    "fig8": {"256K": 0.007, "1M": 0.007},
-    "sec4.2": {128: 48.0, 256: 106.0},
-    "sec5": {"256K": {"vrsp": 2.2, "tap": 2.4}, "1M": {"vrsp": 0.6, "tap": 10.7}},
-    "fig12-speedup": {"256K": {"mean": 2.91, "max": 3.14}, "1M": {"mean": 2.57, "max": 2.90}},
-    "fig12-wlb": {"256K": {"mean": 0.159, "max": 0.684, "wlb_max_vs_ulysses": 0.002},
-                  "1M": {"mean": 0.421, "max": 0.656, "wlb_max_vs_ulysses": 0.003}},
-    "fig12-distca": {"256K": {"mean": 0.537, "max": 0.642}, "1M": {"mean": 0.077, "max": 0.079}},
-    "fig12-ablation": {"256K": {"vrsp": 0.096, "pipeliner": 0.051}, "1M": {"vrsp": 0.262, "pipeliner": 0.192}},
-    "fig13": {"256K": {"ulysses": 7.63, "libra": 13.66}, "1M": {"ulysses": 4.42, "libra": 11.25}},
-    "fig14": {"256K": {"ulysses_max": 6.98, "libra_max": 2.63},
-              "1M": {"ulysses_min": 0.02, "ulysses_max": 23.1, "libra_min": 0.52, "libra_max": 1.57}},
-    "fig15": {"256K": {"comm": {4: 0.07, 32: 0.77}, "compute": {4: 0.27, 8: 0.19}},
-              "1M": {"comm": {4: 0.03, 16: 0.26}, "compute": {2: 0.54, 8: 0.31}}},
-    "fig16": {"256K": {(4, 8192): (1.89, 1.89), (1, 2048): (1.75, 1.75), (1, 16384): (0.81, 0.81)},
-              "1M": {(1, 4096): (1.62, 1.63), (2, 8192): (1.62, 1.63), (4, 16384): (1.62, 1.63),
-                     (8, 32768): (1.58, 1.58)}},
-    "fig3": {"mean": 0.0701, "max": 0.1507},
-    "fig11": {"vs_ulysses": (1.58, 3.24), "vs_wlb_smallest": (1.09, 1.14), "vs_wlb_largest_mean": 1.44,
-              "vs_wlb_largest_max": 1.68},
-    "sec6.7": {"fwd": 2.0, "grad": 2.0},
-}
+PAPER = NUMBERS  # experiments.paper: the one table of the paper's numbers
 
 # command that produces each row's source when it is missing (Makefile targets in parentheses)
 COMMANDS = {
@@ -371,11 +351,6 @@ def reason(row: Row) -> str:
 
 def _pct(x: float) -> str:
     return f"{x * 100:.2f}%" if abs(x) < 0.1 else f"{x * 100:.1f}%"
-
-
-def _setting_name(value) -> str:
-    s = str(value)
-    return {"256k": "256K", "1m": "1M"}.get(s.lower(), s)
 
 
 def calibrated_to(src: Source, seq: int, gbs: int) -> bool:

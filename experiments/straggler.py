@@ -53,6 +53,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import given_layout, layout_options, tap_options
+from experiments.paper import fig12_speedups
 from experiments.runner import ExperimentRun, atomic_write_text, is_paper_layout
 from experiments.sim_common import (
     LABELS,
@@ -76,20 +77,8 @@ from experiments.sim_common import (
 )
 from libra.sim.simulator import simulate_window
 
-# Speedups over Ulysses that Libra sec. 6.3 states or implies (mean = mean straggler, max = worst
-# step). Libra's are quoted; the others follow from the quoted percentages: WLB-LLM mean = Libra
-# x (1 - 0.159) (256K) / (1 - 0.421) (1M); DistCA = Libra x (1 - 0.537 | 0.642 | 0.077 | 0.079);
-# TAP+VRSP max = Libra x (1 - 0.051 | 0.192); TAP max = TAP+VRSP x (1 - 0.096 | 0.262).
-PAPER_SPEEDUP = {
-    ("256k", "mean"): {"ulysses": 1.0, "wlb-llm": 2.91 * (1 - 0.159), "distca": 2.91 * (1 - 0.537), "libra": 2.91},
-    ("1m", "mean"): {"ulysses": 1.0, "wlb-llm": 2.57 * (1 - 0.421), "distca": 2.57 * (1 - 0.077), "libra": 2.57},
-    ("256k", "max"): {"ulysses": 1.0, "wlb-llm": 3.14 * (1 - 0.684), "distca": 3.14 * (1 - 0.642),
-                      "libra-tap-vrsp": 3.14 * (1 - 0.051), "libra-tap": 3.14 * (1 - 0.051) * (1 - 0.096),
-                      "libra": 3.14},
-    ("1m", "max"): {"ulysses": 1.0, "wlb-llm": 2.90 * (1 - 0.656), "distca": 2.90 * (1 - 0.079),
-                    "libra-tap-vrsp": 2.90 * (1 - 0.192), "libra-tap": 2.90 * (1 - 0.192) * (1 - 0.262),
-                    "libra": 2.90},
-}
+# Speedups over Ulysses that Libra sec. 6.3 states or implies (mean = mean straggler, max = worst step)
+PAPER_SPEEDUP = fig12_speedups()
 
 
 def all_methods() -> tuple[str, ...]:

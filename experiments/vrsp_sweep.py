@@ -29,6 +29,7 @@ from experiments.options import (
     default_pool_sizes,
     grouping_sweep_options,
 )
+from experiments.paper import fig4_8_reference
 from experiments.runner import ExperimentRun, is_preset_workload
 from experiments.sim_common import SETTINGS
 from libra.data.source import LengthSource
@@ -39,14 +40,6 @@ CSV_COLUMNS = ["workload", "seq_len", "gbs", "strategy", "pool_size", "window", 
                "r_minus_1_lower_bound"]
 QUICK_WINDOWS = 4
 
-# The paper's Figure 4 / Figure 8 values (Libra sec. 3.2, 4.2) by sequence length:
-# (strategy, P, R - 1, label). VRSP's value is an upper bound ("below 0.7%").
-PAPER_REFERENCE = {
-    262144: [("production", 8, 1.08, "paper: production, P=8"), ("production", 64, 0.09, "paper: production, P=64"),
-             ("vrsp", 8, 0.007, "paper: VRSP < 0.7%, P=8")],
-    1048576: [("production", 8, 0.90, "paper: production, P=8"), ("production", 64, 0.08, "paper: production, P=64"),
-              ("vrsp", 8, 0.007, "paper: VRSP < 0.7%, P=8")],
-}
 
 
 def _random_seed(seed: int, window: int, pool_size: int) -> int:
@@ -116,7 +109,7 @@ def print_summary(df: pd.DataFrame, echo=click.echo) -> None:
     echo(f"mean R - 1 over {df['window'].nunique()} windows ({df['workload'].iloc[0]}, S={seq_len}, "
          f"GBS={int(df['gbs'].iloc[0])})")
     echo(table.to_string(float_format=lambda v: f"{v:.4f}"))
-    for strategy, p, value, label in PAPER_REFERENCE.get(seq_len, []):
+    for strategy, p, value, label in fig4_8_reference(seq_len):
         if strategy in table.columns and p in table.index:
             echo(f"  {label}: paper {value:g}, here {table.loc[p, strategy]:.4f}")
 
@@ -144,7 +137,7 @@ def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
     ax.plot(bound.index, bound.values, linestyle="--", color="black", linewidth=1.2, label="lower bound")
     seq_len = int(df["seq_len"].iloc[0])
     sizes = sorted(int(p) for p in df["pool_size"].unique())
-    for strategy, p, value, label in PAPER_REFERENCE.get(seq_len, []):
+    for strategy, p, value, label in fig4_8_reference(seq_len):
         if strategy in names and p in sizes:
             mark_reference(ax, p, value, label, color=palette_for([strategy])[strategy])
     ax.set_xscale("log", base=2)
