@@ -423,20 +423,18 @@ def _config_key_map(command: click.Command) -> dict[str, str]:
     return keys
 
 
-def read_config_file(path: Path, command: click.Command) -> dict[str, object]:
+def read_config_file(path: Path, command: click.Command, commands=()) -> dict[str, object]:
     """The ``--config`` TOML file as click default values of ``command``'s options.
 
     Keys are option names (``seq-len`` or ``seq_len``; ``settings`` or ``setting``); top-level keys
     apply, and a table named after the command (``[straggler]``) overrides them for that command
-    while tables of other commands are skipped. Lists become comma lists; sizes may be strings
+    while tables of the other ``commands`` (names) are skipped. Lists become comma lists; sizes may be strings
     (``"128K"``). Command-line flags override the file (click's default map).
 
     Raises:
         click.BadParameter: unreadable file, bad TOML, or a key the command has no option for
             (the message names the key and the command).
     """
-    from experiments.cli import COMMANDS  # noqa: PLC0415  (cli imports no command module eagerly)
-
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
@@ -446,7 +444,7 @@ def read_config_file(path: Path, command: click.Command) -> dict[str, object]:
         raise click.BadParameter(f"{path} is not valid TOML: {exc}", param_hint="--config") from None
     flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
     flat.update(data.get(command.name, {}) if isinstance(data.get(command.name), dict) else {})
-    stray = [k for k, v in data.items() if isinstance(v, dict) and k != command.name and k not in COMMANDS]
+    stray = [k for k, v in data.items() if isinstance(v, dict) and k != command.name and k not in commands]
     keys = _config_key_map(command)
     unknown = [k for k in flat if k not in keys] + stray
     if unknown:
@@ -458,7 +456,9 @@ def read_config_file(path: Path, command: click.Command) -> dict[str, object]:
 def _apply_config(ctx: click.Context, _param, value):
     if value is None:
         return None
-    values = read_config_file(Path(value), ctx.command)
+    group = ctx.parent.command if ctx.parent is not None else None  # `libra-bench`: its commands' tables
+    names = group.list_commands(ctx.parent) if isinstance(group, click.Group) else ()
+    values = read_config_file(Path(value), ctx.command, names)
     ctx.default_map = {**(ctx.default_map or {}), **values}
     ctx.meta[CONFIG_META] = {"path": str(value), "values": values}
     return value

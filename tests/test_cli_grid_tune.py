@@ -72,8 +72,8 @@ def test_grid_search_1m_kv_override_marks_replicated_kv(tmp_path):
 @pytest.mark.parametrize("args, match", [
     (["--setting", "2m"], "unknown setting '2m'"),
     (["--q-heads", "24"], "h_kv=16"),
-    (["--head-splits", "0"], "head split '0' is not a positive integer"),
-    (["--block-sizes", "x"], "block size 'x' is not a positive integer"),
+    (["--head-splits", "0"], "'0' in '0' must be >= 1"),
+    (["--block-sizes", "x"], "'x' in 'x' is not an integer"),
     (["--windows", "0"], "must be >= 1"),
     (["--profile", "no-such-profile"], "unknown hardware profile"),
 ])
