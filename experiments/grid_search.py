@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, tap_options
+from experiments.paper import NUMBERS
 from experiments.runner import ExperimentRun, atomic_write_text, flat_layout, is_preset_workload
 from experiments.sim_common import (
     Setting,
@@ -121,19 +122,10 @@ def paper_grid(workload: str, chosen: dict, shapes: dict) -> set[str]:
             == (DEFAULT_Q_HEADS, GRID_KV_HEADS[s], 128)}
 
 
-# Speedups over same-layout Ulysses that Libra sec. 6.6 quotes, as (low, high) per (setting, H, B).
-# 256K: H=4,B=8192 1.89x and H=1,B=2048 1.75x (both 128 tiles); H=1 with 16 tiles (B=16384) 0.81x.
-# 1M: "1.62x-1.63x at 256 tiles" for the diagonal cells with H <= h_kv = 4, and "1.58x vs 1.62x at
-# H=8" -- our reading: the 256-tile cell H=8, B=32768 gives 1.58x (replicated KV since H > h_kv).
+# Speedups over same-layout Ulysses that Libra sec. 6.6 quotes, as (low, high) per (setting, H, B)
 PAPER_FIG16: dict[tuple[str, int, int], tuple[float, float]] = {
-    ("256k", 4, 8192): (1.89, 1.89),
-    ("256k", 1, 2048): (1.75, 1.75),
-    ("256k", 1, 16384): (0.81, 0.81),
-    ("1m", 1, 4096): (1.62, 1.63),
-    ("1m", 2, 8192): (1.62, 1.63),
-    ("1m", 4, 16384): (1.62, 1.63),
-    ("1m", 8, 32768): (1.58, 1.58),
-}
+    (name, h, b): quoted for key, name in (("256K", "256k"), ("1M", "1m"))
+    for (h, b), quoted in NUMBERS["fig16"][key].items()}
 
 
 def grid_shape(name: str, q_heads: int = DEFAULT_Q_HEADS, kv_heads: int | None = None, head_dim: int = 128):
