@@ -3,7 +3,10 @@
 Libra sec. 5 reports, on one CPU core, workload estimation + VRSP at 2.2 ms (256K, GBS 128) and
 0.6 ms (1M, GBS 32) per optimizer step, and TAP placement at 2.4 ms (256K) and 10.7 ms (1M) per
 microbatch per rank. This command measures every stage between sequence lengths and the first
-kernel launch on ``libra-prod`` windows in the paper's sec. 6.3 settings (labels ``256k``, ``1m``):
+kernel launch on ``libra-prod`` windows in the paper's sec. 6.3 settings (``--settings 256k,1m``;
+case-insensitive, ``--setting`` repeatable) or on a layout of your own (``--dp --cp --seq-len --gbs``,
+all four; :func:`experiments.sim_common.custom_setting`), with the head shape of ``--q-heads
+--kv-heads --head-dim`` (default the paper's 32 / 4 / 128):
 
 * ``vrsp``: :func:`libra.workload.packed_workloads` + :func:`libra.vrsp.vrsp` +
   :func:`libra.vrsp.microbatch_groups` for one GBS window (once per optimizer step);
@@ -27,13 +30,18 @@ that ran (:func:`libra.tap.placement.default_placer`) is printed and recorded in
 
 Each timing sample is one call (``time.perf_counter``); the CSV gives per (setting, stage) the
 median, the inter-quartile range, the sample count and the paper's number; the printout puts each
-median next to its target (issue 12's goals for this 2-core machine class). Besides timing, the
+median next to its target (issue 12's goals for this 2-core machine class). The paper's numbers and
+the targets belong to the paper's runs only (``libra-prod``, a paper layout with its TAP layout, the
+paper's head shape; :func:`experiments.straggler.paper_settings`): any other run has ``paper_ms``
+NaN and prints no targets. A layout of your own writes to ``runs/plan-cost/<workload>-<layout>/``
+unless ``--out`` says otherwise (:func:`experiments.runner.default_out_dir`). Besides timing, the
 command plans every window with ``ulysses``, ``wlb-llm``, ``libra`` and ``distca`` and reports per
 method the max/mean worker FLOPs (over the PP stage at the worst GA index, and inside the worst
 pool, next to the floor the heaviest indivisible tile sets) and the forward bytes moved per
 optimizer step (``plan-cost-quality.csv`` one row per window and method; ``run.json`` aggregated).
-Timings on a shared machine are noisy: compare medians, and read the IQR. ``--block-size``,
-``--head-split``, ``--tau`` and ``--pipeline-chunks`` override the settings' TAP layout.
+Timings on a shared machine are noisy: compare medians, and read the IQR. ``--pool-size``,
+``--block-size``, ``--head-split``, ``--tau`` and ``--chunks`` (``--pipeline-chunks``) override the
+settings' TAP layout.
 """
 
 from __future__ import annotations
@@ -42,7 +50,6 @@ import contextlib
 import gc
 import pickle
 import time
-from dataclasses import asdict, dataclass
 from functools import partial
 
 import click
@@ -51,10 +58,22 @@ import pandas as pd
 
 from baselines.libra_planners import vrsp_groups
 from baselines.registry import get_planner, options_from_tap, pool_workers
-from experiments.options import no_progress_option, overwrite_option, tap_options
+from experiments.options import (
+    given_layout,
+    layout_options,
+    no_progress_option,
+    overwrite_option,
+    tap_options,
+)
 from experiments.runner import ExperimentRun, atomic_write_text
-from experiments.sim_common import with_tap
-from libra.config import ParallelConfig, TapConfig, check_layout
+from experiments.sim_common import (
+    Setting,
+    chosen_settings,
+    make_shape,
+    setting_record,
+    settings_from_options,
+)
+from libra.config import check_layout
 from libra.data.windows import gbs_windows
 from libra.plan import SequenceLayout
 from libra.runtime.program import compile_worker
@@ -69,38 +88,18 @@ from libra.vrsp import vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
 
 SHAPE = AttentionShape(num_q_heads=32, num_kv_heads=4, head_dim=128)
-"""Head geometry of the paper's planning-cost setting (32 query heads, 4 KV heads, d = 128)."""
+"""Head geometry of the paper's planning-cost setting (32 query heads, 4 KV heads, d = 128); the
+default of ``--q-heads --kv-heads --head-dim``."""
 
-
-@dataclass(frozen=True)
-class Setting:
-    """One of the paper's two sec. 6.3 settings: layout, Libra's TAP layout and the paper's timings."""
-
-    name: str
-    seq_len: int
-    gbs: int
-    dp: int
-    cp: int
-    tap: TapConfig
-    paper_vrsp_ms: float
-    paper_tap_ms: float
-
-    @property
-    def par(self) -> ParallelConfig:
-        return ParallelConfig(dp=self.dp, cp=self.cp, gbs=self.gbs, seq_len=self.seq_len)
-
-
-SETTINGS = (
-    Setting("256k", 262144, 128, 32, 8, TapConfig(pool_size=8, block_size=4096, head_split=2), 2.2, 2.4),
-    Setting("1m", 1048576, 32, 16, 16, TapConfig(pool_size=8, block_size=8192, head_split=2), 0.6, 10.7),
-)
+PAPER_MS = {"256k": {"vrsp": 2.2, "tap": 2.4}, "1m": {"vrsp": 0.6, "tap": 10.7}}
+"""Libra sec. 5's timings (ms, one CPU core) of the paper's settings (:data:`experiments.sim_common.SETTINGS`)."""
 QUALITY_METHODS = ("ulysses", "wlb-llm", "libra", "distca")
 STAGES = ("vrsp", "tap", "compile", "prepare")
 """Main stages (one CSV row each per setting); ``tap.*`` and ``prepare.*`` rows are their parts."""
 TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0},
               "1m": {"vrsp": 0.6, "tap": 5.4, "compile": 50.0, "prepare": 5.0}}
-"""Targets (issue 12; medians on a 2-core machine): TAP at half the paper's time, compile per worker,
-prepare on the step's path (CPU), VRSP at or below the paper's."""
+"""Targets (issue 12; medians on a 2-core machine) of the paper's settings only: TAP at half the
+paper's time, compile per worker, prepare on the step's path (CPU), VRSP at or below the paper's."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
           "libra.tap.exchange": _exchange.warmup}
 """The compiled TAP kernels' ``warmup()`` (JIT compilation), run before any timing."""
@@ -228,26 +227,27 @@ def tap_stage(method: str) -> str:
     return "tap" if method == "libra" else f"tap@{method}"
 
 
-def pool_planners(setting: Setting, methods) -> dict:
+def pool_planners(setting: Setting, methods, shape: AttentionShape = SHAPE) -> dict:
     """``{method: plan_one}``: each TAP planner's per-pool call
     (:meth:`baselines.libra_planners.TapPlanner.pool_planner`) for ``setting``'s layout."""
     out = {}
     for m in methods:
         planner = get_planner(m, **options_from_tap(m, setting.tap))
-        out[m] = planner.pool_planner(setting.par, SHAPE)[0]
+        out[m] = planner.pool_planner(setting.par(), shape)[0]
     return out
 
 
 def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats: int,
-                compile_workers: int = 4, world=None, methods=("libra",)) -> list[dict]:
+                compile_workers: int = 4, world=None, methods=("libra",),
+                shape: AttentionShape = SHAPE) -> list[dict]:
     """Timing samples of VRSP, of TAP per pool (per method of ``methods``), and of compile / prepare
     for sampled workers of the first pool on window ``index`` (``world``: a 1-process group; None
-    skips ``prepare``)."""
+    skips ``prepare``), for heads ``shape``."""
     warm = jit_warmup()  # JIT compilation never lands in a sample
     window = _window(setting, workload, index, seed)
     lengths = [s.sample_lengths for s in window]
-    par, tap = setting.par, setting.tap
-    check_layout(par, tap, SHAPE)  # once, as a planner's plan_window does; plan_pool is told so
+    par, tap = setting.par(), setting.tap
+    check_layout(par, tap, shape)  # once, as a planner's plan_window does; plan_pool is told so
 
     def vrsp_step():
         return vrsp_schedule(packed_workloads(lengths), tap.pool_size, par.dp)
@@ -258,21 +258,21 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
              for ms in _time_ms(vrsp_step, repeats)]
     groups, _ = vrsp_groups(lengths, par, tap.pool_size)
     P = tap.pool_size
-    others = {m: fn for m, fn in pool_planners(setting, methods).items() if m != "libra"}
+    others = {m: fn for m, fn in pool_planners(setting, methods, shape).items() if m != "libra"}
     for g in range(par.ga):
         for k in range(par.dp // P):
             p0 = k * P
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
             workers = pool_workers(p0, P, par.cp)
-            tiles = make_tiles(seqs, tap.block_size, tap.head_split, SHAPE)
-            placed, _ = place_tiles(tiles, seqs, workers, SHAPE, tau=tap.tau, comm_aware=tap.comm_aware)
+            tiles = make_tiles(seqs, tap.block_size, tap.head_split, shape)
+            placed, _ = place_tiles(tiles, seqs, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware)
             parts = {  # partial binds this pool's arguments now (timed right below)
-                "tap": partial(plan_pool, k, seqs, workers, tap, SHAPE, layout_checked=True),
-                "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, SHAPE),
-                "tap.placement": partial(place_tiles, tiles, seqs, workers, SHAPE, tau=tap.tau,
+                "tap": partial(plan_pool, k, seqs, workers, tap, shape, layout_checked=True),
+                "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, shape),
+                "tap.placement": partial(place_tiles, tiles, seqs, workers, shape, tau=tap.tau,
                                          comm_aware=tap.comm_aware),
-                "tap.exchange": partial(build_transfers, seqs, placed, SHAPE),
+                "tap.exchange": partial(build_transfers, seqs, placed, shape),
                 **{tap_stage(m): partial(fn, k, seqs, workers) for m, fn in others.items()},
             }
             for stage, fn in parts.items():
@@ -283,7 +283,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
     digest = first_pool.digest()  # what a Plan-derived program carries; not part of compile
     for r in sample_ranks(len(first_pool.workers), compile_workers):
         w = first_pool.workers[r]
-        fn = partial(compile_worker, first_pool, SHAPE, w, tap.pipeline_chunks, digest=digest)
+        fn = partial(compile_worker, first_pool, shape, w, tap.pipeline_chunks, digest=digest)
         rows += [{"setting": setting.name, "window": index, "stage": "compile", "ms": ms, "worker": w}
                  for ms in _time_ms(fn, repeats)]
         if world is not None:
@@ -293,7 +293,8 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
     return rows
 
 
-def quality_rows(setting: Setting, workload: str, index: int, seed: int, method: str) -> list[dict]:
+def quality_rows(setting: Setting, workload: str, index: int, seed: int, method: str,
+                 shape: AttentionShape = SHAPE) -> list[dict]:
     """Balance and traffic of ``method``'s plans for window ``index``.
 
     Returns one row: ``stage_max_over_mean`` (max over GA indices of max worker FLOPs / mean worker
@@ -301,7 +302,7 @@ def quality_rows(setting: Setting, workload: str, index: int, seed: int, method:
     moved per optimizer step (total and per kind) and the number of fallback tiles.
     """
     window = _window(setting, workload, index, seed)
-    plans = get_planner(method, **options_from_tap(method, setting.tap)).plan_window(window, setting.par, SHAPE)
+    plans = get_planner(method, **options_from_tap(method, setting.tap)).plan_window(window, setting.par(), shape)
     target = 1.0 + setting.tap.tau
     stage_ratio, pool_ratio, tile_bound, kinds, fallback = [], [], [], {"q": 0, "kv": 0, "o": 0}, 0
     for plan in plans:
@@ -325,17 +326,20 @@ def quality_rows(setting: Setting, workload: str, index: int, seed: int, method:
              "bytes_o": kinds["o"], "fallback_tiles": fallback}]
 
 
-def summarize(samples: pd.DataFrame) -> pd.DataFrame:
+def summarize(samples: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:
     """Per (setting, stage): median, IQR, count of timing samples and the paper's number (JIT
-    warmup rows excluded: see :func:`warmups`)."""
-    paper = {(s.name, "vrsp"): s.paper_vrsp_ms for s in SETTINGS} | {(s.name, "tap"): s.paper_tap_ms for s in SETTINGS}
+    warmup rows excluded: see :func:`warmups`).
+
+    ``paper``: the settings whose ``paper_ms`` is the paper's (:data:`PAPER_MS`; None: every setting
+    it names); the others' is NaN (another layout, head shape or workload is not the paper's run)."""
+    paper = set(PAPER_MS) if paper is None else set(paper)
     out = []
     timed = samples[~samples["stage"].str.startswith("warmup:")]
     for (setting, stage), g in timed.groupby(["setting", "stage"], sort=False):
         q1, med, q3 = np.percentile(g["ms"], [25, 50, 75])
+        ms = PAPER_MS.get(setting, {}).get(stage, float("nan")) if setting in paper else float("nan")
         out.append({"setting": setting, "stage": stage, "median_ms": round(float(med), 4),
-                    "iqr_ms": round(float(q3 - q1), 4), "repeats": len(g),
-                    "paper_ms": paper.get((setting, stage), float("nan"))})
+                    "iqr_ms": round(float(q3 - q1), 4), "repeats": len(g), "paper_ms": ms})
     return pd.DataFrame(out)
 
 
@@ -356,19 +360,23 @@ def summarize_quality(quality: pd.DataFrame) -> pd.DataFrame:
         fallback_tiles=("fallback_tiles", "sum")).reset_index()
 
 
-def plot(df: pd.DataFrame, path) -> None:
+def plot(df: pd.DataFrame, path, paper: set[str] | None = None) -> None:
+    """Median per main stage and setting on a log axis, next to the paper's number and the target
+    where the setting has them (``paper``: as in :func:`summarize`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    paper = set(PAPER_MS) if paper is None else set(paper)
     main = df[df["stage"].isin(STAGES)].copy()
+    targets = [TARGETS_MS[s].get(st, np.nan) if s in paper and s in TARGETS_MS else np.nan
+               for s, st in zip(main["setting"], main["stage"])]
     long = pd.concat([main.assign(source="measured", ms=main["median_ms"]),
                       main.assign(source="paper", ms=main["paper_ms"]),
-                      main.assign(source="target", ms=[TARGETS_MS.get(s, {}).get(st, np.nan)
-                                                       for s, st in zip(main["setting"], main["stage"])])],
-                     ignore_index=True)
+                      main.assign(source="target", ms=targets)], ignore_index=True)
+    long = long[np.isfinite(long["ms"].astype(float))]
     long["what"] = long["setting"] + " " + long["stage"].map(
         {"vrsp": "VRSP/step", "tap": "TAP/pool", "compile": "compile/worker", "prepare": "prepare"})
     sns.set_theme(style="whitegrid")
@@ -378,10 +386,94 @@ def plot(df: pd.DataFrame, path) -> None:
     ax.set_yscale("log")                  # VRSP (sub-ms) and compile (tens of ms) on one axis
     ax.tick_params(axis="x", labelsize=8, labelrotation=20)
     ax.set_ylabel("planning time (ms, median, log)")
-    ax.set_title("Libra planning cost (libra-prod; paper: Libra sec. 5)")
+    ax.set_title("Libra planning cost" + (" (libra-prod; paper: Libra sec. 5)" if paper & set(main["setting"])
+                                          else " (not the paper's setting: no paper numbers or targets)"))
     fig.tight_layout()
     fig.savefig(path, dpi=120, format="png")
     plt.close(fig)
+
+
+class CommaListOption(click.Option):
+    """A ``multiple=True`` option whose every value (and its default and ``--config`` value) is a
+    comma list: ``--setting 256k --setting 1m`` = ``--settings 256k,1m``; the callback joins them."""
+
+    def type_cast_value(self, ctx, value):
+        return super().type_cast_value(ctx, (value,) if isinstance(value, str) else value)
+
+
+def _join_settings(_ctx, _param, value) -> str:
+    return ",".join(value)
+
+
+def plan_cost_settings(settings_: str, layout: dict | None, overrides: dict, shape: AttentionShape) -> list[Setting]:
+    """The run's settings (the paper's named ones, or ``layout``) with the TAP ``overrides``, each
+    checked against ``shape`` (:func:`libra.config.check_layout`) before anything runs.
+
+    Raises:
+        ValueError: an unknown setting name, an invalid layout or a TAP layout it rejects.
+    """
+    chosen = list(chosen_settings(settings_from_options(settings_, layout), overrides).values())
+    for s in chosen:
+        check_layout(s.par(), s.tap, shape)
+    return chosen
+
+
+def measure(run: ExperimentRun, chosen, workload: str, seed: int, windows: int, repeats: int,
+            compile_workers: int, methods, shape: AttentionShape) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Timing samples and plan-quality rows of every (setting, window) (points resumable in ``run``)."""
+    keys = [("timing", s.name, w) for s in chosen for w in range(windows)]
+    by_name = {s.name: s for s in chosen}
+    with one_process_group() as world:
+        samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(
+            by_name[key[1]], workload, key[2], seed, repeats, compile_workers, world, methods, shape)))
+    qkeys = [("quality", s.name, w, m) for s in chosen for w in range(windows) for m in QUALITY_METHODS]
+    quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], workload, key[2], seed, key[3],
+                                                                   shape)))
+    return samples, quality
+
+
+STAGE_LABELS = (("vrsp", "VRSP + workload estimation per step"), ("tap", "TAP per microbatch per pool"),
+                ("compile", "compile per worker"), ("prepare", "prepare (step path, CPU, 1-proc gloo)"))
+
+
+def echo_timings(s: Setting, sub: pd.DataFrame, paper: bool, placer: str, methods) -> None:
+    """Print one setting's stage medians (next to the target and the paper's number on a paper
+    setting) and their parts (``sub``: the summary rows of ``s``, indexed by stage)."""
+    for stage, label in STAGE_LABELS:
+        r = sub.loc[stage]
+        line = f"  {label:38s} median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms  (n={r.repeats})"
+        if paper:
+            target = TARGETS_MS[s.name][stage]
+            met = "met" if r.median_ms <= target else "NOT met"
+            line += f"  target <= {target:g} ms ({met})"
+            line += f"  paper {r.paper_ms} ms" if np.isfinite(r.paper_ms) else ""
+        click.echo(line)
+    parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
+                      ("tap.tiles", "tap.placement", "tap.exchange"))
+    click.echo(f"    TAP parts (median ms): {parts}")
+    for m in methods[1:]:
+        r = sub.loc[tap_stage(m)]
+        click.echo(f"  TAP per pool, {m} (placer {placer}): median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms "
+                   f" = {r.median_ms / sub.loc['tap'].median_ms:.2f}x libra's")
+    parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
+                      ("prepare.unpickle", "prepare.runner", "prepare.digest"))
+    click.echo(f"    prepare parts (median ms): {parts}")
+
+
+def echo_quality(quality: pd.DataFrame) -> None:
+    """Print one setting's plan balance and traffic per method of :data:`QUALITY_METHODS`."""
+    q = summarize_quality(quality).set_index("method")
+    click.echo(f"  {'method':8s} {'max/mean FLOPs (stage)':>22s} {'worst pool max/mean':>20s} "
+               f"{'(tile bound)':>12s} {'bytes moved/step':>17s} {'pools > 1+tau':>14s} {'(big tile)':>10s}")
+    for m in QUALITY_METHODS:
+        r = q.loc[m]
+        click.echo(f"  {m:8s} {r.stage_max_over_mean:22.3f} {r.pool_max_over_mean:20.3f} "
+                   f"{r.worst_pool_tile_bound:12.3f} {r.bytes_total / 2**30:13.2f} GiB "
+                   f"{int(r.pools_over_1_plus_tau):8d}/{int(r.pools):<5d} {int(r.pools_over_with_tile_above_target):10d}")
+    click.echo("  (stage: mean over windows of the worst GA index; bytes: mean forward bytes per step;"
+               " tile bound: heaviest tile / mean worker FLOPs")
+    click.echo("   of the worst pool, a floor no placement can beat; big tile: pools over 1+tau holding a tile"
+               " heavier than (1+tau) x mean)")
 
 
 @click.command("plan-cost")
@@ -393,97 +485,86 @@ def plot(df: pd.DataFrame, path) -> None:
 @click.option("--workload", default="libra-prod", show_default=True,
               help="length preset name or length file (see libra.data.source).")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample stream.")
-@click.option("--setting", "settings", multiple=True,
-              type=click.Choice([s.name for s in SETTINGS], case_sensitive=False),
-              help="restrict to one setting (repeatable; default: both).")
+@click.option("--settings", "--setting", "settings_", cls=CommaListOption, multiple=True, default=("256k,1m",),
+              show_default=True, callback=_join_settings,
+              help="comma list of the paper's layouts: 256k (DP32 CP8), 1m (DP16 CP16); case-insensitive, "
+                   "repeatable; ignored with --dp/--cp/--seq-len/--gbs")
+@layout_options()
+@click.option("--q-heads", type=click.IntRange(min=1), default=SHAPE.num_q_heads, show_default=True,
+              help="query heads")
+@click.option("--kv-heads", type=click.IntRange(min=1), default=SHAPE.num_kv_heads, show_default=True,
+              help="KV heads (must divide --q-heads)")
+@click.option("--head-dim", type=click.IntRange(min=1), default=SHAPE.head_dim, show_default=True,
+              help="head width d")
 @click.option("--compile-workers", type=click.IntRange(min=1), default=None,
               help="workers of the first pool per window whose compile/prepare is timed (default 4; --quick: 2).")
-@click.option("--out", type=click.Path(file_okay=False), default=None, help="output folder (default results/plan-cost).")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="output folder (default results/plan-cost for the paper's settings, "
+                   "runs/plan-cost/<workload>-<layout>/ otherwise).")
 @click.option("--force", is_flag=True, help="recompute cached points.")
 @overwrite_option()
 @no_progress_option()
 @click.option("--methods", default="libra", show_default=True,
               help="comma list of TAP planners whose per-pool planning is timed: 'tap' is libra's, "
                    "'tap@<method>' another's (e.g. libra,libra-adaptive), same placer for all.")
-@tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
-def plan_cost(quick, repeats, windows, workload, seed, settings, compile_workers, out, force, methods,
-              block_size, head_split, tau, pipeline_chunks):
+@tap_options("pool_size", "block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
+def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_len, gbs, q_heads, kv_heads, head_dim,
+              compile_workers, out, force, methods, pool_size, block_size, head_split, tau, pipeline_chunks):
     """Planning time of VRSP (per step), TAP (per microbatch per pool), compile (per worker) and
-    prepare (the step's path), Libra sec. 5.
+    prepare (the step's path), Libra sec. 5, in the paper's settings or your layout (--dp --cp
+    --seq-len --gbs).
 
-    Also prints, per setting, max/mean worker FLOPs and bytes moved for Ulysses, Libra and DistCA.
+    Also prints, per setting, max/mean worker FLOPs and bytes moved for Ulysses, WLB-LLM, Libra and
+    DistCA.
     """
     repeats = repeats or (2 if quick else 5)
     windows = windows or (1 if quick else 8)
     compile_workers = compile_workers or (2 if quick else 4)
     placer = placer_name()
     method_list = parse_tap_methods(methods)
+    layout = given_layout(dp, cp, seq_len, gbs)
+    overrides = {"pool_size": pool_size, "block_size": block_size, "head_split": head_split, "tau": tau,
+                 "pipeline_chunks": pipeline_chunks}
     try:
-        chosen = [with_tap(s, block_size=block_size, head_split=head_split, tau=tau, pipeline_chunks=pipeline_chunks)
-                  for s in SETTINGS if not settings or s.name in settings]
+        shape = make_shape(q_heads, kv_heads, head_dim)
+        chosen = plan_cost_settings(settings_, layout, overrides, shape)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    from experiments.straggler import paper_settings  # noqa: PLC0415  (the rule straggler applies to its paper numbers)
+
+    paper = paper_settings(workload, {s.name: s for s in chosen}, shape)
     config = {"workload": workload, "seed": seed, "repeats": repeats, "windows": windows,
               "compile_workers": compile_workers, "placer": placer,
-              "settings": [asdict(s) for s in chosen], "shape": SHAPE.__dict__, "quality_methods": QUALITY_METHODS,
-              "tap_methods": list(method_list)}
-    run = ExperimentRun("plan-cost", config, out_dir=out, force=force, quiet=True)
+              "settings": [setting_record(s) for s in chosen], "shape": shape.__dict__,
+              "quality_methods": QUALITY_METHODS, "tap_methods": list(method_list)}
+    run = ExperimentRun("plan-cost", config, out_dir=out, force=force, quiet=True,
+                        layouts=[setting_record(s) for s in chosen])
     try:
-        keys = [("timing", s.name, w) for s in chosen for w in range(windows)]
-        by_name = {s.name: s for s in chosen}
-        with one_process_group() as world:
-            samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(by_name[key[1]], workload, key[2], seed,
-                                                                         repeats, compile_workers, world,
-                                                                         method_list)))
-        qkeys = [("quality", s.name, w, m) for s in chosen for w in range(windows) for m in QUALITY_METHODS]
-        quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], workload, key[2], seed, key[3])))
+        samples, quality = measure(run, chosen, workload, seed, windows, repeats, compile_workers, method_list, shape)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    df = summarize(samples)
+    df = summarize(samples, paper)
     run.out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run.out_dir / "plan-cost-quality.csv", quality.to_csv(index=False))
     warm = warmups(samples)
-    paths = run.finish(df, plot=plot, extra={"placer": placer, "jit_warmup_ms": warm,
-                                             "targets_ms": {s.name: TARGETS_MS[s.name] for s in chosen},
-                                             "quality": summarize_quality(quality).to_dict(orient="records")})
+    paths = run.finish(df, plot=lambda d, p: plot(d, p, paper),
+                       extra={"placer": placer, "jit_warmup_ms": warm, "paper_settings": sorted(paper),
+                              "targets_ms": {s.name: TARGETS_MS[s.name] for s in chosen if s.name in paper},
+                              "quality": summarize_quality(quality).to_dict(orient="records")})
     jit = ", ".join(f"{m.rsplit('.', 1)[-1]} {ms:.0f} ms" for m, ms in warm.items()) or "none"
     click.echo(f"placer: {placer}; JIT warmup (once per process, excluded from every timing): {jit}")
     for s in chosen:
-        sub = df[df["setting"] == s.name].set_index("stage")
         click.echo(f"{s.name}: S={s.seq_len} GBS={s.gbs} DP={s.dp} CP={s.cp} P={s.tap.pool_size} "
                    f"B={s.tap.block_size} H={s.tap.head_split} tau={s.tap.tau} M={s.tap.pipeline_chunks}, "
-                   f"{SHAPE.num_q_heads}q/{SHAPE.num_kv_heads}kv heads d={SHAPE.head_dim}, "
+                   f"{shape.num_q_heads}q/{shape.num_kv_heads}kv heads d={shape.head_dim}, "
                    f"{workload}, {windows} window(s), {repeats} repeat(s)")
-        for stage, label in (("vrsp", "VRSP + workload estimation per step"), ("tap", "TAP per microbatch per pool"),
-                             ("compile", "compile per worker"), ("prepare", "prepare (step path, CPU, 1-proc gloo)")):
-            r = sub.loc[stage]
-            target = TARGETS_MS[s.name][stage]
-            met = "met" if r.median_ms <= target else "NOT met"
-            paper = f"  paper {r.paper_ms} ms" if np.isfinite(r.paper_ms) else ""
-            click.echo(f"  {label:38s} median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms  "
-                       f"(n={r.repeats})  target <= {target:g} ms ({met}){paper}")
-        parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
-                          ("tap.tiles", "tap.placement", "tap.exchange"))
-        click.echo(f"    TAP parts (median ms): {parts}")
-        for m in method_list[1:]:
-            r = sub.loc[tap_stage(m)]
-            click.echo(f"  TAP per pool, {m} (placer {placer}): median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms "
-                       f" = {r.median_ms / sub.loc['tap'].median_ms:.2f}x libra's")
-        parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
-                          ("prepare.unpickle", "prepare.runner", "prepare.digest"))
-        click.echo(f"    prepare parts (median ms): {parts}")
-        q = summarize_quality(quality[quality["setting"] == s.name]).set_index("method")
-        click.echo(f"  {'method':8s} {'max/mean FLOPs (stage)':>22s} {'worst pool max/mean':>20s} "
-                   f"{'(tile bound)':>12s} {'bytes moved/step':>17s} {'pools > 1+tau':>14s} {'(big tile)':>10s}")
-        for m in QUALITY_METHODS:
-            r = q.loc[m]
-            click.echo(f"  {m:8s} {r.stage_max_over_mean:22.3f} {r.pool_max_over_mean:20.3f} "
-                       f"{r.worst_pool_tile_bound:12.3f} {r.bytes_total / 2**30:13.2f} GiB "
-                       f"{int(r.pools_over_1_plus_tau):8d}/{int(r.pools):<5d} {int(r.pools_over_with_tile_above_target):10d}")
-        click.echo("  (stage: mean over windows of the worst GA index; bytes: mean forward bytes per step;"
-                   " tile bound: heaviest tile / mean worker FLOPs")
-        click.echo("   of the worst pool, a floor no placement can beat; big tile: pools over 1+tau holding a tile"
-                   " heavier than (1+tau) x mean)")
-    click.echo("targets: issue 12's goals for a 2-core machine (tap half the paper's; vrsp the paper's), "
-               "not the paper's figures")
+        echo_timings(s, df[df["setting"] == s.name].set_index("stage"), s.name in paper, placer, method_list)
+        echo_quality(quality[quality["setting"] == s.name])
+    if paper:
+        click.echo("targets: issue 12's goals for a 2-core machine (tap half the paper's; vrsp the paper's), "
+                   "not the paper's figures")
+    others = [s.name for s in chosen if s.name not in paper]
+    if others:
+        click.echo(f"no targets or paper numbers for {', '.join(others)}: not the paper's run (libra-prod, "
+                   "its layout and TAP layout, 32q/4kv heads d=128)")
     click.echo(f"wrote {paths['csv']}, {paths['png']}, {run.out_dir / 'plan-cost-quality.csv'}, {paths['run']}")

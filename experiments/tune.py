@@ -2,7 +2,9 @@
 
 Sec. 5: "An offline simulator replays VRSP and TAP on corpus sequence-length metadata to select
 fixed (P, H, B)". This command is that step. Given a length workload (preset or file), a hardware
-profile and the parallel layout (DP, CP, S, GBS, head shape), it enumerates candidates
+profile and the parallel layout (``--dp --cp --seq-len --gbs``, or one of the paper's settings
+``--settings 256k|1m`` whose fields those flags then override; head shape ``--q-heads --kv-heads
+--head-dim``), it enumerates candidates
 
 * pool size P: divisors of DP (``--pool-sizes`` to restrict);
 * head split H: powers of two up to 8 dividing ``hq`` with ``M | hq/H`` (``--head-splits``);
@@ -16,14 +18,26 @@ same windows and device jitter as the reference. Explicit values
 that break a layout rule (P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
 hq/H) are errors, not silently dropped.
 
-Recommendation rule (:func:`recommend`): the lowest mean straggler wins; candidates within
+Recommendation rule (:func:`recommend`): the lowest mean straggler (``--objective max``: worst step) wins; candidates within
 ``--tie-tolerance`` (default 1%) of the best are ties, broken by smaller P (fewer replicas exchange
 data, less inter-node traffic and a smaller pool to plan), then the planner (``libra`` before
 ``libra-adaptive``: cheaper to plan), then fewer tiles per packed sequence (cheaper placement), then
 the lower worst step, then smaller H and B. If even the recommendation
 is slower than Ulysses the command says so.
 
-Outputs (``results/tune/`` or ``--out``): ``tune.csv`` (one row per candidate, ranked),
+Spread over windows: each candidate's speedup over Ulysses is also computed per GBS window (Ulysses'
+straggler over the candidate's, both on that window; the mean straggler for ``--objective mean``, the
+worst step for ``max``) and reported as its mean and [min, max] over windows. When the per-window
+ranges of the top-ranked candidate and others overlap (:func:`within_noise`), the command says that
+those candidates are within the window-to-window spread: their order rests on differences smaller
+than the spread between windows. Because every candidate sees the same windows, the command also
+says which of those are behind rank 1 on every window (``windows_behind_rank1``, a paired
+comparison the spread does not blur). With one window there is no spread and the check is off.
+
+The printed table is narrow (``--wide``: every column). Outputs (``results/tune/`` for the paper's
+layouts and workload presets, ``runs/tune/<workload>-<layout>/`` otherwise, or ``--out``; see
+:func:`experiments.runner.default_out_dir`): ``tune.csv`` (one row per candidate, ranked, with the
+per-window ``*_window_mean/min/max`` columns, ``windows``, ``within_noise`` and ``windows_behind_rank1``),
 ``tune_steps.csv`` (every simulated step), ``tune.png`` (ranking) and ``run.json`` (config,
 profile, the recommendation).
 """
@@ -39,10 +53,11 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import SizeType, tap_options
+from experiments.options import given_layout, layout_options, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     OPTIONAL_METHODS,
+    SETTINGS,
     TAP_METHODS,
     build_cost_model,
     check_counts,
@@ -52,6 +67,7 @@ from experiments.sim_common import (
     parse_int_list,
     parse_list,
     resolve_profile,
+    settings_from_options,
     tiles_per_sequence,
     workload_record,
 )
@@ -154,19 +170,64 @@ def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str =
     return order.index[0]
 
 
+WINDOW_STATS = ("mean", "min", "max")
+"""Statistics over windows of the per-window speedups (columns ``<speedup>_window_<stat>``)."""
+
+
+def speedup_column(objective: str) -> str:
+    """The speedup column that goes with ``objective``: ``speedup`` (mean straggler) or ``max_speedup``."""
+    return "speedup" if objective == "mean" else "max_speedup"
+
+
+def window_speedups(u_windows: pd.DataFrame, g: pd.DataFrame) -> tuple[dict[str, float], pd.DataFrame]:
+    """Per-window speedups of one candidate's steps ``g`` over Ulysses' per-window mean and worst
+    straggler ``u_windows`` (columns ``mean``, ``max``, indexed by window).
+
+    Returns (their summary over windows: ``speedup_window_{mean,min,max}`` for the mean straggler,
+    ``max_speedup_window_{...}`` for the worst step, and ``windows``; the per-window speedups,
+    columns ``speedup`` and ``max_speedup`` indexed by window)."""
+    c = g.groupby("window")["straggler_ms"].agg(["mean", "max"])
+    per_window = pd.DataFrame({"speedup": u_windows["mean"] / c["mean"],
+                               "max_speedup": u_windows["max"] / c["max"]}).dropna()
+    out = {f"{col}_window_{stat}": float(per_window[col].agg(stat))
+           for col in ("speedup", "max_speedup") for stat in WINDOW_STATS}
+    out["windows"] = int(per_window.shape[0])
+    return out, per_window
+
+
+def within_noise(table: pd.DataFrame, objective: str = "mean") -> list[int]:
+    """Ranks of the candidates within the window-to-window spread of the top-ranked one: those whose
+    per-window speedup range ``[<speedup>_window_min, <speedup>_window_max]`` overlaps rank 1's
+    (:func:`speedup_column` of ``objective``), rank 1 first. Empty when none does, or with fewer than
+    two windows (no spread to judge).
+
+    ``table``: ranked candidates (first row the best), with those columns and ``windows``."""
+    if table.empty or int(table["windows"].min()) < 2:
+        return []
+    col = speedup_column(objective)
+    lo, hi = table[f"{col}_window_min"], table[f"{col}_window_max"]
+    overlap = (hi >= lo.iloc[0]) & (lo <= hi.iloc[0])
+    ranks = [int(r) for r in table.loc[overlap, "rank"]] if "rank" in table else list(np.flatnonzero(overlap) + 1)
+    return ranks if len(ranks) > 1 else []
+
+
 def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, tie_tolerance: float,
                     objective: str = "mean") -> pd.DataFrame:
     """One row per candidate from the simulated steps, ranked by ``objective``, with speedups over
-    Ulysses (same windows) and the ``recommended`` flag from :func:`recommend`."""
+    Ulysses (same windows; overall and per window: :func:`window_speedups`), the ``recommended``
+    flag from :func:`recommend` and ``within_noise`` (:func:`within_noise`)."""
     u = steps[steps["method"] == "ulysses"]
     u_mean = u["straggler_ms"].mean()
-    u_max = u.groupby("window")["straggler_ms"].max().mean()
-    rows = []
+    u_windows = u.groupby("window")["straggler_ms"].agg(["mean", "max"])
+    u_max = u_windows["max"].mean()
+    rows, per_window = [], []
     cands = steps[steps["method"] != "ulysses"]
     for (m, p, h, b), g in cands.groupby(["method", "pool_size", "head_split", "block_size"], sort=False):
         all_bytes = g["bytes_nvlink"] + g["bytes_roce"] + g["bytes_inter_supernode"]
         mean_ms = g["straggler_ms"].mean()
         max_ms = g.groupby("window")["straggler_ms"].max().mean()
+        spread, windows = window_speedups(u_windows, g)
+        per_window.append(windows)
         rows.append({"method": m, "pool_size": int(p), "head_split": int(h), "block_size": int(b),
                      "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
                      "tiles_per_sequence": tiles_per_sequence(par.seq_len, b, h), "mean_ms": mean_ms,
@@ -175,14 +236,26 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, ti
                      "comm_gb_per_step": all_bytes.mean() / 1e9,
                      "inter_node_gb_per_step": (g["bytes_roce"] + g["bytes_inter_supernode"]).mean() / 1e9,
                      "bound_ratio": (g["straggler_ms"] / g["balance_bound_ms"]).mean(),
-                     "ulysses_mean_ms": u_mean, "ulysses_max_ms": u_max, "steps": len(g)})
+                     "ulysses_mean_ms": u_mean, "ulysses_max_ms": u_max, "steps": len(g),
+                     **spread})
     table = pd.DataFrame(rows)
     col = f"{objective}_ms"
-    table = table.sort_values([col, "pool_size", "tiles_per_sequence"], kind="mergesort").reset_index(drop=True)
+    order = table.sort_values([col, "pool_size", "tiles_per_sequence"], kind="mergesort").index
+    table = table.loc[order].reset_index(drop=True)
     table.insert(0, "rank", np.arange(1, len(table) + 1))
     table["recommended"] = False
     table.loc[recommend(table, tie_tolerance, objective), "recommended"] = True
+    table["within_noise"] = table["rank"].isin(within_noise(table, objective))
+    table["windows_behind_rank1"] = windows_behind_best([per_window[i] for i in order], speedup_column(objective))
     return table
+
+
+def windows_behind_best(per_window: list[pd.DataFrame], col: str) -> list[int]:
+    """For each candidate (ranked; the first is rank 1), the windows in which its per-window ``col``
+    speedup is below rank 1's on the same window: a paired comparison, free of the spread between
+    windows that every candidate shares."""
+    best = per_window[0][col]
+    return [int((w[col] < best.reindex(w.index) * (1 - 1e-12)).sum()) for w in per_window]
 
 
 def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapConfig, windows: int, seed: int,
@@ -262,16 +335,26 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
     save_figure(fig, path)
 
 
-NARROW = ("rank", "method", "P", "H", "B", "tiles/seq", "mean ms", "speedup", "comm GB/step", "/ bound", "")
-"""Columns of the printed ranking without ``--wide`` (fits an 80-column log)."""
+SPREAD = "spread"
+"""Label of the per-window speedup column (mean [min, max] over windows; its header names the metric)."""
+NARROW = ("rank", "method", "P", "H", "B", "tiles/seq", "mean ms", "speedup", SPREAD, "comm GB/step", "/ bound", "")
+"""Columns of the printed ranking without ``--wide``."""
 
 
-def _cells(r) -> dict[str, str]:
+def _spread_header(objective: str) -> str:
+    metric = "speedup" if objective == "mean" else "worst-step speedup"
+    return f"{metric} per window\nmean \\[min, max]"  # \\[: a literal bracket, not rich markup
+
+
+def _cells(r, objective: str = "mean") -> dict[str, str]:
     """Every printable cell of one ranked candidate (column label -> text)."""
+    col = speedup_column(objective)
+    spread = (f"{getattr(r, col + '_window_mean'):.2f} [{getattr(r, col + '_window_min'):.2f}, "
+              f"{getattr(r, col + '_window_max'):.2f}]")
     return {"rank": str(r.rank), "method": r.method, "P": str(r.pool_size), "H": str(r.head_split),
             "B": str(r.block_size), "M": str(r.pipeline_chunks), "tiles/seq": str(r.tiles_per_sequence),
             "mean ms": f"{r.mean_ms:.1f}", "max ms": f"{r.max_ms:.1f}", "speedup": f"{r.speedup:.2f}x",
-            "max speedup": f"{r.max_speedup:.2f}x", "comm GB/step": f"{r.comm_gb_per_step:.1f}",
+            "max speedup": f"{r.max_speedup:.2f}x", SPREAD: spread, "comm GB/step": f"{r.comm_gb_per_step:.1f}",
             "inter-node GB": f"{r.inter_node_gb_per_step:.1f}", "exposed comm ms": f"{r.comm_exposed_ms:.1f}",
             "/ bound": f"{r.bound_ratio:.2f}", "": "<- recommended" if r.recommended else ""}
 
@@ -284,23 +367,106 @@ def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: st
     shown = table.head(top)
     if not shown["recommended"].any():
         shown = pd.concat([shown, table[table["recommended"]]])
-    rows = [_cells(r) for r in shown.itertuples()]
+    rows = [_cells(r, objective) for r in shown.itertuples()]
     columns = list(rows[0]) if wide else list(NARROW)
+    windows = int(table["windows"].max())
     t = Table(title=f"candidates ranked by predicted {objective} straggler (profile {profile_name}; "
-                    f"ms = one layer fwd+bwd)")
+                    f"ms = one layer fwd+bwd; {windows} window(s))")
     for col in columns:
-        t.add_column(col, justify="left" if col in ("method", "") else "right")
+        t.add_column(_spread_header(objective) if col == SPREAD else col,
+                     justify="left" if col in ("method", "") else "right")
     for cells, rec in zip(rows, shown["recommended"]):
         t.add_row(*(cells[c] for c in columns), style="bold green" if rec else None)
     console.print(t)
 
 
+def _rank_list(ranks: list[int], shown: int = 10) -> str:
+    return ", ".join(map(str, ranks[:shown])) + (", ..." if len(ranks) > shown else "")
+
+
+def noise_line(table: pd.DataFrame, objective: str = "mean") -> str:
+    """Whether the top-ranked candidates differ by more than the window-to-window spread of their
+    per-window speedups (:func:`within_noise`), and, for those that do not, which are nevertheless
+    behind rank 1 on every window (``windows_behind_rank1``, a paired comparison)."""
+    col = speedup_column(objective)
+    windows = int(table["windows"].min())
+    metric = "speedup" if objective == "mean" else "worst-step speedup"
+    best = table.iloc[0]
+    span = f"[{best[col + '_window_min']:.2f}, {best[col + '_window_max']:.2f}]"
+    if windows < 2:
+        return (f"Spread: {windows} window, so no window-to-window spread to tell the top candidates apart "
+                "(use --windows 2 or more).")
+    ranks = within_noise(table, objective)
+    if not ranks:
+        return (f"Spread: rank 1's per-window {metric} range {span} over {windows} windows overlaps no other "
+                "candidate's: the top of the ranking is outside the window-to-window spread.")
+    who = f"top {len(ranks)} candidates" if ranks == list(range(1, len(ranks) + 1)) else f"{len(ranks)} candidates"
+    line = (f"Noise: the {who} are within the window-to-window spread (noise): ranks {_rank_list(ranks)} have "
+            f"per-window {metric} ranges [min, max] overlapping rank 1's {span} over {windows} windows: their "
+            "ranking rests on differences smaller than the spread between windows.")
+    if "windows_behind_rank1" in table:
+        behind = table[table["rank"].isin(ranks[1:])]
+        behind = [int(r) for r in behind.loc[behind["windows_behind_rank1"] == windows, "rank"]]
+        if behind:
+            line += (f" Paired by window (the same data for every candidate), rank 1 is ahead of "
+                     f"rank{'s' if len(behind) > 1 else ''} {_rank_list(behind)} on every one of the {windows} "
+                     "windows.")
+    return line
+
+
+def tune_layout(settings_: str | None, dp, cp, seq_len, gbs) -> ParallelConfig:
+    """The layout to tune: the paper setting ``settings_`` names (one; case-insensitive) with the
+    given ``--dp/--cp/--seq-len/--gbs`` replacing its fields, or all four flags without a setting.
+
+    Raises:
+        click.UsageError: no layout, a partial one without a setting, or several settings.
+        ValueError: an unknown setting name or an invalid layout.
+    """
+    flags = {"dp": dp, "cp": cp, "seq_len": seq_len, "gbs": gbs}
+    if not settings_:
+        layout = given_layout(dp, cp, seq_len, gbs)
+        if layout is None:
+            raise click.UsageError("tune needs a layout: --dp, --cp, --seq-len and --gbs, or --settings 256k|1m")
+        return ParallelConfig(**layout)
+    names = settings_from_options(settings_, None)
+    if len(names) != 1:
+        raise click.UsageError(f"tune tunes one layout; --settings names {len(names)} ({', '.join(names)})")
+    preset = SETTINGS[names[0]]
+    base = {"dp": preset.dp, "cp": preset.cp, "seq_len": preset.seq_len, "gbs": preset.gbs}
+    return ParallelConfig(**(base | {k: v for k, v in flags.items() if v is not None}))
+
+
+def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float, chunks: int) -> None:
+    """Print Ulysses' reference, the recommendation and its rule, the spread verdict and the legend."""
+    rec = table[table["recommended"]].iloc[0]
+    click.echo(f"Ulysses on the same windows: mean straggler {rec['ulysses_mean_ms']:.1f} ms, "
+               f"worst step {rec['ulysses_max_ms']:.1f} ms.")
+    click.echo(f"Recommended: {rec['method']} with P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={chunks} "
+               f"({rec['tiles_per_sequence']} tiles per packed sequence): predicted mean straggler "
+               f"{rec['mean_ms']:.1f} ms ({rec['speedup']:.2f}x over Ulysses), worst step {rec['max_ms']:.1f} ms "
+               f"({rec['max_speedup']:.2f}x), {rec['comm_gb_per_step']:.1f} GB moved per step.")
+    click.echo(f"Rule: lowest {objective} straggler (--objective); candidates within {tie_tolerance:.0%} of the "
+               "best tie and go to the smaller P (less traffic, smaller pool to plan), then libra before "
+               "libra-adaptive (cheaper to plan), then fewer tiles per sequence (cheaper placement), then the "
+               f"lower {'worst step' if objective == 'mean' else 'mean'}.")
+    click.echo(noise_line(table, objective))
+    if rec["speedup"] < 1.0:
+        click.echo("Warning: no candidate beats Ulysses on this workload and cluster; Libra is not predicted "
+                   "to help here.")
+    click.echo("Columns: straggler = slowest worker's forward + backward core-attention time of one layer in "
+               "one step (compute + exposed communication) as the cost model predicts it; max = worst step "
+               "per window; speedup = Ulysses / candidate on the same windows and device jitter (mean over all "
+               "steps); per window = that ratio on each window alone, its mean and [min, max] over windows; "
+               "comm GB = bytes over all links per step; / bound = straggler over the perfect-balance bound.")
+
+
 @click.command("tune")
 @common_options(default_windows=2)
-@click.option("--dp", type=int, required=True, help="Data-parallel degree (CP groups).")
-@click.option("--cp", type=int, required=True, help="Context-parallel degree.")
-@click.option("--seq-len", type=SizeType(), required=True, help="Tokens per packed sequence S (accepts 128K, 1M).")
-@click.option("--gbs", type=int, required=True, help="Global batch in packed sequences (multiple of DP).")
+@click.option("--settings", "--setting", "settings_", default=None,
+              help="One of the paper's layouts as the starting point: 256k (DP32 CP8 S256K GBS128) or 1m "
+                   "(DP16 CP16 S1M GBS32), case-insensitive; --dp/--cp/--seq-len/--gbs override its fields. "
+                   "Without it all four are required.")
+@layout_options()
 @click.option("--pool-sizes", default=None, help="Comma list of P (default: every divisor of DP).")
 @click.option("--head-splits", default=None, help="Comma list of H (default: 1, 2, 4, 8 where valid).")
 @click.option("--block-sizes", default=None, help="Comma list of B (default: S/CP halved up to 4 times, >= 1024).")
@@ -313,10 +479,11 @@ def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: st
 @click.option("--methods", default=",".join(TUNE_METHODS), show_default=True,
               help="Comma list of TAP planners to tune (libra-adaptive plans with --profile).")
 @click.option("--wide", is_flag=True, help="Print every column of the ranking (default: the narrow table).")
-def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, dp, cp,
-         seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, tie_tolerance, objective, top,
-         methods, wide):
-    """Search Libra's (P, H, B) for your workload and cluster and recommend one configuration."""
+def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, settings_,
+         dp, cp, seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, tie_tolerance, objective,
+         top, methods, wide):
+    """Search Libra's (P, H, B) for your workload and cluster (--dp --cp --seq-len --gbs, or --settings
+    256k|1m) and recommend one configuration."""
     check_counts(windows, seed)
     if top < 1:
         raise click.BadParameter(f"must be >= 1, got {top}", param_hint="--top")
@@ -324,10 +491,9 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
         raise click.BadParameter(f"must be >= 0, got {tie_tolerance}", param_hint="--tie-tolerance")
     prof = resolve_profile(profile)
     try:
-        par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)
+        par = tune_layout(settings_, dp, cp, seq_len, gbs)
         shape = make_shape(q_heads, kv_heads, head_dim)
         tap = TapConfig(tau=tau, pipeline_chunks=pipeline_chunks)  # (P, H, B) come from each candidate
-        chunks = tap.pipeline_chunks
         grid = candidate_grid(par, shape, tap,
                               parse_int_list(pool_sizes, "pool size") if pool_sizes else None,
                               parse_int_list(head_splits, "head split") if head_splits else None,
@@ -336,8 +502,8 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
         method_list = parse_list(methods, tuple(dict.fromkeys(TAP_METHODS + OPTIONAL_METHODS)), "method")
         click.echo(f"simulating Ulysses + {len(grid)} (P, H, B) candidates x {', '.join(method_list)} "
                    f"x {n_windows} window(s) "
-                   f"(DP {dp}, CP {cp}, S {seq_len}, GBS {gbs}, GA {par.ga}; hq {q_heads}, h_kv {kv_heads}, "
-                   f"d {head_dim}; M {chunks}, tau {tap.tau}) ...")
+                   f"(DP {par.dp}, CP {par.cp}, S {par.seq_len}, GBS {par.gbs}, GA {par.ga}; hq {q_heads}, "
+                   f"h_kv {kv_heads}, d {head_dim}; M {tap.pipeline_chunks}, tau {tap.tau}) ...")
         t0 = time.perf_counter()
         table, steps, run = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
                                      objective, out=out, force=force, quiet=no_progress, methods=method_list)
@@ -347,24 +513,9 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
     recommendation = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
     atomic_write_text(run.out_dir / f"{run.name}_steps.csv", steps.to_csv(index=False))
     paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective),
-                       extra={"profile": prof.to_dict(), "recommendation": recommendation})
+                       extra={"profile": prof.to_dict(), "recommendation": recommendation,
+                              "within_noise_ranks": within_noise(table, objective)})
     _print_table(table, top, prof.name, objective, wide)
-    click.echo(f"Ulysses on the same windows: mean straggler {rec['ulysses_mean_ms']:.1f} ms, "
-               f"worst step {rec['ulysses_max_ms']:.1f} ms.")
-    click.echo(f"Recommended: {rec['method']} with P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={chunks} "
-               f"({rec['tiles_per_sequence']} tiles per packed sequence): predicted mean straggler "
-               f"{rec['mean_ms']:.1f} ms ({rec['speedup']:.2f}x over Ulysses), worst step {rec['max_ms']:.1f} ms "
-               f"({rec['max_speedup']:.2f}x), {rec['comm_gb_per_step']:.1f} GB moved per step.")
-    click.echo(f"Rule: lowest {objective} straggler (--objective); candidates within {tie_tolerance:.0%} of the "
-               "best tie and go to the smaller P (less traffic, smaller pool to plan), then libra before "
-               "libra-adaptive (cheaper to plan), then fewer tiles per sequence (cheaper placement), then the "
-               f"lower {'worst step' if objective == 'mean' else 'mean'}.")
-    if rec["speedup"] < 1.0:
-        click.echo("Warning: no candidate beats Ulysses on this workload and cluster; Libra is not predicted "
-                   "to help here.")
-    click.echo("Columns: straggler = slowest worker's forward + backward core-attention time of one layer in "
-               "one step (compute + exposed communication) as the cost model predicts it; max = worst step "
-               "per window; speedup = Ulysses / candidate on the same windows and device jitter; comm GB = "
-               "bytes over all links per step; / bound = straggler over the perfect-balance bound.")
+    echo_summary(table, objective, tie_tolerance, tap.pipeline_chunks)
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}, "
                f"{run.out_dir / (run.name + '_steps.csv')}, {paths['run']}")
