@@ -36,7 +36,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import IntListType, given_layout, layout_options, tap_options
+from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS
 from experiments.runner import ExperimentRun, atomic_write_text, flat_layout, is_preset_workload
 from experiments.sim_common import (
@@ -350,9 +350,8 @@ def plot_grid(summary: pd.DataFrame, path: Path) -> None:
 
 @click.command("grid-search")
 @common_options(default_windows=16, shape=False)  # 16 windows: ~1.5 min on 2 cores
-@click.option("--settings", "--setting", "settings_", default="256k,1m", show_default=True,
-              help="Comma list of sec. 6.6's layouts: 256k (DP 8, CP 8, P 8), 1m (DP 4, CP 16, P 4); "
-                   "case-insensitive; ignored with --dp/--cp/--seq-len/--gbs.")
+@settings_option(help_text="comma list of sec. 6.6's layouts: 256k (DP 8, CP 8, P 8), 1m (DP 4, CP 16, P 4); "
+                           "case-insensitive, repeatable; ignored with --dp/--cp/--seq-len/--gbs")
 @layout_options()
 @click.option("--head-splits", "--head-split", "head_splits", type=IntListType(),
               default=",".join(map(str, HEAD_SPLITS)), show_default=True,

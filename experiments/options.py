@@ -394,13 +394,27 @@ def check_pool_sizes(pool_sizes: list[int], gbs: int) -> list[int]:
     return pool_sizes
 
 
-def settings_option(default: str = "256k,1m"):
-    """``--settings`` (alias ``--setting``): a comma list of the paper's named layouts (``256k``,
-    ``1m``; case-insensitive), each a preset of the layout options; ignored when the command is
-    given a layout of its own (``--dp --cp --seq-len --gbs``, :func:`layout_options`)."""
-    return click.option("--settings", "--setting", "settings_", default=default, show_default=True,
-                        help="comma list of the paper's layouts: 256k (DP32 CP8), 1m (DP16 CP16); "
-                             "case-insensitive; ignored with --dp/--cp/--seq-len/--gbs")
+class CommaListOption(click.Option):
+    """A ``multiple=True`` option whose every value (and its default and ``--config`` value) is a
+    comma list: ``--setting 256k --setting 1m`` = ``--settings 256k,1m``; :func:`_join` joins them."""
+
+    def type_cast_value(self, ctx, value):
+        return super().type_cast_value(ctx, (value,) if isinstance(value, str) else value)
+
+
+def _join(_ctx, _param, value) -> str:
+    return ",".join(value)
+
+
+def settings_option(default: str = "256k,1m", help_text: str | None = None):
+    """``--settings`` (alias ``--setting``, repeatable): a comma list of the paper's named layouts
+    (``256k``, ``1m``; case-insensitive), each a preset of the layout options; ignored when the
+    command is given a layout of its own (``--dp --cp --seq-len --gbs``, :func:`layout_options`).
+    The command receives one comma-joined string, ``settings_``."""
+    return click.option("--settings", "--setting", "settings_", cls=CommaListOption, multiple=True,
+                        default=(default,), show_default=True, callback=_join,
+                        help=help_text or "comma list of the paper's layouts: 256k (DP32 CP8), 1m (DP16 CP16); "
+                                          "case-insensitive, repeatable; ignored with --dp/--cp/--seq-len/--gbs")
 
 
 CONFIG_META = "libra_bench.config_file"

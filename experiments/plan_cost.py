@@ -63,8 +63,11 @@ from experiments.options import (
     layout_options,
     no_progress_option,
     overwrite_option,
+    settings_option,
     tap_options,
 )
+from experiments.paper import NUMBERS
+from experiments.paper import label as paper_label
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     Setting,
@@ -91,7 +94,7 @@ SHAPE = AttentionShape(num_q_heads=32, num_kv_heads=4, head_dim=128)
 """Head geometry of the paper's planning-cost setting (32 query heads, 4 KV heads, d = 128); the
 default of ``--q-heads --kv-heads --head-dim``."""
 
-PAPER_MS = {"256k": {"vrsp": 2.2, "tap": 2.4}, "1m": {"vrsp": 0.6, "tap": 10.7}}
+PAPER_MS = {name: NUMBERS["sec5"][paper_label(name)] for name in ("256k", "1m")}  # Libra sec. 5 (experiments.paper)
 """Libra sec. 5's timings (ms, one CPU core) of the paper's settings (:data:`experiments.sim_common.SETTINGS`)."""
 QUALITY_METHODS = ("ulysses", "wlb-llm", "libra", "distca")
 STAGES = ("vrsp", "tap", "compile", "prepare")
@@ -393,18 +396,6 @@ def plot(df: pd.DataFrame, path, paper: set[str] | None = None) -> None:
     plt.close(fig)
 
 
-class CommaListOption(click.Option):
-    """A ``multiple=True`` option whose every value (and its default and ``--config`` value) is a
-    comma list: ``--setting 256k --setting 1m`` = ``--settings 256k,1m``; the callback joins them."""
-
-    def type_cast_value(self, ctx, value):
-        return super().type_cast_value(ctx, (value,) if isinstance(value, str) else value)
-
-
-def _join_settings(_ctx, _param, value) -> str:
-    return ",".join(value)
-
-
 def plan_cost_settings(settings_: str, layout: dict | None, overrides: dict, shape: AttentionShape) -> list[Setting]:
     """The run's settings (the paper's named ones, or ``layout``) with the TAP ``overrides``, each
     checked against ``shape`` (:func:`libra.config.check_layout`) before anything runs.
@@ -485,10 +476,7 @@ def echo_quality(quality: pd.DataFrame) -> None:
 @click.option("--workload", default="libra-prod", show_default=True,
               help="length preset name or length file (see libra.data.source).")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the sample stream.")
-@click.option("--settings", "--setting", "settings_", cls=CommaListOption, multiple=True, default=("256k,1m",),
-              show_default=True, callback=_join_settings,
-              help="comma list of the paper's layouts: 256k (DP32 CP8), 1m (DP16 CP16); case-insensitive, "
-                   "repeatable; ignored with --dp/--cp/--seq-len/--gbs")
+@settings_option()
 @layout_options()
 @click.option("--q-heads", type=click.IntRange(min=1), default=SHAPE.num_q_heads, show_default=True,
               help="query heads")

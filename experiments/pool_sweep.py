@@ -25,7 +25,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import given_layout, layout_options, tap_options
+from experiments.options import given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig15_marks
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
@@ -150,8 +150,7 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 
 @click.command("pool-sweep")
 @common_options(default_windows=4)
-@click.option("--settings", "--setting", "settings_", default="256k,1m", show_default=True,
-              help="Comma list of the paper's settings: 256k, 1m (case-insensitive); ignored with --dp/--cp/...")
+@settings_option()
 @layout_options()
 @click.option("--pool-sizes", default=",".join(map(str, POOL_SIZES)), show_default=True,
               help="Comma list of P (those not dividing DP are skipped per setting).")

@@ -52,7 +52,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import given_layout, layout_options, tap_options
+from experiments.options import given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig12_speedups
 from experiments.runner import ExperimentRun, atomic_write_text, is_paper_layout
 from experiments.sim_common import (
@@ -328,8 +328,7 @@ def plot_factors(ax, summary: pd.DataFrame, setting: str) -> None:
 
 @click.command("straggler")
 @common_options(default_windows=8)
-@click.option("--settings", "--setting", "settings_", default="256k,1m", show_default=True,
-              help="Comma list of the paper's settings: 256k, 1m (case-insensitive); ignored with --dp/--cp/...")
+@settings_option()
 @layout_options()
 @click.option("--methods", default=",".join(METHODS), show_default=True,
               help=f"Comma list of registered planner names (e.g. {', '.join(OPTIONAL_METHODS)}, not in the paper), "

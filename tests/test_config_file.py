@@ -58,3 +58,22 @@ def test_bad_config_is_one_line_error(tmp_path, text, needle):
 def test_missing_config_file(tmp_path):
     res = CliRunner().invoke(main, ["pool-sweep", "--config", str(tmp_path / "none.toml")])
     assert res.exit_code == 2 and "cannot read" in res.output
+
+
+def test_settings_option_is_a_repeatable_comma_list(tmp_path):
+    import click
+
+    from experiments.options import settings_option, with_config_option
+
+    @click.command("show")
+    @settings_option()
+    def show(settings_):
+        click.echo(settings_)
+
+    with_config_option(show)
+    runner = CliRunner()
+    assert runner.invoke(show, []).output.strip() == "256k,1m"
+    assert runner.invoke(show, ["--setting", "1M", "--setting", "256k"]).output.strip() == "1M,256k"
+    assert runner.invoke(show, ["--settings", "1m"]).output.strip() == "1m"
+    cfg = _write(tmp_path, 'setting = ["1m", "256k"]\n')
+    assert runner.invoke(show, ["--config", str(cfg)]).output.strip() == "1m,256k"
