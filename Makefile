@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-nojitter fig13 fig14 fig15 fig16 \
-        plan-cost microbench paper-inferred extensions figures reproduction gpu-check gpu-smoke clean
+        plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
 microbench: $(STAMP)  ## measured core attention, 2 gloo ranks (one per core), skewed 8K windows, vs the measured ideal (run on a quiet host)
 	$(BENCH) calibrate --device cpu --out results/microbench-cpu/calibrate-cpu $(RESULTS)
 	$(BENCH) microbench --nproc 2 --dp 2 --cp 1 --pool-size 2 --seq-len 8192 --gbs 2 --block-size 1024 --head-split 2 --q-heads 8 --kv-heads 2 --head-dim 64 --methods ulysses,libra,libra-kt --profile results/microbench-cpu/calibrate-cpu/profile.json --workload workloads/skewed-8k.txt --repeats 3 --out results/microbench-cpu $(RESULTS)
+
+multinode: $(STAMP)  ## two torchrun "nodes" x 2 gloo ranks on 127.0.0.1 run microbench and train (slow test, ~30 s)
+	$(BIN)/pytest -q -m slow tests/test_multinode.py $(PYTEST_ARGS)
 
 paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link to Fig. 15, rerun Figs. 15 and 12 with it
 	$(BENCH) fit-links --out results/fit-links

@@ -15,8 +15,10 @@ for the run is cycled with a one-line warning saying how many times.
 
 ``--attention`` picks ``reference`` (single process, CP = 1), ``ulysses`` or ``libra`` (VRSP sampler
 + TAP plans + ``libra_attention``). Results go through :class:`experiments.runner.ExperimentRun`:
-``train.csv`` (one row per step: loss, step time, tokens/GPU/s), ``train.png`` (loss curve) and
-``run.json`` under ``results/train/`` for the default preset workload and layout,
+``train.csv`` (one row per step: loss, step time, tokens/GPU/s), ``train.png`` (loss curve and the
+medians of :func:`summary`, the same table ``train`` prints) and ``run.json`` (with ``ranks``: every
+rank's global and local rank, node, host, DP/CP/pool coordinates and group members, see
+:mod:`experiments.training.ranks`) under ``results/train/`` for the default preset workload and layout,
 ``runs/train/<workload>-<layout-tag>/`` otherwise, or ``--out``; ``--overwrite`` replaces a folder's
 results of a different config.
 
@@ -40,8 +42,9 @@ from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES
 from experiments.training.model import ModelConfig
+from experiments.training.ranks import nodes_of
 
-__all__ = ["TrainConfig", "run_training", "sample_lengths", "train"]
+__all__ = ["TrainConfig", "draw", "run_training", "sample_lengths", "summary", "summary_table", "train"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -49,19 +52,53 @@ __all__ = ["TrainConfig", "run_training", "sample_lengths", "train"]
 # --------------------------------------------------------------------------------------------
 
 
-def _plot(df: pd.DataFrame, path: Path) -> None:
+STEP_MS = "median step time (ms)"
+TOKENS = "median tokens/GPU/s"
+SUMMARY_COLUMNS = ("attention", "steps", STEP_MS, TOKENS)
+"""The columns of :func:`summary`: the one statistic (the median over steps), named with its unit."""
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per attention: steps, median step time (ms) and median tokens/GPU/s over the steps.
+
+    The printed table and the PNG's bars are both this frame (the median: step 0 carries the
+    first plan and warm-up, which a mean would spread over the run)."""
+    g = df.groupby("attention", sort=False)
+    out = pd.DataFrame({"steps": g["step"].count(), STEP_MS: g["step_ms"].median(),
+                        TOKENS: g["tokens_per_gpu_s"].median()}).reset_index()
+    return out[list(SUMMARY_COLUMNS)]
+
+
+def summary_table(df: pd.DataFrame) -> str:
+    """:func:`summary` as the text ``train`` prints."""
+    return summary(df).to_string(index=False, formatters={STEP_MS: "{:.1f}".format, TOKENS: "{:.0f}".format})
+
+
+def draw(df: pd.DataFrame):
+    """The figure of ``train.png``: the loss per step, then :func:`summary`'s two medians as bars
+    (bar height = the frame's value, axis label = its column name)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2))
+    stats = summary(df)
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
     sns.lineplot(data=df, x="step", y="loss", hue="attention", marker="o", ax=axes[0])
-    sns.barplot(data=df, x="attention", y="tokens_per_gpu_s", ax=axes[1], errorbar=None)
     axes[0].set_title("training loss")
-    axes[1].set_title("tokens / GPU / s (median step)")
+    for ax, col in zip(axes[1:], (STEP_MS, TOKENS)):
+        ax.bar(stats["attention"], stats[col])
+        ax.set_ylabel(col)
+        ax.set_title(f"{col}, {int(stats['steps'].max())} step(s)")
     fig.tight_layout()
+    return fig
+
+
+def _plot(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig = draw(df)
     fig.savefig(path, dpi=130, format="png")
     plt.close(fig)
 
@@ -116,14 +153,23 @@ def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head
     else:
         result = run_training(cfg)[0]
         source = "spawn-gloo" if nproc > 1 else "single-process"
+    _write(run, result, cfg, source)
+
+
+def _write(run, result: dict, cfg: TrainConfig, source: str) -> None:
+    """The step CSV, PNG and run.json (with every rank's place: ``ranks``, ``nodes``); the printed
+    steps and the :func:`summary` table."""
+    ranks = result["ranks"]
     df = pd.DataFrame(result["steps"])
-    df.insert(0, "attention", attention)
-    df["dp"], df["cp"], df["nproc"], df["launch"] = cfg.dp, cfg.cp, nproc, source
-    paths = run.finish(df, _plot)
+    df.insert(0, "attention", cfg.attention)
+    df["dp"], df["cp"], df["nproc"], df["launch"] = cfg.dp, cfg.cp, cfg.nproc, source
+    df["nodes"] = nodes_of(ranks)
+    paths = run.finish(df, _plot, extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks})
     for r in result["steps"]:
         click.echo(f"step {r['step']}: loss {r['loss']:.4f}  {r['step_ms']:.0f} ms  "
                    f"{r['tokens_per_gpu_s']:.0f} tokens/GPU/s")
-    click.echo(f"median tokens/GPU/s {df.tokens_per_gpu_s.median():.0f}; wrote {paths['csv']}")
+    click.echo(summary_table(df))
+    click.echo(f"{cfg.nproc} rank(s) on {nodes_of(ranks)} node(s); wrote {paths['csv']}")
 
 
 def _world_size(nproc: int | None, launched: bool) -> int:

@@ -4,6 +4,7 @@ of its `--nproc-per-node`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,4 +26,7 @@ def test_train_runs_under_torchrun_with_two_gloo_processes(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     df = pd.read_csv(out / "train.csv")
     assert df["nproc"].eq(2).all() and df["launch"].eq("torchrun").all() and df["cp"].eq(2).all()
-    assert "median tokens/GPU/s" in proc.stdout
+    assert "median tokens/GPU/s" in proc.stdout and "2 rank(s) on 1 node(s)" in proc.stdout
+    ranks = json.loads((out / "run.json").read_text())["ranks"]  # one node: local rank = rank
+    assert [(r["rank"], r["local_rank"], r["node"], r["cp_group"]) for r in ranks] == [(0, 0, 0, [0, 1]),
+                                                                                     (1, 1, 0, [0, 1])]

@@ -9,7 +9,17 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from experiments.train import TrainConfig, run_training, sample_lengths, train
+from experiments.train import (
+    STEP_MS,
+    TOKENS,
+    TrainConfig,
+    draw,
+    run_training,
+    sample_lengths,
+    summary,
+    summary_table,
+    train,
+)
 from experiments.training.data import IGNORE, PieceDataset, collate_packed
 from experiments.training.loop import _plans_for_step
 from experiments.training.model import ModelConfig
@@ -104,6 +114,9 @@ def test_train_command_single_process_writes_results(tmp_path):
 
     df = pd.read_csv(tmp_path / "train.csv")
     assert list(df.step) == [0, 1] and (df.tokens_per_gpu_s > 0).all() and (tmp_path / "train.png").exists()
+    assert summary_table(df) in res.output  # the printed table is the summary of the CSV written
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["world_size"] == 1 and record["nodes"] == 1 and record["ranks"][0]["local_rank"] == 0
     bad = CliRunner().invoke(train, ["--nproc", "4", "--cp", "3", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "CP=3 must divide nproc=4" in bad.output
 
@@ -131,3 +144,29 @@ def test_tau_is_part_of_the_tap_layout_and_the_run_record(tmp_path):
     with pytest.raises(ValueError, match="tau must be a number >= 0"):
         _cfg("libra", 4, 2, tau=-1.0)
     assert _cfg("libra", 4, 2, tau=0.25).loop_config().tau == 0.25  # the training planner gets it
+
+
+def test_printed_table_and_png_bars_are_the_same_median_with_its_unit():
+    """Issue 14 item 7: `train` printed a median while its PNG plotted seaborn's default mean."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    # step 0 carries the first plan: mean and median differ a lot
+    df = pd.DataFrame({"attention": ["libra"] * 3 + ["ulysses"] * 3, "step": [0, 1, 2] * 2,
+                       "loss": [5.0, 4.9, 4.8] * 2, "step_ms": [1000.0, 10.0, 14.0, 900.0, 20.0, 30.0],
+                       "tokens_per_gpu_s": [100.0, 10000.0, 7000.0, 110.0, 5000.0, 3000.0]})
+    stats = summary(df).set_index("attention")
+    assert list(summary(df).columns) == ["attention", "steps", STEP_MS, TOKENS]
+    assert STEP_MS == "median step time (ms)" and TOKENS == "median tokens/GPU/s"
+    assert stats.loc["libra", STEP_MS] == 14.0 and stats.loc["ulysses", TOKENS] == 3000.0  # medians, not means
+    table = summary_table(df)
+    assert STEP_MS in table and TOKENS in table and "14.0" in table and "7000" in table
+    fig = draw(df)
+    try:
+        for ax, col in zip(fig.axes[1:3], (STEP_MS, TOKENS)):
+            assert ax.get_ylabel() == col and col in ax.get_title()
+            heights = [bar.get_height() for bar in ax.patches]
+            labels = [t.get_text() for t in ax.get_xticklabels()]
+            assert dict(zip(labels, heights)) == stats[col].to_dict()  # the bars are the printed values
+    finally:
+        plt.close(fig)

@@ -10,6 +10,12 @@ import os
 
 from experiments.training.config import TrainConfig, sample_lengths
 from experiments.training.loop import RankContext, train_loop
+from experiments.training.ranks import (
+    gather_rank_records,
+    single_process_record,
+    spawn_coords,
+    torchrun_coords,
+)
 
 # --------------------------------------------------------------------------------------------
 
@@ -22,12 +28,13 @@ def _rank_main(rank: int, world: int, cfgs: list[TrainConfig]) -> list[dict] | N
     for cfg in cfgs:
         key = (cfg.dp, cfg.cp, cfg.pool_size, cfg.timeout_s)
         if key not in built:  # creating groups is collective and slow under gloo: reuse them
-            built[key] = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
-                                      timeout_s=cfg.timeout_s)
-        groups = built[key]
+            groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
+                                  timeout_s=cfg.timeout_s)
+            built[key] = groups, gather_rank_records(groups, spawn_coords(rank, world))
+        groups, ranks = built[key]
         ctx = RankContext(rank=rank, dp_rank=rank // cfg.cp, cp_rank=rank % cfg.cp,
                           cp_group=groups.cp, pool_group=groups.pool)
-        results.append(train_loop(cfg.loop_config(), sample_lengths(cfg), ctx))
+        results.append({**train_loop(cfg.loop_config(), sample_lengths(cfg), ctx), "ranks": ranks})
     return results if rank == 0 else None
 
 
@@ -35,7 +42,8 @@ def run_training(cfgs, join_timeout_s: float | None = None) -> list[dict]:
     """Run one or more configurations (same ``nproc``) in one set of spawned ranks, in order.
 
     Single-process configurations (``nproc = 1``) run in this process. Returns one result per
-    config: ``{"steps": [...], "params": {...}}`` (see :func:`train_loop`).
+    config: ``{"steps": [...], "params": {...}, "ranks": [...]}`` (see :func:`train_loop`; ``ranks``:
+    every rank's :func:`experiments.training.ranks.rank_record`).
 
     Raises:
         ValueError: configurations with different ``nproc``.
@@ -47,7 +55,8 @@ def run_training(cfgs, join_timeout_s: float | None = None) -> list[dict]:
         raise ValueError(f"run_training needs one nproc for all configs, got {sorted(nprocs)}")
     world = nprocs.pop()
     if world == 1:
-        return [train_loop(c.loop_config(), sample_lengths(c), RankContext(0, 0, 0)) for c in cfgs]
+        return [{**train_loop(c.loop_config(), sample_lengths(c), RankContext(0, 0, 0)),
+                 "ranks": single_process_record()} for c in cfgs]
     from libra.runtime.launch import RankDeadlineError, run_local_ranks
 
     deadline = join_timeout_s or sum(c.timeout_s for c in cfgs) + 60
@@ -63,7 +72,10 @@ def run_training(cfgs, join_timeout_s: float | None = None) -> list[dict]:
 
 
 def _torchrun(cfg: TrainConfig) -> dict | None:
-    """Join a ``torchrun`` world (NCCL on CUDA); returns the result on rank 0, None elsewhere."""
+    """Join a ``torchrun`` world (NCCL on CUDA); returns the result on rank 0, None elsewhere.
+
+    The GPU is the launcher's ``LOCAL_RANK`` (with several nodes the global rank is not a device
+    index); the result's ``ranks`` holds every rank's place (global / local rank, node, groups)."""
     import datetime
 
     import torch
@@ -84,8 +96,9 @@ def _torchrun(cfg: TrainConfig) -> dict | None:
             device = f"cuda:{local}"
         groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
                               timeout_s=cfg.timeout_s)
+        ranks = gather_rank_records(groups, torchrun_coords(), device)
         ctx = RankContext(rank, rank // cfg.cp, rank % cfg.cp, groups.cp, groups.pool, device)
         result = train_loop(cfg.loop_config(), sample_lengths(cfg), ctx)
-        return result if rank == 0 else None
+        return {**result, "ranks": ranks} if rank == 0 else None
     finally:
         dist.destroy_process_group()
