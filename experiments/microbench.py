@@ -270,14 +270,19 @@ def _setup(rank: int, cfg: dict):
     return device, backend, dtype, shape, groups
 
 
-def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
+def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None = None) -> dict:
     """Run every (method, window) point of ``keys`` on this rank (process group initialised).
 
-    Returns ``{key_hash: rows}`` on rank 0 (rows of every step) and ``{}`` elsewhere.
+    ``coords``: the launcher's place of this rank (:func:`experiments.training.ranks.torchrun_coords`;
+    None: a local spawn).
+
+    Returns ``{key_hash: rows}`` (rows of every step) and ``"ranks"`` (every rank's place and group
+    members, :func:`experiments.training.ranks.gather_rank_records`) on rank 0, ``{}`` elsewhere.
     """
     import torch  # noqa: PLC0415
 
     from baselines.registry import get_planner  # noqa: PLC0415
+    from experiments.training.ranks import gather_rank_records, spawn_coords  # noqa: PLC0415
     from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
     from libra.runtime.groups import all_gather_single  # noqa: PLC0415
@@ -286,7 +291,8 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list) -> dict:
     par = ParallelConfig(dp=cfg["dp"], cp=cfg["cp"], gbs=cfg["gbs"], seq_len=cfg["seq_len"])
     me = groups[1].cp.worker
     windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
-    out = {}
+    ranks = gather_rank_records(groups[tap_of(cfg).pool_size], coords or spawn_coords(rank, world), device)
+    out = {"ranks": ranks} if rank == 0 else {}
     for method, w in keys:
         planner = get_planner(method, **planner_options(method, cfg))
         rows = []
@@ -421,14 +427,23 @@ def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], dea
 
 def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int]) -> dict | None:
     """Inside torchrun: init from the environment (NCCL on CUDA, gloo on CPU); rows on rank 0, which
-    also measures the ideal while the other ranks wait."""
+    also measures the ideal while the other ranks wait.
+
+    What to compute is rank 0's decision (its point cache), broadcast to every rank: on nodes without
+    a shared file system the other nodes' caches differ, and ranks running different points would
+    wait on collectives that never match."""
     import torch.distributed as dist  # noqa: PLC0415
+
+    from experiments.training.ranks import torchrun_coords  # noqa: PLC0415
 
     backend = "nccl" if cfg["device"].startswith("cuda") else "gloo"
     dist.init_process_group(backend, timeout=_dt.timedelta(seconds=cfg["timeout"]))
     try:
         rank = dist.get_rank()
-        out = bench_rank(rank, dist.get_world_size(), cfg, keys)
+        todo = [keys, ideal_windows]
+        dist.broadcast_object_list(todo, src=0)
+        keys, ideal_windows = todo
+        out = bench_rank(rank, dist.get_world_size(), cfg, keys, torchrun_coords())
         dist.barrier()
         if rank == 0 and ideal_windows:
             out["ideal"] = measure_ideal(cfg, ideal_windows)
@@ -508,24 +523,29 @@ def apply_quick(ctx: click.Context, params: dict) -> dict:
     return {**params, **{k: v for k, v in QUICK.items() if ctx.get_parameter_source(k) not in given}}
 
 
-def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) -> list[dict] | None:
-    """Compute the points (and ideals) not cached yet; every step row with its ideal, or None on a
-    non-zero torchrun rank."""
+def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) -> tuple[list[dict], list] | None:
+    """Compute the points (and ideals) not cached yet: every step row with its ideal and the ranks'
+    records (empty when every point was cached and no rank ran), or None on a non-zero torchrun rank.
+
+    Under torchrun every rank joins the process group even when rank 0 has every point cached
+    (:func:`run_torchrun`: rank 0 decides)."""
     windows = range(cfg["windows"])
     keys = [[m, w] for m in cfg["methods"] for w in windows]
     todo = [k for k in keys if run.cached(k) is None]
     ideal_todo = [w for w in windows if run.cached(["ideal", w]) is None]
-    if todo or ideal_todo:
-        got = (run_torchrun(cfg, todo, ideal_todo) if under_torchrun
-               else run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg["timeout"] * 4))
+    got = {}
+    if under_torchrun:
+        got = run_torchrun(cfg, todo, ideal_todo)
         if got is None:  # non-zero torchrun ranks write nothing
             return None
-        for k in todo:
-            run.record(k, got[stable_hash(k)])
-        for w in ideal_todo:
-            run.record(["ideal", w], got["ideal"][str(w)])
+    elif todo or ideal_todo:
+        got = run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg["timeout"] * 4)
+    for k in todo:
+        run.record(k, got[stable_hash(k)])
+    for w in ideal_todo:
+        run.record(["ideal", w], got["ideal"][str(w)])
     ideal_rows = [r for w in windows for r in run.cached(["ideal", w])]
-    return add_ideal(run.map(keys, _missing_point, desc="microbench"), ideal_rows, cfg["cp"])
+    return add_ideal(run.map(keys, _missing_point, desc="microbench"), ideal_rows, cfg["cp"]), got.get("ranks", [])
 
 
 def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[int, bool]:
@@ -604,10 +624,13 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
                         layouts=[{k: v for k, v in cfg.items() if k in ("dp", "cp", "seq_len", "gbs", "tap")}])
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    rows = _measure(run, cfg, world, under_torchrun)
-    if rows is None:
+    measured = _measure(run, cfg, world, under_torchrun)
+    if measured is None:
         return
-    _finish(run, rows, {"measured": True, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
+    rows, ranks = measured
+    from experiments.training.ranks import nodes_of  # noqa: PLC0415  (imports torch: keeps `--help` fast)
+
+    _finish(run, rows, {"measured": True, "ranks": ranks, "nodes": nodes_of(ranks) if ranks else None, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
                         "world_size": world, "usable_cores": usable_cores(),
                         "bench_wall_s": round(time.perf_counter() - t0, 3),
                         # CPU timings on a shared host are only as quiet as the host: record its load

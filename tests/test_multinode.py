@@ -42,21 +42,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_nodes(args: list[str], cwd) -> list[str]:
-    """Run ``python -m experiments.cli ARGS`` as two torchrun "nodes" of 2 processes each; returns
+def _two_nodes(args: list[str], cwd, node1_args: list[str] | None = None) -> list[str]:
+    """Run ``python -m experiments.cli ARGS`` (node 1: ``node1_args`` when given) as two torchrun
+    "nodes" of 2 processes each; returns
     each node's output after asserting both exited 0. Past the timeout, or as soon as one node fails
     (its peer would wait out the rendezvous timeout), the launchers still running are killed."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV and not k.startswith("TORCHELASTIC_")}
     env["CUDA_VISIBLE_DEVICES"] = ""  # gloo on CPU even on a GPU machine
     port = _free_port()
     logs = [cwd / f"{args[0]}-node{node}.log" for node in range(NODES)]
+    node_args = [args, node1_args or args]
     procs = []
     for node, log in enumerate(logs):
         with open(log, "w") as fh:  # a file, not a pipe: nothing blocks on a full pipe while we poll
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node",
                  str(PER_NODE), "--node-rank", str(node), "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
-                 "--master-port", str(port), "-m", "experiments.cli", *args],
+                 "--master-port", str(port), "-m", "experiments.cli", *node_args[node]],
                 cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True))
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     while (any(p.poll() is None for p in procs) and time.monotonic() < deadline
@@ -76,15 +78,34 @@ def _two_nodes(args: list[str], cwd) -> list[str]:
 
 def test_microbench_runs_on_two_torchrun_nodes(tmp_path):
     out = tmp_path / "microbench"
-    outs = _two_nodes(["microbench", "--dp", "2", "--cp", "2", "--pool-size", "2", "--quick", "--methods",
-                       "ulysses,libra", "--device", "cpu", "--timeout", "60", "--oversubscribe", "--no-progress",
-                       "--out", str(out)], tmp_path)
+    args = ["microbench", "--dp", "2", "--cp", "2", "--pool-size", "2", "--quick", "--methods", "ulysses,libra",
+            "--device", "cpu", "--timeout", "60", "--oversubscribe", "--no-progress", "--out", str(out)]
+    outs = _two_nodes(args, tmp_path)
     record = json.loads((out / "run.json").read_text())
-    assert record["launch"] == "torchrun" and record["world_size"] == WORLD
+    assert record["launch"] == "torchrun" and record["world_size"] == WORLD and record["nodes"] == NODES
+    _check_ranks(record["ranks"], cp=2, dp=2, pool=2)
     df = pd.read_csv(out / "microbench.csv")
     assert set(df["method"]) == {"ulysses", "libra"} and df["measured"].all()
     assert df["straggler_worker"].between(0, WORLD - 1).all() and (df["straggler_ms"] > 0).all()
     assert "wrote" in outs[0] and "wrote" not in outs[1]  # rank 0 (node 0) is the one writer
+    # every point cached on node 0 only (node 1 runs in another folder, as on a node without a shared
+    # file system): rank 0 decides what runs and every rank still joins, so nobody waits for a peer
+    elsewhere = [*args[:-1], str(tmp_path / "node1-cache")]  # node 1's own, empty point cache
+    outs = _two_nodes(args, tmp_path, node1_args=elsewhere)
+    assert "wrote" in outs[0] and "wrote" not in outs[1]
+    assert json.loads((out / "run.json").read_text())["points_computed"] == 0
+
+
+def _check_ranks(ranks: list[dict], cp: int, dp: int, pool: int) -> None:
+    """Global rank r sits on node r // 2 as local rank r % 2, and its groups are the numbering's."""
+    assert [r["rank"] for r in ranks] == list(range(WORLD))
+    for r in ranks:
+        node, local = divmod(r["rank"], PER_NODE)  # torchrun: node n holds ranks [n * 2, n * 2 + 2)
+        assert (r["node"], r["local_rank"], r["local_world_size"]) == (node, local, PER_NODE), r
+        want = _expected_groups(r["rank"], cp, dp, pool)
+        assert {k: r[k] for k in want} == want, r
+    assert [(r["node"], r["local_rank"]) for r in ranks[2:]] == [(1, 0), (1, 1)]
+    assert {r["node"] for r in ranks if r["rank"] in ranks[0]["dp_group"]} == {0, 1}  # DP spans the nodes
 
 
 def _expected_groups(rank: int, cp: int, dp: int, pool_size: int) -> dict:
@@ -111,15 +132,7 @@ def test_train_runs_on_two_torchrun_nodes_with_cross_node_groups(tmp_path):
     assert f"{WORLD} rank(s) on {NODES} node(s)" in outs[0] and "wrote" not in outs[1]
     record = json.loads((out / "run.json").read_text())
     assert record["world_size"] == WORLD and record["nodes"] == NODES
-    ranks = record["ranks"]
-    assert [r["rank"] for r in ranks] == list(range(WORLD))
-    for r in ranks:
-        node, local = divmod(r["rank"], PER_NODE)  # torchrun: node n holds ranks [n * 2, n * 2 + 2)
-        assert (r["node"], r["local_rank"], r["local_world_size"]) == (node, local, PER_NODE), r
-        want = _expected_groups(r["rank"], cp, dp, pool)
-        assert {k: r[k] for k in want} == want, r
-    assert [(r["node"], r["local_rank"]) for r in ranks[2:]] == [(1, 0), (1, 1)]
-    assert {r["node"] for r in ranks if r["rank"] in ranks[0]["dp_group"]} == {0, 1}  # DP spans the nodes
+    _check_ranks(record["ranks"], cp, dp, pool)
     df = pd.read_csv(out / "train.csv")
     assert df["nproc"].eq(WORLD).all() and df["nodes"].eq(NODES).all() and df["launch"].eq("torchrun").all()
     # the cross-node DP all-reduce and pool exchange train what one process trains (float64)
