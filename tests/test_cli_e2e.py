@@ -16,7 +16,7 @@ def _run(args):
 
 
 def test_dp_scaling_writes_normalized_scaling(tmp_path):
-    res = _run(["dp-scaling", "--settings", "1m", "--dp", "1,4", "--windows", "1", "--out", str(tmp_path)])
+    res = _run(["dp-scaling", "--settings", "1m", "--dps", "1,4", "--windows", "1", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     df = pd.read_csv(tmp_path / "dp-scaling.csv")
     assert set(df.method) == {"ulysses", "libra"} and set(df.dp) == {1, 4}
@@ -24,9 +24,9 @@ def test_dp_scaling_writes_normalized_scaling(tmp_path):
     assert ((df.scaling > 0) & (df.scaling <= 4.0 + 1e-9)).all()
     assert (tmp_path / "dp-scaling.png").stat().st_size > 0
     record = json.loads((tmp_path / "run.json").read_text())
-    assert record["config"]["dp"] == [1, 4] and record["profile"] == "h100-roce-v1"
+    assert record["config"]["dps"] == {"1m": [1, 4]} and record["profile"] == "h100-roce-v1"
     # a rerun reuses the finished points
-    again = _run(["dp-scaling", "--settings", "1m", "--dp", "1,4", "--windows", "1", "--out", str(tmp_path)])
+    again = _run(["dp-scaling", "--settings", "1m", "--dps", "1,4", "--windows", "1", "--out", str(tmp_path)])
     assert again.exit_code == 0
     assert json.loads((tmp_path / "run.json").read_text())["points_reused"] == 4
 
@@ -42,18 +42,19 @@ def test_pp_balance_normalizes_to_libra_mean(tmp_path):
 
 
 def test_e2e_simulated_subset(tmp_path):
-    res = _run(["e2e", "--models", "qwen3-8b", "--settings", "1m", "--dp", "2", "--windows", "1",
+    res = _run(["e2e", "--models", "qwen3-8b", "--settings", "1m", "--dps", "2", "--windows", "1",
                 "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     df = pd.read_csv(tmp_path / "e2e.csv")
     assert set(df.method) == {"ulysses", "wlb-llm", "libra"} and set(df.gpus) == {64}
     assert (df.tokens_per_gpu_s > 0).all() and (df.source == "simulated").all()
+    assert "mean tokens/GPU/s over 1 window(s)" in res.output
 
 
 @pytest.mark.parametrize("args, match", [
     (["dp-scaling", "--settings", "2m"], "unknown setting '2m'"),
-    (["dp-scaling", "--dp", "2,4"], "must include 1"),
-    (["dp-scaling", "--dp", "3"], "not in this experiment"),
+    (["dp-scaling", "--dps", "2,4"], "must include 1"),
+    (["dp-scaling", "--dps", "1,3"], "GBS=128 must be a multiple of DP=3"),
     (["pp-balance", "--profile", "no-such-profile"], "no-such-profile"),
     (["e2e", "--models", "gpt5"], "unknown model 'gpt5'"),
     (["e2e", "--workload", "no-such-preset"], "no-such-preset"),
@@ -66,7 +67,7 @@ def test_bad_options_fail_with_clear_messages(args, match, tmp_path):
 
 def test_e2e_tap_options_are_for_the_simulated_settings(tmp_path):
     res = _run(["e2e", "--measure", "--tau", "0.1", "--out", str(tmp_path)])
-    assert res.exit_code != 0 and "--tau set the simulated settings' TAP layout" in res.output
-    bad = _run(["dp-scaling", "--settings", "1m", "--dp", "1", "--windows", "1", "--block-size", "3000",
+    assert res.exit_code != 0 and "--tau set the simulated settings' layout" in res.output
+    bad = _run(["dp-scaling", "--settings", "1m", "--dps", "1", "--windows", "1", "--block-size", "3000",
                 "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "block size B=3000 must divide S/CP=65536" in bad.output
