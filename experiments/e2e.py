@@ -195,7 +195,11 @@ class SimSetup:
         a paper layout and ``paper`` (the command's own knobs, e.g. PP, at the paper's); else
         ``runs/<name>/<workload-stem>-<layout-tag>`` (unless ``--out``)."""
         folder = paper and is_preset_workload(self.workload) and all(map(self.paper_layout, self.settings))
-        return ExperimentRun(name, config, out_dir=self.out, force=self.force, quiet=self.quiet, paper=folder)
+        pp = config.get("pp")  # an int, or per setting: two runs differing only in PP get their own folders
+        layouts = [{**setting_record(st), **({"pp": pp.get(n) if isinstance(pp, dict) else pp} if pp else {})}
+                   for n, st in self.settings.items()]
+        return ExperimentRun(name, config, out_dir=self.out, force=self.force, quiet=self.quiet, paper=folder,
+                             layouts=layouts)
 
 
 def sim_setup(opts: dict, presets: dict[str, Setting]) -> SimSetup:

@@ -24,7 +24,8 @@ NUMBERS: dict = {
     "fig12-ablation": {"256K": {"vrsp": 0.096, "pipeliner": 0.051}, "1M": {"vrsp": 0.262, "pipeliner": 0.192}},
     "fig13": {"256K": {"ulysses": 7.63, "libra": 13.66}, "1M": {"ulysses": 4.42, "libra": 11.25}},
     "fig14": {"256K": {"ulysses_max": 6.98, "libra_max": 2.63},
-              "1M": {"ulysses_min": 0.02, "ulysses_max": 23.1, "libra_min": 0.52, "libra_max": 1.57}},
+              "1M": {"ulysses_min": 0.02, "ulysses_max": 23.1, "ulysses_mean": 4.14, "libra_min": 0.52,
+                     "libra_max": 1.57}},
     "fig15": {"256K": {"comm": {4: 0.07, 32: 0.77}, "compute": {4: 0.27, 8: 0.19}},
               "1M": {"comm": {4: 0.03, 16: 0.26}, "compute": {2: 0.54, 8: 0.31}}},
     # speedup over same-layout Ulysses, (low, high) per (H, B); sec. 6.6. 1M: "1.62x-1.63x at 256 tiles"

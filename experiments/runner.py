@@ -198,7 +198,7 @@ def input_fingerprints(workload=None, files: Mapping[str, str | Path] | None = N
 
 
 LAYOUT_TAG_FIELDS = (("dp", "dp"), ("cp", "cp"), ("seq_len", "s"), ("gbs", "gbs"), ("pool_size", "p"),
-                     ("block_size", "b"), ("head_split", "h"), ("pipeline_chunks", "m"))
+                     ("block_size", "b"), ("head_split", "h"), ("pipeline_chunks", "m"), ("pp", "pp"))
 """Layout fields of a run folder's ``<layout-tag>``, in order, with their tag prefixes."""
 
 

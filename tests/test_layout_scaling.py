@@ -18,6 +18,7 @@ LAYOUT = ["--dp", "4", "--cp", "2", "--seq-len", "32K", "--gbs", "8"]
 QUIET = ["--windows", "1", "--no-progress"]
 EXTRA = {"dp-scaling": [], "pp-balance": [], "e2e": ["--models", "qwen3-8b", "--pp", "2"]}
 TAG = "libra-prod-dp4-cp2-s32k-gbs8-p4-b4k-h2-m4"
+PP_TAG = {"dp-scaling": "", "pp-balance": "-pp2", "e2e": "-pp2"}  # PP is part of the layout where it is set
 
 
 def _invoke(args):
@@ -38,7 +39,7 @@ def test_a_users_layout_runs_records_and_stays_out_of_results(name, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     r = _invoke([name, *LAYOUT, *QUIET, *EXTRA[name]])
     assert r.exit_code == 0, r.output
-    out = tmp_path / "runs" / name / TAG
+    out = tmp_path / "runs" / name / (TAG + PP_TAG[name])
     df = pd.read_csv(out / f"{name}.csv")
     assert set(df["setting"]) == {"dp4-cp2-s32k-gbs8"}
     assert not _paper_columns(df) and not _quotes_paper(r.output)
