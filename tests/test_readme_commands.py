@@ -42,13 +42,13 @@ def test_the_readme_has_commands():
 
 def _check_cli(args: list[str]) -> None:
     name, rest = args[0], args[1:]
-    with main.make_context("libra-bench", [name], resilient_parsing=True) as group_ctx:
-        command = main.get_command(group_ctx, name)
+    group_ctx = main.make_context("libra-bench", [name], resilient_parsing=True)
+    command = main.get_command(group_ctx, name)
     assert command is not None, f"unknown command {name!r}"
     # placeholders of the README stand for user paths: replace them by something that parses
     rest = [a.replace("<device>", "cpu") for a in rest]
     try:
-        command.make_context(name, rest, resilient_parsing=False)
+        command.make_context(name, rest, parent=group_ctx, resilient_parsing=False)
     except click.exceptions.Exit:
         pass
     except click.UsageError as exc:  # a value check may need the file; the option itself must parse
@@ -56,9 +56,37 @@ def _check_cli(args: list[str]) -> None:
         assert "Invalid value" in str(exc) or "does not exist" in str(exc), f"{args}: {exc}"
 
 
+def _toml_files() -> dict[str, str]:
+    """The README's TOML blocks by the file name their first line names (``# my-cluster.toml``)."""
+    blocks = re.findall(r"```toml\n(.*?)```", README.read_text(), flags=re.S)
+    return {b.splitlines()[0].lstrip("# ").strip(): b for b in blocks}
+
+
+@pytest.fixture
+def readme_files(tmp_path, monkeypatch):
+    """A working folder holding the README's config files, so ``--config`` lines read them."""
+    for name, text in _toml_files().items():
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.mark.parametrize("line", [ln for ln in LINES if ln.startswith("libra-bench")])
-def test_libra_bench_line_parses(line):
+def test_libra_bench_line_parses(line, readme_files):
     _check_cli(shlex.split(line)[1:])
+
+
+def test_the_readme_config_file_is_read_by_its_commands(readme_files):
+    """Every key of the README's TOML file is an option of the commands the README runs it with."""
+    from experiments.options import read_config_file  # noqa: PLC0415
+
+    users = [shlex.split(ln)[1:] for ln in LINES if ln.startswith("libra-bench") and "--config" in ln]
+    assert users and _toml_files()
+    for args in users:
+        path = Path(args[args.index("--config") + 1])
+        with main.make_context("libra-bench", [args[0]], resilient_parsing=True) as ctx:
+            command = main.get_command(ctx, args[0])
+            values = read_config_file(path, command, main.list_commands(ctx))
+        assert values["dp"] == 8 and values["seq_len"] == "128K", args
 
 
 @pytest.mark.parametrize("line", [ln for ln in LINES if ln.startswith("torchrun")])
