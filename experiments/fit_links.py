@@ -106,14 +106,17 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
 @click.option("--setting", default="256k", show_default=True, help="Paper setting (256k or 1m).")
 @click.option("--pool-size", type=int, default=32, show_default=True, help="Pool size P of the target point.")
 @click.option("--workload", default="libra-prod", show_default=True, help="Length preset or file.")
-@click.option("--windows", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--windows", type=click.IntRange(min=1), default=4, show_default=True,
+              help="GBS windows each pool-sweep point averages over.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the length stream.")
+@click.option("--quick", is_flag=True, help="One window (a smoke run; the fit is then noisier).")
 @click.option("--out-profile", type=click.Path(dir_okay=False), default=None,
               help="Where to write the profile JSON [default: libra/sim/profiles/<name>.json].")
 @click.option("--out", type=click.Path(file_okay=False), default="results/fit-links", show_default=True,
               help="Folder for fit_log.json.")
-def fit_links(base_profile, name, link, target, setting, pool_size, workload, windows, seed, out_profile, out):
+def fit_links(base_profile, name, link, target, setting, pool_size, workload, windows, seed, quick, out_profile, out):
     """Fit one link class's bandwidth so pool-sweep's communication share hits a target."""
+    windows = 1 if quick else windows
     from libra.sim.profiles import PROFILE_DIR, load_profile  # noqa: PLC0415
 
     if not 0 < target:

@@ -63,7 +63,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import DtypeType, overwrite_option, tap_options
+from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
@@ -517,12 +517,6 @@ def _missing_point(key):
     raise RuntimeError(f"point {key} was neither cached nor computed by the ranks")
 
 
-def apply_quick(ctx: click.Context, params: dict) -> dict:
-    """``--quick``: :data:`QUICK`'s value for every option the command line does not set."""
-    given = {click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT}
-    return {**params, **{k: v for k, v in QUICK.items() if ctx.get_parameter_source(k) not in given}}
-
-
 def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) -> tuple[list[dict], list] | None:
     """Compute the points (and ideals) not cached yet: every step row with its ideal and the ranks'
     records (empty when every point was cached and no rank ran), or None on a non-zero torchrun rank.
@@ -566,14 +560,14 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.command("microbench", context_settings={"default_map": {f: getattr(DEFAULT_TAP, f) for f in TAP_FIELDS}})
 @click.option("--nproc", type=int, default=None, help="Spawn this many local gloo processes (= DP*CP). "
               "Omit under torchrun.")
-@click.option("--dp", type=int, default=2, show_default=True)
-@click.option("--cp", type=int, default=2, show_default=True)
-@click.option("--seq-len", type=int, default=2048, show_default=True, help="Tokens per packed sequence S.")
-@click.option("--gbs", type=int, default=4, show_default=True, help="Packed sequences per window.")
+@click.option("--dp", type=click.IntRange(min=1), default=2, show_default=True, help="Data-parallel degree DP.")
+@click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True, help="Context-parallel degree CP.")
+@click.option("--seq-len", type=SizeType(), default=2048, show_default=True, help="Tokens per packed sequence S (accepts 16K).")
+@click.option("--gbs", type=click.IntRange(min=1), default=4, show_default=True, help="Packed sequences per window.")
 @tap_options(*TAP_FIELDS)
-@click.option("--q-heads", type=int, default=8, show_default=True)
-@click.option("--kv-heads", type=int, default=2, show_default=True)
-@click.option("--head-dim", type=int, default=32, show_default=True)
+@click.option("--q-heads", type=click.IntRange(min=1), default=8, show_default=True, help="Query heads.")
+@click.option("--kv-heads", type=click.IntRange(min=1), default=2, show_default=True, help="KV heads (divide the query heads).")
+@click.option("--head-dim", type=click.IntRange(min=1), default=32, show_default=True, help="Head width.")
 @click.option("--dtype", type=DtypeType(DTYPES), default="fp32", show_default=True,
               help=f"One of {', '.join(DTYPES)} (long names such as bfloat16 accepted).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda (one GPU per rank under torchrun).")
@@ -581,12 +575,12 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--comm", default="p2p", show_default=True, help="p2p (batch_isend_irecv) or a2a.")
 @click.option("--methods", default="ulysses,libra-tap,libra", show_default=True,
               help=f"Comma list of {', '.join(METHODS)}.")
-@click.option("--windows", type=int, default=1, show_default=True)
+@click.option("--windows", type=click.IntRange(min=1), default=1, show_default=True, help="GBS windows to measure.")
 @click.option("--workload", default="libra-prod", show_default=True,
               help="Length preset or length file (skewed CPU cases: workloads/skewed-8k.txt, ...).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--repeats", type=int, default=3, show_default=True, help="Timed repetitions per step.")
-@click.option("--warmup", type=int, default=1, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the length stream and the inputs.")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed repetitions per step.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed repetitions per step first.")
 @click.option("--forward-only", is_flag=True, help="Time forward only (default: forward + backward).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Collective timeout (s).")
 @click.option("--profile", default=None, help="Hardware profile (name or .json, e.g. from `libra-bench calibrate "
@@ -598,7 +592,7 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder.")
 @click.option("--force", is_flag=True, help="Recompute cached points.")
 @overwrite_option()
-@click.option("--no-progress", is_flag=True)
+@click.option("--no-progress", is_flag=True, help="No progress bar or progress lines.")
 @click.pass_context
 def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks,
                q_heads, kv_heads, head_dim, dtype, device, backend, comm, methods, windows, workload, seed, repeats,
@@ -607,7 +601,7 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
     measured ideal and CPU time per rank."""
     p = {"windows": windows, "repeats": repeats, "warmup": warmup, "seq_len": seq_len, "block_size": block_size,
          "head_dim": head_dim}
-    p = apply_quick(ctx, p) if quick else p
+    p = apply_quick(ctx, p, QUICK) if quick else p
     try:
         tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=p["block_size"], head_split=head_split, tau=tau,
                       pipeline_chunks=pipeline_chunks)

@@ -493,3 +493,12 @@ def with_config_option(command: click.Command) -> click.Command:
     if not any(p.name == "config" for p in command.params):
         config_option()(command)  # click.option appends to a Command's params
     return command
+
+
+def apply_quick(ctx: click.Context, params: dict, quick: dict) -> dict:
+    """``--quick``: ``params`` with ``quick``'s value for every option the user did not set (on the
+    command line, in the environment or in the ``--config`` file)."""
+    given = {click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT}
+    from_file = set((ctx.meta.get(CONFIG_META) or {}).get("values", {}))
+    return {**params, **{k: v for k, v in quick.items()
+                         if ctx.get_parameter_source(k) not in given and k not in from_file}}

@@ -37,7 +37,15 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import DtypeType, WorkloadType, no_progress_option, overwrite_option, tap_options
+from experiments.options import (
+    DtypeType,
+    SizeType,
+    WorkloadType,
+    apply_quick,
+    no_progress_option,
+    overwrite_option,
+    tap_options,
+)
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES
@@ -103,6 +111,9 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+QUICK = {"steps": 2, "seq_len": 256, "layers": 1, "hidden": 32}
+"""``--quick``'s values (each unless given)."""
+
 # TrainConfig's TAP defaults (P's, None, means DP: the option's default then reads "DP")
 _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP_FIELDS and f.default is not None}
 
@@ -110,29 +121,40 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.command("train", context_settings={"default_map": _TAP_DEFAULTS})
 @click.option("--nproc", type=click.IntRange(min=1), default=None, show_default="4; under torchrun WORLD_SIZE",
               help="processes = DP x CP (under torchrun leave it out: the world size is WORLD_SIZE)")
-@click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--attention", type=click.Choice(ATTENTION), default="libra", show_default=True)
-@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--seq-len", type=click.IntRange(min=1), default=1024, show_default=True)
+@click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True, help="context-parallel degree CP")
+@click.option("--attention", type=click.Choice(ATTENTION), default="libra", show_default=True,
+              help="core-attention method (reference: unsharded, one process per sequence)")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="optimizer steps")
+@click.option("--seq-len", type=SizeType(), default=1024, show_default=True,
+              help="tokens per packed sequence S (accepts 4K)")
 @click.option("--gbs", type=click.IntRange(min=1), default=None, help="packed sequences per step [2 x DP]")
 @tap_options("pool_size", per_setting=True)
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks")
-@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
-@click.option("--hidden", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True, help="transformer layers")
+@click.option("--hidden", type=click.IntRange(min=1), default=64, show_default=True, help="hidden size")
 @click.option("--experts", type=click.IntRange(min=0), default=0, show_default=True, help="MoE experts (0 = dense)")
 @click.option("--dtype", type=DtypeType(DTYPES), default="float32", show_default=True,
               help="float32, float64 or bfloat16 (short names such as bf16 accepted)")
-@click.option("--lr", type=float, default=3e-3, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0.0, min_open=True), default=3e-3, show_default=True,
+              help="AdamW learning rate")
 @click.option("--workload", type=WorkloadType(as_source=False), default="libra-prod", show_default=True,
               help="length preset or a length file (.txt, .txt.gz, .json, .csv, .parquet, .npy)")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="seed of the length stream and the model")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="output folder (default results/train for the default layout on a preset, "
+                   "runs/train/<workload>-<layout>/ otherwise)")
+@click.option("--quick", is_flag=True, help="smoke run: 2 steps, S=256, 1 layer, hidden 32 (each unless given)")
 @click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
 @no_progress_option()
 @overwrite_option()
-def train(nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks, layers,
-          hidden, experts, dtype, lr, workload, seed, out, force):
+@click.pass_context
+def train(ctx, nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks,
+          layers, hidden, experts, dtype, lr, workload, seed, out, quick, force):
     """Train the small Qwen3-style model with DP x CP; log loss and tokens/GPU/s per step."""
+    if quick:
+        q = apply_quick(ctx, {"steps": steps, "seq_len": seq_len, "layers": layers, "hidden": hidden}, QUICK)
+        steps, seq_len, layers, hidden = q["steps"], q["seq_len"], q["layers"], q["hidden"]
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # started by torchrun
     nproc = _world_size(nproc, launched)
     try:

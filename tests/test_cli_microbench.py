@@ -48,7 +48,7 @@ def test_tiny_spawned_run_and_resume(tmp_path):
     (["--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["--block-size", "100"], "block size B=100 must divide S/CP=256"),
     (["--comm", "nccl"], "unknown comm mode 'nccl'"),
-    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--repeats", "0"], "0 is not in the range x>=1"),
     (["--tau", "-0.5"], "--tau"),
     (["--device", "cuda"], "torchrun"),
 ])
