@@ -100,9 +100,9 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
                xlabel="DP", ylabel="throughput / own DP=1")
         ax.legend(fontsize=8)
     fig.suptitle("DP scaling (Figure 13, simulated)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 @click.command("dp-scaling")

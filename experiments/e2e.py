@@ -304,7 +304,6 @@ def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> 
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
     import seaborn as sns  # noqa: PLC0415
 
     g = sns.catplot(data=frame, kind="bar", x="gpus", y="tokens_per_gpu_s", hue="method", col="model",
@@ -312,8 +311,9 @@ def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> 
                     sharey=False, height=2.6, aspect=1.2)
     g.set_axis_labels("GPUs", stat_label(stat))
     g.figure.suptitle(f"End-to-end throughput (Figure 11; {source}; {stat_label(stat)})", y=1.02)
-    g.figure.savefig(path, dpi=130, bbox_inches="tight", format="png")
-    plt.close(g.figure)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(g.figure, path, tight_bbox=True)  # the suptitle sits above the grid
 
 
 def finish_throughput(run: ExperimentRun, df: pd.DataFrame, stat: str, over: str, extra: dict | None = None):

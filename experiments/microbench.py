@@ -503,9 +503,9 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("straggler core-attention time per step (ms)")
     ax.set_title(f"measured: {df['backend'].iloc[0]} on {df['device'].iloc[0]}, {df['dtype'].iloc[0]}")
     ax.tick_params(axis="x", rotation=20)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------------

@@ -391,9 +391,9 @@ def plot(df: pd.DataFrame, path, paper: set[str] | None = None) -> None:
     ax.set_ylabel("planning time (ms, median, log)")
     ax.set_title("Libra planning cost" + (" (libra-prod; paper: Libra sec. 5)" if paper & set(main["setting"])
                                           else " (not the paper's setting: no paper numbers or targets)"))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 def plan_cost_settings(settings_: str, layout: dict | None, overrides: dict, shape: AttentionShape) -> list[Setting]:

@@ -61,10 +61,11 @@ def mark_reference(ax, x, y, label: str, color: str = "black") -> None:
                zorder=5, label=label)
 
 
-def save_figure(fig, path: str | Path) -> Path:
-    """Save ``fig`` as PNG at :data:`DPI` with a tight layout and close it."""
+def save_figure(fig, path: str | Path, tight_bbox: bool = False) -> Path:
+    """Save ``fig`` as PNG at :data:`DPI` with a tight layout and close it (``tight_bbox``: crop to
+    what is drawn, for titles placed outside the axes grid)."""
     path = Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI, format="png")
+    fig.savefig(path, dpi=DPI, format="png", **({"bbox_inches": "tight"} if tight_bbox else {}))
     plt.close(fig)
     return path

@@ -143,9 +143,9 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("time / Ulysses mean straggler")
         ax.set_title(f"{s}: straggler compute vs communication")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 @click.command("pool-sweep")

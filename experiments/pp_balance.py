@@ -83,9 +83,9 @@ def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path) -> None:
         _paper_marks(ax, summary[summary.setting == s].set_index("method"), order)
         ax.set(yscale="log", title=s, ylabel="forward time / Libra mean", xlabel="")
     fig.suptitle("Per-microbatch forward time, stage 0 (Figure 14, simulated)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=130, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 def _paper_marks(ax, summary: pd.DataFrame, order: list[str]) -> None:

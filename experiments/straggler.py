@@ -287,9 +287,9 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
         ax.tick_params(axis="x", rotation=25)
         ax.legend(fontsize=8)
         plot_factors(fax, summary[summary["setting"] == setting], setting)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 FACTOR_COLORS = {"kernel_factor": "#9467bd", "pooling_factor": "#2ca02c", "placement_factor": "#ff7f0e",

@@ -104,11 +104,11 @@ def draw(df: pd.DataFrame):
 
 
 def _plot(df: pd.DataFrame, path: Path) -> None:
-    import matplotlib.pyplot as plt
 
     fig = draw(df)
-    fig.savefig(path, dpi=130, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 QUICK = {"steps": 2, "seq_len": 256, "layers": 1, "hidden": 32}

@@ -230,9 +230,9 @@ def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset()
         ax.set_xlabel("pool workers W = P x CP")
         ax.set_ylabel("FLOPs-balanced / time-balanced - 1 (%)")
         ax.set_title(f"{s}: device variability, per-step spread vs pool size (black: mean)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130, format="png")
-    plt.close(fig)
+    from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
+
+    save_figure(fig, path)
 
 
 @click.command("variability")
