@@ -25,7 +25,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import given_layout, layout_options, settings_option, tap_options
+from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig15_marks
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
@@ -152,7 +152,7 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 @common_options(default_windows=4)
 @settings_option()
 @layout_options()
-@click.option("--pool-sizes", default=",".join(map(str, POOL_SIZES)), show_default=True,
+@click.option("--pool-sizes", type=IntListType(), default=",".join(map(str, POOL_SIZES)), show_default=True,
               help="Comma list of P (those not dividing DP are skipped per setting).")
 @click.option("--methods", default=",".join(TAP_METHODS), show_default=True, help="Libra variants to sweep.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
@@ -165,11 +165,7 @@ def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, hea
     try:
         settings = settings_from_options(settings_, layout)
         method_list = parse_list(methods, TAP_METHODS, "method")
-        sizes = []
-        for x in str(pool_sizes).split(","):
-            if not x.strip().isdigit() or int(x) < 1:
-                raise ValueError(f"pool size {x.strip()!r} is not a positive integer")
-            sizes.append(int(x))
+        sizes = list(pool_sizes)
         shape = make_shape(q_heads, kv_heads, head_dim)
         t0 = time.perf_counter()
         df, summary, run = run_pool_sweep(workload, prof, settings, sizes, method_list, 1 if quick else windows,

@@ -274,23 +274,3 @@ def format_table(df, columns, floatfmt: str = "{:.3f}") -> str:
 def tiles_per_sequence(seq_len: int, block_size: int, head_split: int) -> int:
     """SH-Tiles of one packed sequence: ``(S / B) * H`` (Libra sec. 4.3.1; the tile count of sec. 6.6)."""
     return (int(seq_len) // int(block_size)) * int(head_split)
-
-
-def parse_int_list(text: str, what: str) -> tuple[int, ...]:
-    """Comma-separated positive integers, de-duplicated in order.
-
-    Raises:
-        ValueError: empty list or an entry that is not a positive integer (named in the message).
-    """
-    out: list[int] = []
-    for x in str(text).split(","):
-        x = x.strip()
-        if not x:
-            continue
-        if not x.isdigit() or int(x) < 1:
-            raise ValueError(f"{what} {x!r} is not a positive integer")
-        if int(x) not in out:
-            out.append(int(x))
-    if not out:
-        raise ValueError(f"empty {what} list {text!r}")
-    return tuple(out)

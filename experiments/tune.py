@@ -53,7 +53,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.options import given_layout, layout_options, tap_options
+from experiments.options import IntListType, given_layout, layout_options, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     OPTIONAL_METHODS,
@@ -64,7 +64,6 @@ from experiments.sim_common import (
     common_options,
     jitter_seed,
     make_shape,
-    parse_int_list,
     parse_list,
     resolve_profile,
     settings_from_options,
@@ -467,9 +466,11 @@ def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float, chun
                    "(DP16 CP16 S1M GBS32), case-insensitive; --dp/--cp/--seq-len/--gbs override its fields. "
                    "Without it all four are required.")
 @layout_options()
-@click.option("--pool-sizes", default=None, help="Comma list of P (default: every divisor of DP).")
-@click.option("--head-splits", default=None, help="Comma list of H (default: 1, 2, 4, 8 where valid).")
-@click.option("--block-sizes", default=None, help="Comma list of B (default: S/CP halved up to 4 times, >= 1024).")
+@click.option("--pool-sizes", type=IntListType(), default=None, help="Comma list of P (default: every divisor of DP).")
+@click.option("--head-splits", type=IntListType(), default=None,
+              help="Comma list of H (default: 1, 2, 4, 8 where valid).")
+@click.option("--block-sizes", type=IntListType(), default=None,
+              help="Comma list of B, e.g. 4K,8K (default: S/CP halved up to 4 times, >= 1024).")
 @tap_options("tau", "pipeline_chunks")
 @click.option("--tie-tolerance", type=float, default=0.01, show_default=True,
               help="Candidates within this fraction of the best mean straggler count as ties.")
@@ -494,10 +495,7 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
         par = tune_layout(settings_, dp, cp, seq_len, gbs)
         shape = make_shape(q_heads, kv_heads, head_dim)
         tap = TapConfig(tau=tau, pipeline_chunks=pipeline_chunks)  # (P, H, B) come from each candidate
-        grid = candidate_grid(par, shape, tap,
-                              parse_int_list(pool_sizes, "pool size") if pool_sizes else None,
-                              parse_int_list(head_splits, "head split") if head_splits else None,
-                              parse_int_list(block_sizes, "block size") if block_sizes else None)
+        grid = candidate_grid(par, shape, tap, pool_sizes, head_splits, block_sizes)
         n_windows = 1 if quick else windows
         method_list = parse_list(methods, tuple(dict.fromkeys(TAP_METHODS + OPTIONAL_METHODS)), "method")
         click.echo(f"simulating Ulysses + {len(grid)} (P, H, B) candidates x {', '.join(method_list)} "
