@@ -17,8 +17,10 @@ sample one causal segment of one backend call -- the CPU flash backend runs cons
 equal-length samples as one batched call --, forward + backward, same backend, dtype and threads
 as the ranks) timed alone on one process, divided by CP; a step's ``ideal_ms`` is the mean over its DP ranks, and
 ``ideal_ratio`` = straggler / ideal is how far a method is from perfect balance at zero overhead.
-It is measured after the ranks finish, in one fresh spawned process (under torchrun: on rank 0
-while the others wait).
+It is measured before and after the ranks, each time in one fresh spawned process (under torchrun:
+on rank 0 while the others wait), and ``ideal_ms`` uses the mean of the two: on a shared host whose
+speed drifts during the run, ``ideal_drift`` (after / before - 1, per step and in the summary) says
+by how much, so a ratio that moves by less than the drift is noise, not balance.
 
 **Honest CPU timing**: on CPU every rank runs one thread; more ranks than the cores this process
 may use (``os.sched_getaffinity``) would time total CPU work / cores whatever the placement, so
@@ -385,12 +387,16 @@ def _ideal_rank(rank: int, world: int, cfg: dict, window_ids: list[int]) -> dict
 def add_ideal(rows: list[dict], ideal_rows: list[dict], cp: int) -> list[dict]:
     """Each step row with ``ideal_ms`` (mean over its DP ranks' sequences of their whole-sequence
     time, divided by CP) and ``ideal_ratio`` (straggler / ideal)."""
-    seq_ms = {(int(r["window"]), int(r["seq_id"])): float(r["ideal_seq_ms"]) for r in ideal_rows}
+    def per_seq(key):
+        return {(int(r["window"]), int(r["seq_id"])): float(r.get(key, r["ideal_seq_ms"])) for r in ideal_rows}
+
+    seq_ms, before, after = per_seq("ideal_seq_ms"), per_seq("ideal_before_ms"), per_seq("ideal_after_ms")
     out = []
     for row in rows:
-        ids = [int(x) for x in str(row["seq_ids"]).split(";")]
-        ideal = float(np.mean([seq_ms[(int(row["window"]), s)] for s in ids])) / cp
-        out.append({**row, "ideal_ms": ideal, "ideal_ratio": row["straggler_ms"] / ideal})
+        keys = [(int(row["window"]), int(x)) for x in str(row["seq_ids"]).split(";")]
+        ideal = float(np.mean([seq_ms[k] for k in keys])) / cp
+        drift = float(np.mean([after[k] for k in keys]) / np.mean([before[k] for k in keys])) - 1.0
+        out.append({**row, "ideal_ms": ideal, "ideal_ratio": row["straggler_ms"] / ideal, "ideal_drift": drift})
     return out
 
 
@@ -400,7 +406,9 @@ def add_ideal(rows: list[dict], ideal_rows: list[dict], cp: int) -> list[dict]:
 
 
 def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], deadline_s: float) -> dict:
-    """Spawn ``nproc`` gloo ranks locally, then one process for the ideal.
+    """One process for the ideal, ``nproc`` gloo ranks, then the ideal again (:func:`merge_ideals`:
+    a host whose speed drifts while the ranks run shows in ``ideal_drift``, and the ideal is the
+    mean of both instead of one side of the drift).
 
     Returns rank 0's rows per point and ``{"ideal": {window: rows}}``.
 
@@ -409,9 +417,9 @@ def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], dea
     """
     from libra.runtime.launch import RankDeadlineError, run_local_ranks  # noqa: PLC0415
 
-    got = {}
-    jobs = [(bench_rank, nproc, keys, "microbench ranks")] if keys else []
-    jobs += [(_ideal_rank, 1, ideal_windows, "microbench ideal")] if ideal_windows else []
+    got, ideals = {}, []
+    ideal_job = [(_ideal_rank, 1, ideal_windows, "microbench ideal")] if ideal_windows else []
+    jobs = ideal_job + ([(bench_rank, nproc, keys, "microbench ranks")] + ideal_job if keys else [])
     for fn, world, todo, what in jobs:
         try:
             results = run_local_ranks(fn, world, cfg, todo, deadline_s=deadline_s, pg_timeout_s=cfg["timeout"],
@@ -421,8 +429,27 @@ def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], dea
         for r, res in enumerate(results):
             if "error" in res:
                 raise RuntimeError(f"{what}: rank {r} failed: {res['error']}\n{res['traceback']}")
-        got.update(results[0]["ok"] if fn is bench_rank else {"ideal": results[0]["ok"]})
+        if fn is bench_rank:
+            got.update(results[0]["ok"])
+        else:
+            ideals.append(results[0]["ok"])
+    if ideals:
+        got["ideal"] = merge_ideals(ideals)
     return got
+
+
+def merge_ideals(runs: list[dict]) -> dict:
+    """The ideal measured before and after the ranks (``runs``: :func:`measure_ideal` results): each
+    sequence's ``ideal_seq_ms`` is their mean, ``ideal_before_ms`` / ``ideal_after_ms`` the two
+    (equal when it was measured once)."""
+    first, last = runs[0], runs[-1]
+    out = {}
+    for w, rows in first.items():
+        after = {r["seq_id"]: r for r in last[w]}
+        out[w] = [{**r, "ideal_seq_ms": (r["ideal_seq_ms"] + after[r["seq_id"]]["ideal_seq_ms"]) / 2,
+                   "ideal_before_ms": r["ideal_seq_ms"], "ideal_after_ms": after[r["seq_id"]]["ideal_seq_ms"]}
+                  for r in rows]
+    return out
 
 
 def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int]) -> dict | None:
@@ -443,10 +470,12 @@ def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int]) -> dict | None
         todo = [keys, ideal_windows]
         dist.broadcast_object_list(todo, src=0)
         keys, ideal_windows = todo
+        before = measure_ideal(cfg, ideal_windows) if rank == 0 and ideal_windows else None
+        dist.barrier()
         out = bench_rank(rank, dist.get_world_size(), cfg, keys, torchrun_coords())
         dist.barrier()
-        if rank == 0 and ideal_windows:
-            out["ideal"] = measure_ideal(cfg, ideal_windows)
+        if rank == 0 and ideal_windows:  # before and after the ranks, as run_spawned
+            out["ideal"] = merge_ideals([before, measure_ideal(cfg, ideal_windows)] if keys else [before])
         dist.barrier()
         return out if rank == 0 else None
     finally:
@@ -471,6 +500,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
         if "ideal_ms" in g:
             row["ideal_ms"] = g["ideal_ms"].mean()
             row["ideal_ratio"] = row["mean_ms"] / row["ideal_ms"]
+            row["ideal_drift"] = g["ideal_drift"].mean() if "ideal_drift" in g else np.nan
         if "cpu_ms" in g:
             row["cpu_ms"] = g["cpu_ms"].mean()
         rows.append(row)
@@ -639,7 +669,8 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
     extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0]}
     paths = run.finish(df, plot=plot, extra=extra)
     atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
-    cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses",
+    cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift", "cpu_ms",
+                        "cpu_vs_ulysses",
                         "comm_exposed_ms", "peak_transient_mib", "mean_speedup") if c in summary]
     click.echo(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     click.echo(f"backend {extra['kernel_backend']} on {extra['device']}; wrote {paths['csv']}")

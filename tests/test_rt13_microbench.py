@@ -75,7 +75,7 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     assert cfg["seq_len"] == 256 and cfg["tap"]["block_size"] == 32
     summary = pd.read_csv(out / "microbench_summary.csv").set_index("method")
     assert list(summary.index) == ["ulysses", "libra", "libra-kt"]
-    for col in ("ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses"):
+    for col in ("ideal_ms", "ideal_ratio", "ideal_drift", "cpu_ms", "cpu_vs_ulysses"):
         assert (summary[col] > 0).all(), col
     assert summary["ideal_ms"].nunique() == 1  # one ideal per window, whatever the method
     steps = pd.read_csv(out / "microbench.csv")
@@ -83,3 +83,19 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     again = CliRunner().invoke(main, args)  # everything (the ideal included) comes from the cache
     assert again.exit_code == 0, again.output
     assert json.loads((out / "run.json").read_text())["points_reused"] == 3
+
+
+def test_ideal_before_and_after_the_ranks_gives_its_mean_and_the_drift():
+    from experiments import microbench as mb
+
+    before = {"0": [{"window": 0, "seq_id": 0, "ideal_seq_ms": 10.0}, {"window": 0, "seq_id": 1, "ideal_seq_ms": 30.0}]}
+    after = {"0": [{"window": 0, "seq_id": 1, "ideal_seq_ms": 36.0}, {"window": 0, "seq_id": 0, "ideal_seq_ms": 12.0}]}
+    merged = mb.merge_ideals([before, after])["0"]
+    assert [r["ideal_seq_ms"] for r in merged] == [11.0, 33.0]
+    assert [(r["ideal_before_ms"], r["ideal_after_ms"]) for r in merged] == [(10.0, 12.0), (30.0, 36.0)]
+    rows = [{"method": "libra", "window": 0, "straggler_ms": 22.0, "seq_ids": "0;1"}]
+    got = mb.add_ideal(rows, merged, cp=1)[0]
+    assert got["ideal_ms"] == pytest.approx(22.0) and got["ideal_ratio"] == pytest.approx(1.0)
+    assert got["ideal_drift"] == pytest.approx(48.0 / 40.0 - 1.0)  # the host got 20% slower
+    once = mb.merge_ideals([before])["0"]  # measured once: no drift
+    assert mb.add_ideal(rows, once, cp=1)[0]["ideal_drift"] == pytest.approx(0.0)
