@@ -22,7 +22,8 @@ inputs rotated round-robin over several pre-allocated sets (fewer when a set is 
 The fitted :class:`~libra.sim.kernel.KernelModel` (``rate_inf, half_length, exponent`` from
 ``fit_length_efficiency`` on the forward length sweep; ``launch_ms`` from the probe;
 ``heads_half`` from the heads sweep; ``backward_time_ratio`` = median backward / forward time
-of the length sweep) replaces the base profile's kernel; links, cluster shape and variability
+of the length sweep; the backward curve ``backward_rate_inf_tflops, backward_half_length,
+backward_exponent`` from ``fit_length_efficiency`` on the backward length sweep) replaces the base profile's kernel; links, cluster shape and variability
 are kept. Outputs (``results/gpu/<device>/calibrate/`` or ``--out``): ``calibrate.csv`` (one row
 per point and pass), ``calibrate.png`` (Figure 5), ``profile.json`` (loads with
 ``libra.sim.profiles.load_profile`` and ``--profile``) and ``run.json``.
@@ -280,9 +281,14 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                                                   launch_ms=launch)
     heads_half, heads_err = fit_heads_half(hf["heads"].to_numpy(), hf["tflops"].to_numpy(), cfg.q_heads)
     bwd_ratio = float(np.median(lb["ms"].to_numpy() / times))
+    bwd_times = lb["ms"].to_numpy()
+    b_rate, b_half, b_expo, b_err = fit_length_efficiency(lf["length"].to_numpy(), bwd_times, cfg.q_heads,
+                                                          cfg.head_dim, launch_ms=min(launch * bwd_ratio,
+                                                                                      0.5 * bwd_times.min()))
     kernel = KernelModel(rate_inf_tflops=_sig(rate), half_length=_sig(half), exponent=_sig(expo),
                          launch_ms=_sig(launch), reference_heads=cfg.q_heads, heads_half=_sig(heads_half),
-                         backward_time_ratio=_sig(bwd_ratio))
+                         backward_time_ratio=_sig(bwd_ratio), backward_rate_inf_tflops=_sig(b_rate),
+                         backward_half_length=_sig(b_half), backward_exponent=_sig(b_expo))
     copy = df[df.sweep == "copy"]
     copy_gbps = float(copy["gbps"].iloc[0]) if len(copy) else None
     peak = base.peak_tflops
@@ -309,7 +315,11 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                        f"{hf['heads'].astype(int).tolist()}); worst relative error {heads_err:.2%}"),
         "heads_table": {"heads": hf["heads"].astype(int).tolist(), "tflops": [round(x, 4) for x in hf["tflops"]],
                         "length": cfg.heads_length},
-        "backward_time_ratio": f"median backward / forward time over the length sweep: {bwd_ratio:.4f}",
+        "backward_time_ratio": f"median backward / forward time over the length sweep: {bwd_ratio:.4f} (the "
+                               f"backward launch cost is launch_ms x it)",
+        "backward_curve": (f"backward_rate_inf_tflops, backward_half_length, backward_exponent = "
+                           f"fit_length_efficiency on the measured backward length sweep (rate in forward FLOPs per "
+                           f"second of backward time); worst relative error {b_err:.2%}"),
         "device_copy": ({"gbps": round(copy_gbps, 3), "bytes": int(copy["bytes"].iloc[0]),
                          "meaning": "device-to-device copy on one GPU: bytes copied per second (each byte read "
                                     "once and written once on the same memory, so memory traffic is twice "
@@ -327,7 +337,8 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                       source=source, peak_tflops=float(peak), kernel=kernel)
     fit = {"rate_inf_tflops": rate, "half_length": half, "exponent": expo, "length_fit_max_rel_err": err,
            "launch_ms": launch, "heads_half": heads_half, "heads_fit_max_rel_err": heads_err,
-           "backward_time_ratio": bwd_ratio, "device_copy_gbps": copy_gbps}
+           "backward_time_ratio": bwd_ratio, "backward_rate_inf_tflops": b_rate, "backward_half_length": b_half,
+           "backward_exponent": b_expo, "backward_fit_max_rel_err": b_err, "device_copy_gbps": copy_gbps}
     return profile, fit
 
 

@@ -89,7 +89,8 @@ def _synthetic_df(model: KernelModel, cfg: CalibrateConfig) -> pd.DataFrame:
         ms = float(model.document_forward_ms([L], cfg.q_heads, cfg.head_dim)[0])
         rows += [{"sweep": "length", "pass": "fwd", "length": L, "heads": cfg.q_heads, "ms": ms},
                  {"sweep": "length", "pass": "bwd", "length": L, "heads": cfg.q_heads,
-                  "ms": ms * model.backward_time_ratio}]
+                  "ms": float(model.segment_backward_ms(sample_area(L), cfg.q_heads, cfg.head_dim))
+                  + model.launch_ms * model.backward_time_ratio}]
     for h in cfg.heads:
         ms = float(model.document_forward_ms([cfg.heads_length], h, cfg.head_dim)[0]) - model.launch_ms
         fl = float(attention_flops(sample_area(cfg.heads_length), h, cfg.head_dim))
@@ -117,6 +118,27 @@ def test_fit_recovers_a_known_kernel_model():
     assert k.launch_ms == pytest.approx(min(0.03, 0.5 * t_min), rel=1e-4)
     assert prof.name == "fake-gpu-torch-varlen-measured"
     assert prof.source["device_copy"]["gbps"] == 123.0
+
+
+def test_fit_recovers_a_backward_curve_of_its_own():
+    # a device whose backward runs relatively slower on short documents (as the CPU kernel does)
+    truth = KernelModel(rate_inf_tflops=0.1, half_length=400.0, exponent=0.8, launch_ms=0.1, reference_heads=8,
+                        heads_half=0.0, backward_time_ratio=2.0, backward_rate_inf_tflops=0.04,
+                        backward_half_length=900.0, backward_exponent=1.1)
+    cfg = CalibrateConfig(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), q_heads=8, kv_heads=2, head_dim=64,
+                          heads=(1, 2, 4, 8), heads_length=2048)
+    prof, fit = fit_profile(_synthetic_df(truth, cfg), cfg, load_profile("h100-roce-v1"), {"name": "cpu"}, "fp32")
+    k = prof.kernel
+    assert k.has_backward_curve and fit["backward_fit_max_rel_err"] < 0.03
+    assert k.backward_rate_inf_tflops == pytest.approx(0.04, rel=0.05)
+    assert k.backward_half_length == pytest.approx(900.0, rel=0.15)
+    lengths = np.array([128, 8192])
+    ratio = k.segment_backward_ms(sample_area(lengths), 8, 64) / k.segment_forward_ms(sample_area(lengths), 8, 64)
+    want = truth.segment_backward_ms(sample_area(lengths), 8, 64) / truth.segment_forward_ms(sample_area(lengths), 8, 64)
+    np.testing.assert_allclose(ratio, want, rtol=0.05)  # the length dependence survives the fit
+    from libra.sim.profiles import profile_from_dict  # noqa: PLC0415
+
+    assert profile_from_dict(json.loads(json.dumps(prof.to_dict()))).kernel == k  # the JSON keeps the curve
 
 
 def test_fit_heads_half_cases():

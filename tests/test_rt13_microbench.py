@@ -75,8 +75,9 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     assert cfg["seq_len"] == 256 and cfg["tap"]["block_size"] == 32
     summary = pd.read_csv(out / "microbench_summary.csv").set_index("method")
     assert list(summary.index) == ["ulysses", "libra", "libra-kt"]
-    for col in ("ideal_ms", "ideal_ratio", "ideal_drift", "cpu_ms", "cpu_vs_ulysses"):
+    for col in ("ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses"):
         assert (summary[col] > 0).all(), col
+    assert summary["ideal_drift"].between(-0.9, 9.0).all()  # after / before - 1: either sign, finite
     assert summary["ideal_ms"].nunique() == 1  # one ideal per window, whatever the method
     steps = pd.read_csv(out / "microbench.csv")
     assert {"ideal_ms", "ideal_ratio", "cpu_ms", "seq_ids"} <= set(steps.columns)

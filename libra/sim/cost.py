@@ -7,7 +7,8 @@ Terms are named and summed (vidur style):
 * ``compute_ms = compute_fwd_ms + compute_bwd_ms``. Forward is the sum over the worker's kernel
   segments (:func:`libra.plan.segments`) of :meth:`KernelModel.chunked_forward_ms` with the calls of
   the pool's :class:`~libra.tap.pipeline.ChunkSchedule` (M calls of hq/(H*M) heads, Libra sec.
-  4.4), plus ``M`` kernel launches; backward is ``backward_time_ratio`` x forward. A per-worker
+  4.4), plus ``M`` kernel launches; backward is ``backward_time_ratio`` x forward, or the kernel
+  model's own backward length curve where the profile has one. A per-worker
   ``speed`` multiplier divides both (device variability, Libra sec. 3.2).
 * Communication has four phases (Libra sec. 4.3.3): forward dispatch (Q + KV, src -> dst), forward
   return (O), backward dispatch (dO along the Q path), backward return (dQ along the O path plus
@@ -210,7 +211,7 @@ class CostModel:
         """Forward + backward time of ``flops_fwd`` forward attention FLOPs at the kernel's best
         rate (the unit of :attr:`PlanCost.balance_bound_ms` and of FLOPs-only stragglers)."""
         best = self.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
-        return flops_fwd / best * (1.0 + self.kernel.backward_time_ratio)
+        return flops_fwd / best * (1.0 + self.kernel.best_backward_ratio())
 
     # -- compute ---------------------------------------------------------------------------
     def _schedules(self, plan: Plan, chunks: int) -> list[ChunkSchedule]:
@@ -220,21 +221,27 @@ class CostModel:
             raise ValueError(f"plan {plan.method!r}: {exc}") from None
 
     def _compute(self, plan: Plan, schedules: list[ChunkSchedule]):
-        """Forward FLOPs and forward kernel time per worker (the schedule's calls per segment)."""
+        """Forward FLOPs and forward and backward kernel time per worker (the schedule's calls per
+        segment); backward is ``backward_time_ratio`` x forward unless the kernel model has its own
+        backward curve (:meth:`KernelModel.segment_backward_ms`)."""
         n = self.topology.num_workers
-        fwd, flops, calls = np.zeros(n), np.zeros(n), np.zeros(n)
-        d = plan.shape.head_dim
+        fwd, bwd, flops, calls = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+        d, k = plan.shape.head_dim, self.kernel
         for pool, sched in zip(plan.pools, schedules):
             seg = pool.segments()
             if not len(seg["dest"]):
                 continue
             dest = self.topology.check_ids(seg["dest"])
-            t = self.kernel.chunked_forward_ms(seg["area"], sched.heads_per_call(seg["heads"]), d, sched.chunks)
-            fwd += np.bincount(dest, weights=t, minlength=n)
+            heads = sched.heads_per_call(seg["heads"])
+            fwd += np.bincount(dest, weights=k.chunked_forward_ms(seg["area"], heads, d, sched.chunks), minlength=n)
+            if k.has_backward_curve:
+                bwd += np.bincount(dest, weights=k.chunked_backward_ms(seg["area"], heads, d, sched.chunks),
+                                   minlength=n)
             flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
             calls[np.unique(dest)] = sched.chunks
-        fwd += calls * self.kernel.launch_ms
-        return flops, fwd
+        fwd += calls * k.launch_ms
+        bwd = bwd + calls * k.launch_ms * k.backward_time_ratio if k.has_backward_curve else fwd * k.backward_time_ratio
+        return flops, fwd, bwd
 
     # -- communication ---------------------------------------------------------------------
     def _class_masks(self, src, dst) -> list[np.ndarray]:
@@ -343,13 +350,12 @@ class CostModel:
         chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
         n = self.topology.num_workers
         schedules = self._schedules(plan, chunks)
-        flops, fwd = self._compute(plan, schedules)
+        flops, fwd, bwd = self._compute(plan, schedules)
         if speed is not None:
             speed = np.asarray(speed, dtype=np.float64)
             if speed.shape != (n,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
                 raise ValueError(f"speed must be {n} finite multipliers > 0, got shape {speed.shape}")
-            fwd = fwd / speed
-        bwd = fwd * self.kernel.backward_time_ratio
+            fwd, bwd = fwd / speed, bwd / speed
         pool_of = np.full(n, -1, dtype=np.int64)
         for pi, pool in enumerate(plan.pools):
             pool_of[self.topology.check_ids(list(pool.workers))] = pi

@@ -7,7 +7,12 @@ far below its asymptotic rate, and fewer heads per call cost a little throughput
     e(L) = 1 / (1 + (half_length / L) ** exponent)
     h(n) = (n / (n + heads_half)) / (n_ref / (n_ref + heads_half))      (h(n_ref) = 1)
 
-plus ``launch_ms`` once per kernel call. ``L_eff = sqrt(2 * area)`` is the side of the causal
+plus ``launch_ms`` once per kernel call. Backward is ``backward_time_ratio`` x forward, or -- when
+the profile carries a measured backward curve (``backward_rate_inf_tflops``, ``backward_half_length``,
+``backward_exponent``, fitted by ``libra-bench calibrate`` to the backward length sweep) -- its own
+``t_bwd = forward flops / (backward_rate_inf * e_bwd(L_eff) * h(heads))``: on CPU the measured
+bwd/fwd ratio grows from about 1.6 at 128 tokens to 2.3 at 8K, and a planner that balances forward
+time alone then leaves the backward pass unbalanced. ``L_eff = sqrt(2 * area)`` is the side of the causal
 square with the segment's (query, key) area, so a whole sample of length L has ``L_eff ~= L``
 (the geometry of the calibration table) and a late block of a long sample, which streams a long
 KV prefix, counts as long. :func:`fit_length_efficiency` fits ``rate_inf, half_length, exponent``
@@ -23,6 +28,8 @@ import numpy as np
 
 from libra.workload import attention_flops, sample_area
 
+_BACKWARD_CURVE = ("backward_rate_inf_tflops", "backward_half_length", "backward_exponent")
+
 
 @dataclass(frozen=True)
 class KernelModel:
@@ -35,10 +42,14 @@ class KernelModel:
         launch_ms: fixed cost per kernel call (ms).
         reference_heads: heads per call of the calibration table (h = 1 there).
         heads_half: heads-per-call constant of ``h(n)``; 0 disables the heads factor.
-        backward_time_ratio: backward time / forward time of the same segment.
+        backward_time_ratio: backward time / forward time of the same segment (the backward model
+            when there is no backward curve; the backward launch cost is ``launch_ms`` x it).
+        backward_rate_inf_tflops, backward_half_length, backward_exponent: the backward pass's own
+            length curve (rate in forward FLOPs per second of backward time); all three or none.
 
     Raises:
-        ValueError: a non-positive rate/length/exponent/ratio, negative launch or heads_half.
+        ValueError: a non-positive rate/length/exponent/ratio, negative launch or heads_half, or
+            only some of the backward curve's fields.
     """
 
     rate_inf_tflops: float
@@ -48,6 +59,9 @@ class KernelModel:
     reference_heads: int
     heads_half: float
     backward_time_ratio: float
+    backward_rate_inf_tflops: float | None = None
+    backward_half_length: float | None = None
+    backward_exponent: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("rate_inf_tflops", "half_length", "exponent", "backward_time_ratio", "reference_heads"):
@@ -58,6 +72,17 @@ class KernelModel:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
                 raise ValueError(f"kernel.{name} must be a number >= 0, got {value!r}")
+        curve = [getattr(self, n) for n in _BACKWARD_CURVE]
+        if any(v is not None for v in curve):
+            for name, value in zip(_BACKWARD_CURVE, curve):
+                if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                    raise ValueError(f"kernel.{name} must be a number > 0 (the backward curve needs all of "
+                                     f"{', '.join(_BACKWARD_CURVE)}), got {value!r}")
+
+    @property
+    def has_backward_curve(self) -> bool:
+        """Whether backward time has its own measured length curve (else ``backward_time_ratio``)."""
+        return self.backward_rate_inf_tflops is not None
 
     def length_efficiency(self, eff_len) -> np.ndarray:
         """``e(L)`` in (0, 1) for an array of effective segment lengths (tokens, > 0)."""
@@ -87,6 +112,28 @@ class KernelModel:
         rate = rate * self.heads_efficiency(heads)
         return np.where(area > 0, flops / rate * 1e3, 0.0)
 
+    def segment_backward_ms(self, area, heads, head_dim: int) -> np.ndarray:
+        """Backward time (ms, launch excluded) of causal segments: the backward curve where the
+        profile has one, else ``backward_time_ratio`` x :meth:`segment_forward_ms`."""
+        if not self.has_backward_curve:
+            return self.backward_time_ratio * self.segment_forward_ms(area, heads, head_dim)
+        area = np.asarray(area, dtype=np.float64)
+        flops = attention_flops(area, 1, head_dim) * np.asarray(heads, dtype=np.float64)
+        eff = 1.0 / (1.0 + (self.backward_half_length / np.maximum(np.sqrt(2.0 * area), 1.0))
+                     ** self.backward_exponent)
+        rate = self.backward_rate_inf_tflops * 1e12 * eff * self.heads_efficiency(heads)
+        return np.where(area > 0, flops / rate * 1e3, 0.0)
+
+    def chunked_backward_ms(self, area, heads_per_call, head_dim: int, calls: int) -> np.ndarray:
+        """Backward counterpart of :meth:`chunked_forward_ms` (same calls, launch excluded)."""
+        return calls * self.segment_backward_ms(area, heads_per_call, head_dim)
+
+    def best_backward_ratio(self) -> float:
+        """Backward / forward time at the best rates (long segments): the balance bound's backward share."""
+        if not self.has_backward_curve:
+            return float(self.backward_time_ratio)
+        return float(self.rate_inf_tflops / self.backward_rate_inf_tflops)
+
     def chunked_forward_ms(self, area, heads_per_call, head_dim: int, calls: int) -> np.ndarray:
         """Forward time (ms, launch excluded) of segments run as ``calls`` kernel calls of
         ``heads_per_call`` heads each: the same FLOPs at the rate of fewer heads per call.
@@ -107,7 +154,10 @@ class KernelModel:
         return float(self.rate_inf_tflops)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        """The profile JSON's ``kernel`` object (the backward curve only where there is one, so a
+        profile without it records exactly what it did before the curve existed)."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__
+                if not (k in _BACKWARD_CURVE and getattr(self, k) is None)}
 
 
 def fit_length_efficiency(lengths, times_ms, heads: int, head_dim: int, launch_ms: float = 0.0):

@@ -8,9 +8,11 @@ pool is not time-balanced. :func:`kernel_time_weights` prices each tile as the c
 :func:`libra.plan.segments` (per sample: query rows, key prefix) and each segment costs
 ``KernelModel.chunked_forward_ms`` with the calls of the Pipeliner's
 :class:`~libra.tap.pipeline.ChunkSchedule` (``M`` calls of ``heads / M`` heads, Libra sec. 4.4). Per-call launch cost is left out: it is paid once per
-worker per call, not per tile, so it does not move the balance. Backward time is
-``backward_time_ratio`` x forward for every segment, so forward time alone orders and balances the
-tiles the same way.
+worker per call, not per tile, so it does not move the balance. Without a backward curve, backward
+time is ``backward_time_ratio`` x forward for every segment, so forward time alone orders and
+balances the tiles the same way and is what the weights hold; with one (a calibrated profile:
+:meth:`KernelModel.segment_backward_ms`), backward grows differently with length than forward, and
+the weights are forward + backward time, the work the step actually waits for.
 
 numpy only (no torch): data-loader workers can plan with it.
 """
@@ -29,7 +31,8 @@ from libra.workload import AttentionShape
 
 def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], shape: AttentionShape,
                         kernel: KernelModel, pipeline_chunks: int = 1, index: PoolIndex | None = None) -> np.ndarray:
-    """Estimated forward kernel time of every tile (ms, launch excluded).
+    """Estimated kernel time of every tile (ms, launch excluded): forward, or forward + backward when
+    ``kernel`` has its own backward curve (module docstring).
 
     Args:
         tiles: ``(T,)`` tiles (``dest`` ignored), e.g. from :func:`libra.tap.tiles.make_tiles`.
@@ -42,8 +45,8 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
         index: the pool's :class:`~libra.plan.PoolIndex` when the caller already built it.
 
     Returns:
-        ``(T,)`` float64 milliseconds; a worker's estimated forward compute is the sum over its
-        tiles plus ``M`` launches.
+        ``(T,)`` float64 milliseconds; a worker's estimated compute is the sum over its tiles plus
+        ``M`` launches.
 
     Raises:
         ValueError: ``kernel`` not a KernelModel, ``M`` not a positive integer or not dividing a
@@ -70,5 +73,8 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
     # the Pipeliner's calls and the piece split are the ones the cost model and the runtime use
     sched = ChunkSchedule(shape, tiles.head_start, tiles.head_end, pipeline_chunks)  # checks M | widths
     seg = segments(sequences, tiles, index)
-    t = kernel.chunked_forward_ms(seg["area"], sched.heads_per_call(seg["heads"]), shape.head_dim, sched.chunks)
+    heads = sched.heads_per_call(seg["heads"])
+    t = kernel.chunked_forward_ms(seg["area"], heads, shape.head_dim, sched.chunks)
+    if kernel.has_backward_curve:
+        t = t + kernel.chunked_backward_ms(seg["area"], heads, shape.head_dim, sched.chunks)
     return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
