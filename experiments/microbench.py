@@ -8,9 +8,7 @@ forward + backward (or forward only), communication and computation, for every m
   ``wlb-llm``): its Plans executed by :func:`libra.runtime.attention.libra_attention`.
 
 A step's straggler is the slowest worker's time (median over ``--repeats`` barrier-aligned
-repetitions of the per-repetition maximum). The methods' plans of the same window step run
-interleaved, one repetition of each in turn, so that a shared host's slow spell slows every method
-alike rather than whichever happened to run during it. Every call's process CPU time is recorded too
+repetitions of the per-repetition maximum). Every call's process CPU time is recorded too
 (``cpu_ms``: forward + backward, per rank, mean over ranks): for the same attention work it is
 the runtime's overhead beyond the kernels.
 
@@ -280,8 +278,6 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     ``coords``: the launcher's place of this rank (:func:`experiments.training.ranks.torchrun_coords`;
     None: a local spawn).
 
-    The methods of one window step are timed interleaved (:func:`_time_interleaved`).
-
     Returns ``{key_hash: rows}`` (rows of every step) and ``"ranks"`` (every rank's place and group
     members, :func:`experiments.training.ranks.gather_rank_records`) on rank 0, ``{}`` elsewhere.
     """
@@ -299,45 +295,28 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
     ranks = gather_rank_records(groups[tap_of(cfg).pool_size], coords or spawn_coords(rank, world), device)
     out = {"ranks": ranks} if rank == 0 else {}
-    for w in dict.fromkeys(int(ww) for _, ww in keys):  # windows in order, each once
-        methods = [m for m, ww in keys if int(ww) == w]
-        plans = {m: get_planner(m, **planner_options(m, cfg)).plan_window(windows[w], par, shape) for m in methods}
-        rows = {m: [] for m in methods}
-        for i in range(max(len(p) for p in plans.values())):
-            # the methods' plans of step i, timed in turn repetition by repetition: a shared host's
-            # slow spell then slows every method alike instead of whichever ran during it
-            step = [(m, plans[m][i], *_runner(m, plans[m][i], cfg, groups, backend, shape, me))
-                    for m in methods if i < len(plans[m])]
-            timed = _time_interleaved([(runner, _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"]))
-                                       for _, _, runner, ranges, seq_ids, _, _ in step], cfg, device)
-            for (m, plan, runner, _, _, chunks, P), t in zip(step, timed):
-                st = runner.stats
-                sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
-                sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
-                mine = torch.tensor(np.concatenate([*t[:4], [t[4], sent, P]]), dtype=torch.float64)
-                allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
-                all_gather_single(allv, mine.to(device))
-                if rank == 0:
-                    row = _step_row(m, w, plan.ga_index, allv.view(world, -1).cpu().numpy(), cfg, chunks,
-                                    backend.name, str(device))
-                    row["seq_ids"] = ";".join(str(s.seq_id) for pool in plan.pools for s in pool.sequences)
-                    rows[m].append(row)
+    for method, w in keys:
+        planner = get_planner(method, **planner_options(method, cfg))
+        rows = []
+        for plan in planner.plan_window(windows[w], par, shape):
+            runner, ranges, seq_ids, chunks, P = _runner(method, plan, cfg, groups, backend, shape, me)
+            q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
+            times, cpu, compute, wait, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
+                                                          cfg["backward"], device, None)
+            st = runner.stats
+            sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
+            sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
+            mine = torch.tensor(np.concatenate([times, cpu, compute, wait, [peak, sent, P]]), dtype=torch.float64)
+            allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
+            all_gather_single(allv, mine.to(device))
+            if rank == 0:
+                row = _step_row(method, w, plan.ga_index, allv.view(world, -1).cpu().numpy(), cfg, chunks,
+                                backend.name, str(device))
+                row["seq_ids"] = ";".join(str(s.seq_id) for pool in plan.pools for s in pool.sequences)
+                rows.append(row)
         if rank == 0:
-            out.update({stable_hash([m, w]): rows[m] for m in methods})
+            out[stable_hash([method, w])] = rows
     return out
-
-
-def _time_interleaved(points: list, cfg: dict, device) -> list[tuple]:
-    """:func:`_time_calls` of every ``(runner, (q, k, v, dO))`` in ``points``, one repetition of
-    each in turn (warm-up rounds first): per point ``(wall s, CPU s, compute s, wait s, peak bytes)``
-    over the timed repetitions."""
-    got = [([], [], [], [], 0) for _ in points]
-    for r in range(cfg["warmup"] + cfg["repeats"]):
-        for j, (runner, (q, k, v, do)) in enumerate(points):
-            t = _time_calls(runner, q, k, v, do, 1, 0, cfg["backward"], device, None)
-            if r >= cfg["warmup"]:
-                got[j] = tuple([*(acc + list(x) for acc, x in zip(got[j][:4], t[:4])), max(got[j][4], t[4])])
-    return [tuple([*(np.array(x) for x in g[:4]), g[4]]) for g in got]
 
 
 def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
