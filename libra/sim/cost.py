@@ -221,9 +221,9 @@ class CostModel:
             raise ValueError(f"plan {plan.method!r}: {exc}") from None
 
     def _compute(self, plan: Plan, schedules: list[ChunkSchedule]):
-        """Forward FLOPs and forward and backward kernel time per worker (the schedule's calls per
-        segment); backward is ``backward_time_ratio`` x forward unless the kernel model has its own
-        backward curve (:meth:`KernelModel.segment_backward_ms`)."""
+        """Forward FLOPs, forward kernel time and -- when the kernel model has its own backward curve
+        (:meth:`KernelModel.segment_backward_ms`) -- backward kernel time per worker (the schedule's
+        calls per segment); None instead of backward time when it is ``backward_time_ratio`` x forward."""
         n = self.topology.num_workers
         fwd, bwd, flops, calls = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
         d, k = plan.shape.head_dim, self.kernel
@@ -240,8 +240,8 @@ class CostModel:
             flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
             calls[np.unique(dest)] = sched.chunks
         fwd += calls * k.launch_ms
-        bwd = bwd + calls * k.launch_ms * k.backward_time_ratio if k.has_backward_curve else fwd * k.backward_time_ratio
-        return flops, fwd, bwd
+        # without a curve backward is the ratio x forward, applied in price() after the speed division
+        return flops, fwd, (bwd + calls * k.launch_ms * k.backward_time_ratio if k.has_backward_curve else None)
 
     # -- communication ---------------------------------------------------------------------
     def _class_masks(self, src, dst) -> list[np.ndarray]:
@@ -355,7 +355,9 @@ class CostModel:
             speed = np.asarray(speed, dtype=np.float64)
             if speed.shape != (n,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
                 raise ValueError(f"speed must be {n} finite multipliers > 0, got shape {speed.shape}")
-            fwd, bwd = fwd / speed, bwd / speed
+            fwd = fwd / speed
+            bwd = None if bwd is None else bwd / speed
+        bwd = fwd * self.kernel.backward_time_ratio if bwd is None else bwd
         pool_of = np.full(n, -1, dtype=np.int64)
         for pi, pool in enumerate(plan.pools):
             pool_of[self.topology.check_ids(list(pool.workers))] = pi
