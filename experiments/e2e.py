@@ -45,6 +45,7 @@ from experiments.sim_common import (
     check_counts,
     chosen_settings,
     common_options,
+    largest_divisor,
     resolve_profile,
     setting_record,
     settings_from_options,
@@ -73,8 +74,7 @@ E2E_DP = {"256k": (4, 8, 16), "1m": (2, 4, 8)}
 def libra_tap(setting: Setting, dp: int) -> TapConfig:
     """Libra's TapConfig at ``dp`` replicas: P = the largest divisor of DP up to the setting's pool
     size (the paper's ``P = min(cap, DP)`` when both are powers of 2; the setting's own P at its DP)."""
-    cap = setting.tap.pool_size
-    return replace(setting.tap, pool_size=max(p for p in range(1, min(cap, dp) + 1) if dp % p == 0))
+    return replace(setting.tap, pool_size=largest_divisor(dp, setting.tap.pool_size))
 
 
 def point_par(setting: Setting, dp: int, pp: int) -> ParallelConfig:

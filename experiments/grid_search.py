@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
-from experiments.paper import NUMBERS
+from experiments.paper import NUMBERS, PRESET_KEYS
 from experiments.runner import ExperimentRun, atomic_write_text, flat_layout, is_preset_workload
 from experiments.sim_common import (
     Setting,
@@ -113,7 +113,7 @@ def grid_settings(settings, tap_overrides: dict | None = None) -> dict[str, Sett
 def paper_grid(workload: str, chosen: dict, shapes: dict) -> set[str]:
     """The settings whose cells sec. 6.6 quotes (:data:`PAPER_FIG16`): the paper's corpus stand-in
     (``libra-prod``), the preset's own layout (no ``--pool-size``/``--tau`` change) and sec. 6.6's
-    head shape. (Its layouts are not sec. 6.3's, so :func:`experiments.straggler.paper_settings`,
+    head shape. (Its layouts are not sec. 6.3's, so :func:`experiments.paper.paper_settings`,
     which checks those, does not decide this.) Other settings get no paper values or outlines."""
     if workload != "libra-prod":
         return set()
@@ -124,7 +124,7 @@ def paper_grid(workload: str, chosen: dict, shapes: dict) -> set[str]:
 
 # Speedups over same-layout Ulysses that Libra sec. 6.6 quotes, as (low, high) per (setting, H, B)
 PAPER_FIG16: dict[tuple[str, int, int], tuple[float, float]] = {
-    (name, h, b): quoted for key, name in (("256K", "256k"), ("1M", "1m"))
+    (name, h, b): quoted for key, name in PRESET_KEYS
     for (h, b), quoted in NUMBERS["fig16"][key].items()}
 
 

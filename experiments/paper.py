@@ -8,6 +8,11 @@ those two settings are :data:`experiments.sim_common.SETTINGS`.
 
 from __future__ import annotations
 
+from experiments.runner import is_paper_layout
+
+PRESET_KEYS = (("256K", "256k"), ("1M", "1m"))
+"""``(table key, run setting name)`` of the paper's two settings."""
+
 NUMBERS: dict = {
     "fig3": {"mean": 0.0701, "max": 0.1507},  # FLOPs- vs time-balanced spread under device jitter
     "fig4": {"256K": {"p8": 1.08, "p64": 0.09}, "1M": {"p8": 0.90, "p64": 0.08}},  # production-order R - 1
@@ -44,7 +49,19 @@ SEQ_LABEL = {262144: "256K", 1048576: "1M"}
 def label(setting) -> str:
     """A run's setting name (``256k``, ``1M``) -> the table's key (``256K``); other names unchanged."""
     s = str(setting)
-    return {"256k": "256K", "1m": "1M"}.get(s.lower(), s)
+    return {name: key for key, name in PRESET_KEYS}.get(s.lower(), s)
+
+
+def paper_settings(workload: str, chosen: dict, shape) -> set[str]:
+    """The settings of a run whose numbers the paper's sec. 6.3 figures describe: the paper's corpus
+    stand-in (``libra-prod``), the paper's layout (:func:`experiments.runner.is_paper_layout`) and
+    head shape. Other runs get no ``paper_*`` columns and no paper marks (``chosen``: name ->
+    :class:`experiments.sim_common.Setting`)."""
+    from experiments.sim_common import setting_record  # noqa: PLC0415  (sim_common's commands import this module)
+
+    if workload != "libra-prod" or (shape.num_q_heads, shape.num_kv_heads, shape.head_dim) != (32, 4, 128):
+        return set()
+    return {name for name, st in chosen.items() if is_paper_layout(setting_record(st))}
 
 
 def fig12_speedups() -> dict[tuple[str, str], dict[str, float]]:
@@ -54,7 +71,7 @@ def fig12_speedups() -> dict[tuple[str, str], dict[str, float]]:
     shortfall), DistCA likewise; TAP+VRSP max = Libra x (1 - pipeliner); TAP max = TAP+VRSP x (1 - vrsp).
     """
     out = {}
-    for key, name in (("256K", "256k"), ("1M", "1m")):
+    for key, name in PRESET_KEYS:
         libra = NUMBERS["fig12-speedup"][key]
         wlb, distca, abl = NUMBERS["fig12-wlb"][key], NUMBERS["fig12-distca"][key], NUMBERS["fig12-ablation"][key]
         for metric in ("mean", "max"):
@@ -70,7 +87,7 @@ def fig12_speedups() -> dict[tuple[str, str], dict[str, float]]:
 def fig15_marks() -> dict[tuple[str, int], dict[str, float]]:
     """Figure 15's TAP+VRSP compute and communication (/ Ulysses mean) per ``(setting name, P)``."""
     out: dict[tuple[str, int], dict[str, float]] = {}
-    for key, name in (("256K", "256k"), ("1M", "1m")):
+    for key, name in PRESET_KEYS:
         for part in ("comm", "compute"):
             for p, value in NUMBERS["fig15"][key][part].items():
                 out.setdefault((name, p), {})[f"paper_{part}"] = value

@@ -32,7 +32,7 @@ Each timing sample is one call (``time.perf_counter``); the CSV gives per (setti
 median, the inter-quartile range, the sample count and the paper's number; the printout puts each
 median next to its target (issue 12's goals for this 2-core machine class). The paper's numbers and
 the targets belong to the paper's runs only (``libra-prod``, a paper layout with its TAP layout, the
-paper's head shape; :func:`experiments.straggler.paper_settings`): any other run has ``paper_ms``
+paper's head shape; :func:`experiments.paper.paper_settings`): any other run has ``paper_ms``
 NaN and prints no targets. A layout of your own writes to ``runs/plan-cost/<workload>-<layout>/``
 unless ``--out`` says otherwise (:func:`experiments.runner.default_out_dir`). Besides timing, the
 command plans every window with ``ulysses``, ``wlb-llm``, ``libra`` and ``distca`` and reports per
@@ -66,7 +66,7 @@ from experiments.options import (
     settings_option,
     tap_options,
 )
-from experiments.paper import NUMBERS
+from experiments.paper import NUMBERS, paper_settings
 from experiments.paper import label as paper_label
 from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
@@ -518,7 +518,6 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
         chosen = plan_cost_settings(settings_, layout, overrides, shape)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    from experiments.straggler import paper_settings  # noqa: PLC0415  (the rule straggler applies to its paper numbers)
 
     paper = paper_settings(workload, {s.name: s for s in chosen}, shape)
     config = {"workload": workload, "seed": seed, "repeats": repeats, "windows": windows,

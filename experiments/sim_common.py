@@ -72,6 +72,11 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+def largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is at most ``cap`` (a pool size P that fits DP = ``n``)."""
+    return max(p for p in range(1, min(cap, n) + 1) if n % p == 0)
+
+
 def custom_setting(dp: int, cp: int, seq_len: int, gbs: int) -> Setting:
     """A user's layout as a :class:`Setting` named ``dp{DP}-cp{CP}-s{S}-gbs{GBS}``: TapConfig's
     defaults except P = the largest divisor of DP up to 8 (the paper's pool size where it fits);
@@ -83,7 +88,7 @@ def custom_setting(dp: int, cp: int, seq_len: int, gbs: int) -> Setting:
     par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)  # checks the layout rules
     if par.seq_len % par.cp:
         raise ValueError(f"CP={cp} must divide the sequence length S={seq_len}")
-    pool = max(p for p in range(1, min(8, dp) + 1) if dp % p == 0)
+    pool = largest_divisor(dp, 8)
     return Setting(f"dp{dp}-cp{cp}-s{size_text(seq_len)}-gbs{gbs}", dp=dp, cp=cp, gbs=gbs, seq_len=seq_len,
                    tap=TapConfig(pool_size=pool))
 

@@ -53,8 +53,8 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import given_layout, layout_options, settings_option, tap_options
-from experiments.paper import fig12_speedups
-from experiments.runner import ExperimentRun, atomic_write_text, is_paper_layout
+from experiments.paper import fig12_speedups, paper_settings
+from experiments.runner import ExperimentRun, atomic_write_text
 from experiments.sim_common import (
     LABELS,
     METHODS,
@@ -184,15 +184,6 @@ def _decomposition(g: pd.DataFrame) -> dict:
     out["flops_libra_ms"] = _col(g, "flops_libra_ms", lambda c: float(c.mean()))
     out["flops_limit_speedup"] = out["flops_ulysses_ms"] / out["flops_libra_ms"]
     return out
-
-
-def paper_settings(workload: str, chosen: dict, shape) -> set[str]:
-    """The settings of a run whose numbers the paper's Figure 12 speedups describe: the paper's
-    corpus stand-in (``libra-prod``), the paper's layout (:func:`experiments.runner.is_paper_layout`)
-    and head shape. Other runs get no ``paper_*`` columns and no paper marks."""
-    if workload != "libra-prod" or (shape.num_q_heads, shape.num_kv_heads, shape.head_dim) != (32, 4, 128):
-        return set()
-    return {name for name, st in chosen.items() if is_paper_layout(setting_record(st))}
 
 
 def summarize(df: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:

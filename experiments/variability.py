@@ -25,7 +25,7 @@ text was lost):
 The paper's two numbers are printed, plotted and given as ``paper_mean_spread`` /
 ``paper_max_spread`` summary columns only for a run of its protocol (the ``libra-prod`` workload,
 a paper layout without TAP overrides and the paper's head shape,
-:func:`experiments.straggler.paper_settings`); any other run has no paper columns or lines.
+:func:`experiments.paper.paper_settings`); any other run has no paper columns or lines.
 
 Outputs (``results/variability/`` for the paper's settings, ``runs/variability/...`` for any other
 layout, or ``--out``): ``variability.csv`` (one row per setting, P, window, pool),
@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
-from experiments.paper import NUMBERS
+from experiments.paper import NUMBERS, paper_settings
 from experiments.runner import ExperimentRun, atomic_write_text, flat_layout
 from experiments.sim_common import (
     check_counts,
@@ -59,7 +59,6 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
-from experiments.straggler import paper_settings
 from libra.sim.variability import DeviceJitter
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)

@@ -84,10 +84,13 @@ class KernelModel:
         """Whether backward time has its own measured length curve (else ``backward_time_ratio``)."""
         return self.backward_rate_inf_tflops is not None
 
-    def length_efficiency(self, eff_len) -> np.ndarray:
-        """``e(L)`` in (0, 1) for an array of effective segment lengths (tokens, > 0)."""
+    def length_efficiency(self, eff_len, backward: bool = False) -> np.ndarray:
+        """``e(L)`` in (0, 1) for an array of effective segment lengths (tokens, > 0); ``backward``:
+        the backward curve's ``e_bwd(L)`` (needs :attr:`has_backward_curve`)."""
         eff_len = np.maximum(np.asarray(eff_len, dtype=np.float64), 1.0)
-        return 1.0 / (1.0 + (self.half_length / eff_len) ** self.exponent)
+        half, exponent = ((self.backward_half_length, self.backward_exponent) if backward
+                          else (self.half_length, self.exponent))
+        return 1.0 / (1.0 + (half / eff_len) ** exponent)
 
     def heads_efficiency(self, heads) -> np.ndarray:
         """``h(n)`` relative to the calibration's heads per call (1 at ``reference_heads``)."""
@@ -119,8 +122,7 @@ class KernelModel:
             return self.backward_time_ratio * self.segment_forward_ms(area, heads, head_dim)
         area = np.asarray(area, dtype=np.float64)
         flops = attention_flops(area, 1, head_dim) * np.asarray(heads, dtype=np.float64)
-        eff = 1.0 / (1.0 + (self.backward_half_length / np.maximum(np.sqrt(2.0 * area), 1.0))
-                     ** self.backward_exponent)
+        eff = self.length_efficiency(np.sqrt(2.0 * area), backward=True)
         rate = self.backward_rate_inf_tflops * 1e12 * eff * self.heads_efficiency(heads)
         return np.where(area > 0, flops / rate * 1e3, 0.0)
 
