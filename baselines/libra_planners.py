@@ -31,7 +31,7 @@ import numpy as np
 
 from baselines.registry import Planner, pool_workers, production_groups, window_lengths
 from libra.config import ParallelConfig, TapConfig, check_layout
-from libra.plan import Plan, SequenceLayout
+from libra.plan import CHUNKINGS, HEADS, Plan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
@@ -277,20 +277,25 @@ class LibraAdaptiveConfig(LibraKtConfig):
     Attributes:
         candidates: the per-pool plans to choose from (default: all of
             :data:`libra.tap.adaptive.CANDIDATES`; one name pins that plan, e.g. for an ablation).
+        chunkings: the Pipeliner chunkings (:data:`libra.plan.CHUNKINGS`) the chosen candidate is
+            priced with, the faster kept (default both; one name pins it).
 
     Raises:
-        ValueError: an empty or unknown candidate list, and :class:`LibraKtConfig`'s errors.
+        ValueError: an empty or unknown candidate or chunking list, and :class:`LibraKtConfig`'s errors.
     """
 
     candidates: tuple[str, ...] = CANDIDATES
+    chunkings: tuple[str, ...] = CHUNKINGS
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        names = (self.candidates,) if isinstance(self.candidates, str) else tuple(self.candidates)
-        unknown = [c for c in names if c not in CANDIDATES]
-        if not names or unknown:
-            raise ValueError(f"libra-adaptive candidates must be a non-empty subset of {CANDIDATES}, got {names!r}")
-        object.__setattr__(self, "candidates", names)  # frozen: normalise a str or list once
+        for field_name, allowed in (("candidates", CANDIDATES), ("chunkings", CHUNKINGS)):
+            value = getattr(self, field_name)
+            names = (value,) if isinstance(value, str) else tuple(value)
+            unknown = [c for c in names if c not in allowed]
+            if not names or unknown:
+                raise ValueError(f"libra-adaptive {field_name} must be a non-empty subset of {allowed}, got {names!r}")
+            object.__setattr__(self, field_name, names)  # frozen: normalise a str or list once
 
 
 class LibraAdaptivePlanner(LibraKtPlanner):
@@ -302,7 +307,10 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     Planning with the cost model means its choice is as good as the profile: with a profile that
     mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
     ``libra`` would have planned; simulated comparisons priced with the same profile show its best
-    case. Each Plan's ``meta["adaptive_choice"]`` names the candidate each pool took.
+    case. The chosen candidate then runs with the faster of the Pipeliner chunkings
+    (:data:`libra.plan.CHUNKINGS`; ``tiles``: :mod:`libra.tap.tile_chunks`). Each Plan's
+    ``meta["adaptive_choice"]`` names the candidate each pool took (``name+tiles`` when it runs
+    tile-chunked).
     """
 
     name = "libra-adaptive"
@@ -337,13 +345,15 @@ class _AdaptivePools:
     def __call__(self, k: int, sequences, workers):
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates)
-        if len(found) == 1:  # nothing to choose: no pricing
-            (best,) = found
-            self.choices[int(sequences[0].seq_id)] = best
-            return found[best]
-        best = min(found, key=lambda name: _pool_straggler(self.cost, found[name], self.par, self.shape, self.tap))
-        self.choices[int(sequences[0].seq_id)] = best
-        return found[best]
+        best = min(found, key=self._pricer(found)) if len(found) > 1 else next(iter(found))  # one: no pricing
+        chunked = {c: found[best] if c == HEADS else replace(found[best], chunking=c) for c in self.config.chunkings}
+        how = min(chunked, key=self._pricer(chunked)) if len(chunked) > 1 else next(iter(chunked))
+        self.choices[int(sequences[0].seq_id)] = best if how == HEADS else f"{best}+{how}"
+        return chunked[how]
+
+    def _pricer(self, pools: dict):
+        """Key function: the priced straggler of ``pools[name]`` run alone (ties: dict order)."""
+        return lambda name: _pool_straggler(self.cost, pools[name], self.par, self.shape, self.tap)
 
 
 def _pool_straggler(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig) -> float:

@@ -60,6 +60,7 @@ from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import ChunkSchedule
+from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import AttentionShape, attention_flops
 
 METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")
@@ -120,14 +121,15 @@ class SimCheckConfig(OnePoolLayout):
 
 
 def worker_calls(pieces: dict, shape: AttentionShape, schedule: ChunkSchedule) -> list[tuple[Segments, int, int]]:
-    """The varlen calls of one worker: per tile head width, the schedule's ``M`` calls of
-    ``(segments, query heads per call, KV heads per call)`` (the cost model's geometry)."""
+    """The varlen calls of one worker: per chunk and heads per call, the schedule's calls of
+    ``(segments, query heads per call, KV heads per call)`` (the cost model's geometry,
+    :meth:`ChunkSchedule.segment_calls`)."""
+    chunk, heads, ncalls = schedule.segment_calls(pieces)
     calls = []
-    for width in np.unique(pieces["heads"]):
-        sel = pieces["heads"] == width
-        qh = int(schedule.heads_per_call(width))
+    for c, qh, n in sorted({(int(c), int(h), int(k)) for c, h, k in zip(chunk, heads, ncalls)}):
+        sel = (chunk == c) & (heads == qh) & (ncalls == n)
         seg = Segments(pieces["q_len"][sel], pieces["kv_len"][sel])
-        calls.extend([(seg, qh, kv_heads_per_call(qh, shape.group_size))] * schedule.chunks)
+        calls.extend([(seg, qh, kv_heads_per_call(qh, shape.group_size))] * n)
     return calls
 
 
@@ -167,7 +169,7 @@ def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device)
             pieces = worker_pieces(pool, shape, worker)
             if not len(pieces["q_len"]):
                 continue
-            calls = worker_calls(pieces, shape, ChunkSchedule.for_pool(pool, shape, plan.pipeline_chunks))
+            calls = worker_calls(pieces, shape, schedule_for_pool(pool, shape, plan.pipeline_chunks))
             meas = measure_worker(backend, calls, shape.head_dim, dtype, device, cfg,
                                   seed=cfg.seed * 100003 + w * 1009 + worker)
             pf, pb = float(cost.compute_fwd_ms[worker]), float(cost.compute_bwd_ms[worker])

@@ -8,6 +8,8 @@ are never priced slower than ``libra``'s, step by step, without device jitter.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -97,7 +99,9 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
     for plan in adaptive:
         plan.validate()
         assert len(plan.meta["adaptive_choice"]) == len(plan.pools)
-        assert set(plan.meta["adaptive_choice"]) <= set(CANDIDATES)
+        for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
+            name, _, how = choice.partition("+")
+            assert name in CANDIDATES and (how or "heads") == pool.chunking
     assert (_price_steps(adaptive, profile, par) <= _price_steps(libra, profile, par) * (1 + 1e-12)).all()
     again = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
     assert [p.digest() for p in adaptive] == [p.digest() for p in again]
@@ -106,14 +110,33 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
 def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
     par = ParallelConfig(dp=2, cp=2, gbs=2, seq_len=512)
     window = make_window(2, 512, 3)
-    plans = get_planner("libra-adaptive", **OPTS, candidates=("fine-retain",)).plan_window(window, par, SHAPE)
+    plans = get_planner("libra-adaptive", **OPTS, candidates=("fine-retain",),
+                        chunkings=("heads",)).plan_window(window, par, SHAPE)
     assert plans[0].meta["adaptive_choice"] == ["fine-retain"]
+    assert [p.chunking for p in plans[0].pools] == ["heads"]
     widths = {int(w) for pool in plans[0].pools for w in pool.tiles.head_end - pool.tiles.head_start}
     assert widths == {4}  # H=1 (8 heads) cut to one KV head's 4 query heads
 
 
+def test_chunking_choice_is_priced_and_can_be_pinned():
+    """Each pool runs its candidate with the faster Pipeliner chunking as priced; pinned, it is used."""
+    par = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=512)
+    window = make_window(8, 512, 5)
+    profile = load_profile("h100-roce-v1")
+    cost = CostModel(profile, Topology(profile, par))
+    both = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
+    for plan in both:
+        for pool in plan.pools:
+            priced = {c: cost.price(replace(plan, pools=(replace(pool, chunking=c),))).straggler_ms
+                      for c in ("heads", "tiles")}
+            assert priced[pool.chunking] == min(priced.values())
+    tiles = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings="tiles").plan_window(window, par, SHAPE)
+    assert {p.chunking for plan in tiles for p in plan.pools} == {"tiles"}
+
+
 @pytest.mark.parametrize("bad, match", [({"candidates": ("nope",)}, "candidates"),
-                                        ({"candidates": ()}, "candidates")])
+                                        ({"candidates": ()}, "candidates"),
+                                        ({"chunkings": ("rows",)}, "chunkings")])
 def test_config_rejects_bad_options(bad, match):
     with pytest.raises(ValueError, match=match):
         LibraAdaptiveConfig(**bad)

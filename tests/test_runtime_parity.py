@@ -62,7 +62,8 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
     ranges = [(pool.sequences[s].seq_id, a, b) for s, a, b in attn.program.local_ranges]
     lengths = {s.seq_id: s.sample_lengths for s in pool.sequences}
     full = {w.seq_id: t for w, t in zip(window, full_tensors([w.sample_lengths for w in window], shape, seed))}
-    res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools))}
+    res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools)),
+           "chunkings": sorted({p.chunking for p in plan.pools})}
     refs = {s: reference_grads(*full[s], lengths[s]) for s, _, _ in ranges}
     ref = [torch.cat([refs[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
     for dtype in dtypes:
@@ -148,6 +149,9 @@ def _assert_results(results):
                 assert res["unreleased_bytes"] == 0, f"{case}: transient buffers outlived the call"
                 assert res["peak_transient_bytes"] > 0
                 assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
+            pinned = case.get("options", {}).get("chunkings")
+            if pinned:
+                assert res["chunkings"] == sorted(pinned), f"{case}: ran {res['chunkings']} chunking"
 
 
 BASE = {"hq": 8, "hkv": 2, "d": 16}
@@ -163,6 +167,10 @@ CASES_4 = [
     # order (pinned candidate: the cost model would often pick the paper's plan at this size)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",)},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
+    # tile-grouped Pipeliner chunks (libra.tap.tile_chunks): whole tiles per chunk, KV rows cut by
+    # the first chunk that reads each token and dK/dV by the last
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
+     "B": 32, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
 ]
 
 
@@ -174,6 +182,9 @@ def test_parity_pool2_cp2(tmp_path):
 
 CASES_8 = [
     {**BASE, "B": 32, "H": 2, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
+    # tile chunks over coarse tiles (2 KV heads each) with all-to-all exchange
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("alg2-flops",), "chunkings": ("tiles",)},
+     "B": 32, "H": 2, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64"]},
 ]
 

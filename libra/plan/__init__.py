@@ -10,7 +10,7 @@ public names so ``from libra.plan import Plan`` keeps working.
 """
 
 from libra.plan.checks import check_plan_agreement, check_pool
-from libra.plan.contract import Plan, PoolPlan
+from libra.plan.contract import CHUNKINGS, HEADS, TILES, Plan, PoolPlan
 from libra.plan.layout import (
     SEGMENT_FIELDS,
     PoolIndex,
@@ -31,6 +31,6 @@ from libra.plan.tables import (
     TransferTable,
 )
 
-__all__ = ["KIND_NAMES", "KV", "O", "Q", "SEGMENT_FIELDS", "Plan", "PlanMismatchError", "PlanValidationError",
+__all__ = ["CHUNKINGS", "HEADS", "KIND_NAMES", "KV", "TILES", "O", "Q", "SEGMENT_FIELDS", "Plan", "PlanMismatchError", "PlanValidationError",
            "PoolIndex", "PoolPlan", "SequenceLayout", "TileTable", "TransferTable", "check_plan_agreement",
            "check_pool", "kv_need_start", "pool_index", "segments", "tile_flops"]

@@ -38,6 +38,12 @@ from libra.plan.layout import PoolIndex, SequenceLayout, pool_index, segments
 from libra.plan.tables import PlanValidationError, TileTable, TransferTable
 from libra.workload import AttentionShape
 
+HEADS, TILES = "heads", "tiles"
+CHUNKINGS = (HEADS, TILES)
+"""A pool's Pipeliner chunking: ``heads`` cuts every tile's query heads into ``M`` slices (Libra
+sec. 4.4, :class:`libra.tap.pipeline.ChunkSchedule`); ``tiles`` runs each tile whole in one chunk
+(:class:`libra.tap.tile_chunks.TileChunkSchedule`)."""
+
 
 @dataclass(frozen=True, eq=False)
 class PoolPlan:
@@ -50,6 +56,8 @@ class PoolPlan:
         tiles: placed work.
         transfers: forward transfers implied by the placement.
         fallback_tiles: tiles Algorithm 2 placed by its least-loaded fallback (no worker below C).
+        chunking: how the Pipeliner cuts the pool's work into chunks (:data:`CHUNKINGS`); part of
+            the digest only when not the paper's ``heads``, so paper plans hash as before.
     """
 
     pool_index: int
@@ -58,8 +66,12 @@ class PoolPlan:
     tiles: TileTable
     transfers: TransferTable
     fallback_tiles: int = 0
+    chunking: str = HEADS
 
     def __post_init__(self) -> None:
+        if self.chunking not in CHUNKINGS:
+            raise ValueError(f"pool {self.pool_index}: unknown Pipeliner chunking {self.chunking!r} "
+                             f"(expected one of {', '.join(CHUNKINGS)})")
         object.__setattr__(self, "workers", tuple(map(int, self.workers)))
         object.__setattr__(self, "sequences", tuple(self.sequences))
 
@@ -97,22 +109,28 @@ class PoolPlan:
         return segments(self.sequences, self.tiles, self.index())
 
     def to_dict(self) -> dict:
-        return {"pool_index": self.pool_index, "workers": list(self.workers),
-                "sequences": [s.to_dict() for s in self.sequences], "tiles": self.tiles.to_dict(),
-                "transfers": self.transfers.to_dict(), "fallback_tiles": int(self.fallback_tiles)}
+        out = {"pool_index": self.pool_index, "workers": list(self.workers),
+               "sequences": [s.to_dict() for s in self.sequences], "tiles": self.tiles.to_dict(),
+               "transfers": self.transfers.to_dict(), "fallback_tiles": int(self.fallback_tiles)}
+        if self.chunking != HEADS:
+            out["chunking"] = self.chunking
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> PoolPlan:
         return cls(pool_index=d["pool_index"], workers=tuple(d["workers"]),
                    sequences=tuple(SequenceLayout.from_dict(s) for s in d["sequences"]),
                    tiles=TileTable.from_dict(d["tiles"]), transfers=TransferTable.from_dict(d["transfers"]),
-                   fallback_tiles=d.get("fallback_tiles", 0))
+                   fallback_tiles=d.get("fallback_tiles", 0), chunking=d.get("chunking", HEADS))
 
     def digest(self) -> str:
         """sha256 of the pool plan's content; all ranks of the pool must agree on it."""
         h = hashlib.sha256()
-        h.update(json.dumps({"pool_index": self.pool_index, "workers": list(self.workers),
-                             "fallback_tiles": int(self.fallback_tiles)}).encode())
+        head = {"pool_index": self.pool_index, "workers": list(self.workers),
+                "fallback_tiles": int(self.fallback_tiles)}
+        if self.chunking != HEADS:
+            head["chunking"] = self.chunking
+        h.update(json.dumps(head).encode())
         for s in self.sequences:
             h.update(json.dumps(s.to_dict(), sort_keys=True).encode())
         self.tiles.digest_into(h)

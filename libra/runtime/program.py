@@ -45,6 +45,7 @@ from libra.runtime.blocks import K as LK
 from libra.runtime.blocks import Q as LQ
 from libra.runtime.blocks import V as LV
 from libra.tap.pipeline import BWD_DISPATCH, BWD_RETURN, FWD_DISPATCH, FWD_RETURN, PHASES, ChunkSchedule
+from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import AttentionShape, causal_area
 
 
@@ -147,7 +148,7 @@ class _Context:
     def __init__(self, pool: PoolPlan, shape: AttentionShape, worker: int, chunks: int):
         if worker not in pool.workers:
             raise ValueError(f"worker {worker} is not in pool {pool.pool_index} (workers {list(pool.workers)})")
-        self.sched = ChunkSchedule.for_pool(pool, shape, chunks)
+        self.sched = schedule_for_pool(pool, shape, chunks)
         self.pool, self.shape, self.me, self.M = pool, shape, int(worker), self.sched.chunks
         self.rank_of = {w: i for i, w in enumerate(pool.workers)}
         t = pool.tiles
@@ -183,14 +184,12 @@ class _Context:
         """Transfer pieces of ``kind`` to (``incoming=False``) or from this worker in ``chunk``."""
         tr = self.pool.transfers
         rows = np.nonzero((tr.kind == kind) & ((tr.dst if incoming else tr.src) == self.me))[0]
-        i, h0, h1 = self.sched.row_pieces(kind, tr.head_start[rows], tr.head_end[rows], chunk, backward)
+        i, h0, h1, t0, t1 = self.sched.transfer_pieces(kind, tr, rows, chunk, backward)
         rows = rows[i]
         other = (tr.src if incoming else tr.dst)[rows]
         peer = np.array([self.rank_of[int(w)] for w in other], dtype=np.int64)
-        n = (tr.tok_end[rows] - tr.tok_start[rows]).astype(np.int64)
         return {"row": rows.astype(np.int64), "peer": peer, "seq": tr.seq[rows].astype(np.int64),
-                "t0": tr.tok_start[rows].astype(np.int64), "t1": tr.tok_end[rows].astype(np.int64),
-                "h0": h0, "h1": h1, "rows": n * (h1 - h0) * (2 if kind == KV else 1)}
+                "t0": t0, "t1": t1, "h0": h0, "h1": h1, "rows": (t1 - t0) * (h1 - h0) * (2 if kind == KV else 1)}
 
 
 def _concat_pieces(parts: list[dict]) -> dict:
@@ -275,16 +274,19 @@ def _dispatch(ctx: _Context, m: int) -> tuple[Message, Message, dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def _work_list(pool: PoolPlan, me: int) -> dict:
-    """This worker's kernel segments (:meth:`PoolPlan.segments`), adjacent pieces merged.
+def _work_list(pool: PoolPlan, me: int, sched) -> dict:
+    """This worker's kernel segments (:meth:`PoolPlan.segments`), adjacent pieces merged, with the
+    chunk each runs in (-1: a head slice in every chunk; :meth:`ChunkSchedule.segment_calls`).
 
-    Pieces of one sample and head range whose query rows are contiguous here (adjacent blocks placed
-    on the same worker) become one segment: it reads the KV prefix once instead of once per block.
+    Pieces of one sample, head range and chunk whose query rows are contiguous here (adjacent blocks
+    placed on the same worker) become one segment: it reads the KV prefix once instead of once per
+    block.
     """
     segs = pool.segments()
     mine = np.nonzero(segs["dest"] == me)[0]
     tiles = pool.tiles
-    cols = {"seq": segs["seq"][mine], "s0": segs["sample_start"][mine],
+    chunk = sched.segment_calls(segs)[0][mine] if len(mine) else np.zeros(0, np.int64)
+    cols = {"chunk": chunk, "seq": segs["seq"][mine], "s0": segs["sample_start"][mine],
             "hs": tiles.head_start[segs["tile"][mine]].astype(np.int64),
             "he": tiles.head_end[segs["tile"][mine]].astype(np.int64),
             "qtok": segs["q_start"][mine], "q": segs["q_len"][mine], "kv": segs["kv_len"][mine]}
@@ -293,10 +295,10 @@ def _work_list(pool: PoolPlan, me: int) -> dict:
     # head range first, then sample: a chunk's segments of one head range over consecutive local
     # samples read consecutive rows of the local q/k/v, so a CPU backend runs them as one call on
     # views (libra.runtime.calls) instead of one call per sample
-    order = np.lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"]))
+    order = np.lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"], cols["chunk"]))
     c = {k: v[order] for k, v in cols.items()}
     cont = np.zeros(len(order), dtype=bool)
-    cont[1:] = ((c["seq"][1:] == c["seq"][:-1]) & (c["s0"][1:] == c["s0"][:-1]) & (c["hs"][1:] == c["hs"][:-1])
+    cont[1:] = ((c["chunk"][1:] == c["chunk"][:-1]) & (c["seq"][1:] == c["seq"][:-1]) & (c["s0"][1:] == c["s0"][:-1]) & (c["hs"][1:] == c["hs"][:-1])
                 & (c["he"][1:] == c["he"][:-1]) & (c["qtok"][1:] == c["qtok"][:-1] + c["q"][:-1]))
     first = np.nonzero(~cont)[0]
     last = np.append(first[1:], len(order)) - 1
@@ -333,11 +335,14 @@ def _kernel(ctx: _Context, w: dict, m: int, got: list[dict]) -> tuple[ChunkKerne
     Returns the kernel and its outputs as sources (for the O / dQ returns).
     """
     hq, hkv, M = ctx.shape.num_q_heads, ctx.shape.num_kv_heads, ctx.M
-    step = (w["he"] - w["hs"]) // M
+    sliced = w["chunk"] < 0  # a head slice of the segment in every chunk; else whole in its chunk
+    w = {k: v[sliced | (w["chunk"] == m)] for k, v in w.items()}
+    sliced = w["chunk"] < 0
+    step = np.where(sliced, (w["he"] - w["hs"]) // M, w["he"] - w["hs"])
     if len(step) and np.any(step != step[0]):
         raise ValueError("all tiles computed on one worker must have the same head width per chunk")
     qh = int(step[0]) if len(step) else 0
-    c0 = w["hs"] + m * step
+    c0 = w["hs"] + np.where(sliced, m * step, 0)
     cq, ck = np.cumsum(w["q"]) - w["q"], np.cumsum(w["kv"]) - w["kv"]
     kout = ctx.index[kout_key(m)]
     q_req = Rects.make(w["seq"], w["qtok"], w["qtok"] + w["q"], c0, c0 + qh, kout, cq * qh, qh, c0)
@@ -446,7 +451,7 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
         PlanValidationError: the plan's transfers do not deliver what its tiles need (module doc).
     """
     ctx = _Context(pool, shape, worker, chunks)
-    work = _work_list(pool, ctx.me)
+    work = _work_list(pool, ctx.me, ctx.sched)
     messages: dict[str, list[Message]] = {p: [] for p in PHASES}
     kernels, got = [], []
     for m in range(ctx.M):  # dispatches first: a chunk's kernel reads KV fetched by earlier chunks

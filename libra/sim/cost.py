@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libra.plan import Plan
+from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import (
@@ -53,6 +53,7 @@ from libra.tap.pipeline import (
     check_chunks,
     pipeline_events,
 )
+from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import attention_flops
 
 
@@ -159,14 +160,16 @@ def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
 
     Args:
         events: :attr:`libra.tap.pipeline.ChunkSchedule.events`.
-        compute: ``(N,)`` compute time of one chunk.
+        compute: ``(N,)`` compute time of every chunk, or ``(N, M)`` each chunk's own.
         dispatch, ret: ``(N, M)`` time of each chunk's dispatch and return transfers.
 
     Returns:
         ``(N,)`` end of the pass minus its compute.
     """
     compute = np.asarray(compute, dtype=np.float64)
-    host, comm_free, compute_free = (np.zeros_like(compute) for _ in range(3))
+    chunks = dispatch.shape[1]
+    per = compute if compute.ndim == 2 else np.broadcast_to(compute[:, None], (len(compute), chunks))
+    host, comm_free, compute_free = (np.zeros(len(compute)) for _ in range(3))
     arrived, returned = {}, {}
     for ev, m in events:
         if ev == ISSUE_DISPATCH:
@@ -175,14 +178,24 @@ def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
         elif ev == WAIT_DISPATCH:
             host = np.maximum(host, arrived[m])
         elif ev == COMPUTE:
-            compute_free = host = np.maximum(host, compute_free) + compute
+            compute_free = host = np.maximum(host, compute_free) + per[:, m]
         elif ev == ISSUE_RETURN:
             comm_free = np.maximum(comm_free, compute_free) + ret[:, m]
             returned[m] = comm_free
         elif ev == WAIT_RETURN:
             host = np.maximum(host, returned[m])
-    chunks = dispatch.shape[1]
-    return np.maximum.reduce([host, comm_free, compute_free]) - chunks * compute
+    busy = compute.sum(axis=1) if compute.ndim == 2 else chunks * compute
+    return np.maximum.reduce([host, comm_free, compute_free]) - busy
+
+
+def _by_chunk(dest, chunk, t, n: int, M: int) -> np.ndarray:
+    """``(n, M)`` sums of segment times ``t`` per worker and chunk; chunk -1 spreads over all M."""
+    out = np.zeros((n, M))
+    every = chunk < 0
+    out += np.bincount(dest[every], weights=t[every], minlength=n)[:, None] / M
+    one = ~every
+    out += np.bincount(dest[one] * M + chunk[one], weights=t[one], minlength=n * M).reshape(n, M)
+    return out
 
 
 class CostModel:
@@ -216,32 +229,41 @@ class CostModel:
     # -- compute ---------------------------------------------------------------------------
     def _schedules(self, plan: Plan, chunks: int) -> list[ChunkSchedule]:
         try:
-            return [ChunkSchedule.for_pool(pool, plan.shape, chunks) for pool in plan.pools]
+            return [schedule_for_pool(pool, plan.shape, chunks) for pool in plan.pools]
         except ValueError as exc:
             raise ValueError(f"plan {plan.method!r}: {exc}") from None
 
     def _compute(self, plan: Plan, schedules: list[ChunkSchedule]):
         """Forward FLOPs, forward kernel time and -- when the kernel model has its own backward curve
         (:meth:`KernelModel.segment_backward_ms`) -- backward kernel time per worker (the schedule's
-        calls per segment); None instead of backward time when it is ``backward_time_ratio`` x forward."""
-        n = self.topology.num_workers
-        fwd, bwd, flops, calls = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+        calls per segment); None instead of backward time when it is ``backward_time_ratio`` x forward.
+
+        Times are ``(N,)`` when every pool cuts by heads (each chunk a ``1/M`` slice of every
+        segment), else ``(N, M)`` per chunk (:meth:`ChunkSchedule.segment_calls`)."""
+        n, M = self.topology.num_workers, schedules[0].chunks if schedules else 1
+        per_chunk = any(s.chunking != HEADS for s in schedules)
+        fwd, bwd = np.zeros((n, M) if per_chunk else n), np.zeros((n, M) if per_chunk else n)
+        flops, calls = np.zeros(n), np.zeros(n)
         d, k = plan.shape.head_dim, self.kernel
         for pool, sched in zip(plan.pools, schedules):
             seg = pool.segments()
             if not len(seg["dest"]):
                 continue
             dest = self.topology.check_ids(seg["dest"])
-            heads = sched.heads_per_call(seg["heads"])
-            fwd += np.bincount(dest, weights=k.chunked_forward_ms(seg["area"], heads, d, sched.chunks), minlength=n)
+            chunk, heads, ncalls = sched.segment_calls(seg)
+            times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls)]
             if k.has_backward_curve:
-                bwd += np.bincount(dest, weights=k.chunked_backward_ms(seg["area"], heads, d, sched.chunks),
-                                   minlength=n)
+                times.append(k.chunked_backward_ms(seg["area"], heads, d, ncalls))
+            for acc, t in zip((fwd, bwd), times):
+                acc += _by_chunk(dest, chunk, t, n, M) if per_chunk else np.bincount(dest, weights=t, minlength=n)
             flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
             calls[np.unique(dest)] = sched.chunks
-        fwd += calls * k.launch_ms
+        launch = calls * k.launch_ms
+        if per_chunk:
+            launch = launch[:, None] / M  # one launch per chunk
+        fwd += launch
         # without a curve backward is the ratio x forward, applied in price() after the speed division
-        return flops, fwd, (bwd + calls * k.launch_ms * k.backward_time_ratio if k.has_backward_curve else None)
+        return flops, fwd, (bwd + launch * k.backward_time_ratio if k.has_backward_curve else None)
 
     # -- communication ---------------------------------------------------------------------
     def _class_masks(self, src, dst) -> list[np.ndarray]:
@@ -332,6 +354,18 @@ class CostModel:
             per_chunk[phase] = times
         return sent_tot, recv_tot, link_tot, serial, per_chunk
 
+    def _apply_speed(self, fwd, bwd, speed, n: int):
+        """Compute times divided by the per-worker ``speed`` multipliers; backward filled in as
+        ``backward_time_ratio`` x forward where the kernel model has no backward curve."""
+        if speed is not None:
+            speed = np.asarray(speed, dtype=np.float64)
+            if speed.shape != (n,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
+                raise ValueError(f"speed must be {n} finite multipliers > 0, got shape {speed.shape}")
+            div = speed if fwd.ndim == 1 else speed[:, None]
+            fwd = fwd / div
+            bwd = None if bwd is None else bwd / div
+        return fwd, (fwd * self.kernel.backward_time_ratio if bwd is None else bwd)
+
     def price(self, plan: Plan, pipeline_chunks: int | None = None, speed=None) -> PlanCost:
         """Price ``plan`` per worker (see the module docstring for every term).
 
@@ -350,21 +384,18 @@ class CostModel:
         chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
         n = self.topology.num_workers
         schedules = self._schedules(plan, chunks)
-        flops, fwd, bwd = self._compute(plan, schedules)
-        if speed is not None:
-            speed = np.asarray(speed, dtype=np.float64)
-            if speed.shape != (n,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
-                raise ValueError(f"speed must be {n} finite multipliers > 0, got shape {speed.shape}")
-            fwd = fwd / speed
-            bwd = None if bwd is None else bwd / speed
-        bwd = fwd * self.kernel.backward_time_ratio if bwd is None else bwd
+        flops, fwd_c, bwd_c = self._compute(plan, schedules)
+        fwd_c, bwd_c = self._apply_speed(fwd_c, bwd_c, speed, n)
         pool_of = np.full(n, -1, dtype=np.int64)
         for pi, pool in enumerate(plan.pools):
             pool_of[self.topology.check_ids(list(pool.workers))] = pi
         sent, recv, link, comm, per_chunk = self._phases(plan, schedules)
         events = pipeline_events(chunks)  # the runtime's loop, priced event by event
-        exposed = (pipelined_exposed(events, fwd / chunks, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
-                   + pipelined_exposed(events, bwd / chunks, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
+        # (N,) times: every chunk is 1/M of the worker's compute; (N, M): each chunk its own
+        chunk_f, chunk_b = (fwd_c / chunks, bwd_c / chunks) if fwd_c.ndim == 1 else (fwd_c, bwd_c)
+        exposed = (pipelined_exposed(events, chunk_f, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
+                   + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
+        fwd, bwd = (fwd_c, bwd_c) if fwd_c.ndim == 1 else (fwd_c.sum(axis=1), bwd_c.sum(axis=1))
         workers = max(int((pool_of >= 0).sum()), 1)
         bound = self.flops_ms(float(flops.sum()) / workers)
         compute = fwd + bwd

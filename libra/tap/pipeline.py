@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libra.plan import KV, O, Q, TransferTable
+from libra.plan import HEADS, KV, O, Q, TransferTable
 from libra.workload import AttentionShape
 
 FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN = "fwd_dispatch", "fwd_return", "bwd_dispatch", "bwd_return"
@@ -45,9 +45,10 @@ ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN = (
     "issue_dispatch", "wait_dispatch", "compute", "issue_return", "wait_return")
 EVENTS = (ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN)
 
+
 # the transfer kinds of each phase; backward phases read TransferTable.backward() (dO along Q, dQ
 # along O, dK/dV along the reversed KV fetches)
-_PHASE_KINDS = {FWD_DISPATCH: (Q, KV), FWD_RETURN: (O,), BWD_DISPATCH: (Q,), BWD_RETURN: (O, KV)}
+PHASE_KINDS = {FWD_DISPATCH: (Q, KV), FWD_RETURN: (O,), BWD_DISPATCH: (Q,), BWD_RETURN: (O, KV)}
 
 
 def check_chunks(chunks) -> int:
@@ -94,6 +95,8 @@ class ChunkSchedule:
         ValueError: ``M`` not a positive integer, or not dividing a tile's head width.
     """
 
+    chunking = HEADS
+
     def __init__(self, shape: AttentionShape, head_start, head_end, chunks: int):
         self.shape, self.chunks = shape, check_chunks(chunks)
         self.events = pipeline_events(self.chunks)
@@ -137,7 +140,22 @@ class ChunkSchedule:
         self._check_widths(widths.reshape(-1))
         return widths // self.chunks
 
+    def segment_calls(self, seg: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per kernel segment (:func:`libra.plan.segments`): its chunk (-1: a slice in every chunk),
+        query heads per kernel call and number of calls -- ``M`` calls of ``width / M`` heads."""
+        n = len(seg["heads"])
+        return (np.full(n, -1, np.int64), self.heads_per_call(seg["heads"]),
+                np.full(n, self.chunks, np.int64))
+
     # -- transfers ------------------------------------------------------------------------------
+    def transfer_pieces(self, kind: int, table: TransferTable, rows: np.ndarray, chunk: int,
+                        backward: bool = False):
+        """The pieces of ``table`` rows ``rows`` of ``kind`` that travel with ``chunk``: ``(i, h0,
+        h1, t0, t1)`` int64 arrays, ``i`` indexing ``rows`` (:meth:`row_pieces`; whole token ranges)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        i, h0, h1 = self.row_pieces(kind, table.head_start[rows], table.head_end[rows], chunk, backward)
+        return i, h0, h1, table.tok_start[rows][i].astype(np.int64), table.tok_end[rows][i].astype(np.int64)
+
     def row_heads(self, kind: int, head_start: int, head_end: int, chunk: int, backward: bool = False) -> np.ndarray:
         """Heads of one transfer row that travel with ``chunk`` (query heads for Q/O, KV heads for KV).
 
@@ -193,7 +211,7 @@ class ChunkSchedule:
     def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
         """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""
         out, reverse = {}, transfers.backward()
-        for phase, kinds in _PHASE_KINDS.items():
+        for phase, kinds in PHASE_KINDS.items():
             backward = phase in (BWD_DISPATCH, BWD_RETURN)
             table = reverse if backward else transfers
             pieces = []
