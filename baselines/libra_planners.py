@@ -345,15 +345,20 @@ class _AdaptivePools:
     def __call__(self, k: int, sequences, workers):
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates)
-        best = min(found, key=self._pricer(found)) if len(found) > 1 else next(iter(found))  # one: no pricing
-        chunked = {c: found[best] if c == HEADS else replace(found[best], chunking=c) for c in self.config.chunkings}
-        how = min(chunked, key=self._pricer(chunked)) if len(chunked) > 1 else next(iter(chunked))
+        chunkings = self.config.chunkings
+        first = HEADS if HEADS in chunkings else chunkings[0]  # candidates compete under one chunking
+        priced = {n: self._price(replace(p, chunking=first) if first != HEADS else p, len(found) > 1 or len(chunkings) > 1)
+                  for n, p in found.items()}
+        best = min(priced, key=lambda n: priced[n][1])  # ties: the earlier candidate
+        options = {first: priced[best]}
+        options.update({c: self._price(replace(found[best], chunking=c), True) for c in chunkings if c != first})
+        how = min(options, key=lambda c: options[c][1])  # ties: the paper's head slices
         self.choices[int(sequences[0].seq_id)] = best if how == HEADS else f"{best}+{how}"
-        return chunked[how]
+        return options[how][0]
 
-    def _pricer(self, pools: dict):
-        """Key function: the priced straggler of ``pools[name]`` run alone (ties: dict order)."""
-        return lambda name: _pool_straggler(self.cost, pools[name], self.par, self.shape, self.tap)
+    def _price(self, pool, needed: bool) -> tuple:
+        """``(pool, its priced straggler run alone)``; 0.0 when there is nothing to choose between."""
+        return pool, (_pool_straggler(self.cost, pool, self.par, self.shape, self.tap) if needed else 0.0)
 
 
 def _pool_straggler(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig) -> float:

@@ -274,15 +274,21 @@ class CostModel:
         return [code == ci for ci in range(len(LINK_CLASSES))]
 
     def _phase_bytes(self, src, dst, masks, nbytes):
-        """``(C, N)`` bytes sent and received per link class for one phase's transfers."""
+        """``(C, N)`` bytes sent and received per link class for one phase's transfers; ``(C, N, M)``
+        when ``nbytes`` is ``(X, M)`` per chunk (one bincount over (worker, chunk) bins: each bin
+        sums its rows in row order, as a bincount per chunk would)."""
         n, k = self.topology.num_workers, len(LINK_CLASSES)
-        sent = np.zeros((k, n))
-        recv = np.zeros((k, n))
+        per = nbytes.shape[1:]
+        cols = int(np.prod(per, dtype=np.int64))
+        sent = np.zeros((k, n * cols))
+        recv = np.zeros((k, n * cols))
+        step = np.arange(cols)
         for ci, m in enumerate(masks):
             if m.any():
-                sent[ci] = np.bincount(src[m], weights=nbytes[m], minlength=n)
-                recv[ci] = np.bincount(dst[m], weights=nbytes[m], minlength=n)
-        return sent, recv
+                w = nbytes[m].reshape(-1)
+                sent[ci] = np.bincount((src[m][:, None] * cols + step).reshape(-1), weights=w, minlength=n * cols)
+                recv[ci] = np.bincount((dst[m][:, None] * cols + step).reshape(-1), weights=w, minlength=n * cols)
+        return sent.reshape(k, n, *per), recv.reshape(k, n, *per)
 
     def _phase_ms(self, sent, recv, chunks: int = 1):
         """Time of a phase whose bytes are ``(sent, recv)`` split in ``chunks`` sequential pieces.
@@ -347,11 +353,10 @@ class CostModel:
             sent_tot += sent
             recv_tot += recv
             link_tot += per_class
-            times = np.zeros((n, M))
-            for m in range(M):  # each chunk moves its own bytes and pays its own latency
-                bw_m, lat_m, _ = self._phase_ms(*self._phase_bytes(r.src, r.dst, masks, r.nbytes[:, m]))
-                times[:, m] = bw_m + lat_m
-            per_chunk[phase] = times
+            # each chunk moves its own bytes and pays its own latency: (worker, chunk) as columns
+            sent_m, recv_m = self._phase_bytes(r.src, r.dst, masks, r.nbytes)
+            bw_m, lat_m, _ = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
+            per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
         return sent_tot, recv_tot, link_tot, serial, per_chunk
 
     def _apply_speed(self, fwd, bwd, speed, n: int):

@@ -100,8 +100,10 @@ class ChunkSchedule:
     def __init__(self, shape: AttentionShape, head_start, head_end, chunks: int):
         self.shape, self.chunks = shape, check_chunks(chunks)
         self.events = pipeline_events(self.chunks)
-        ranges = np.unique(np.stack([np.asarray(head_start, np.int64).reshape(-1),
-                                     np.asarray(head_end, np.int64).reshape(-1)], axis=1), axis=0)
+        hs, he = np.asarray(head_start, np.int64).reshape(-1), np.asarray(head_end, np.int64).reshape(-1)
+        span = int(he.max(initial=0)) + 1  # one packed key per range: a 1-D unique (same order as by rows)
+        packed = np.unique(hs * span + he)
+        ranges = np.stack([packed // span, packed % span], axis=1)
         self._check_widths(ranges[:, 1] - ranges[:, 0])
         self.kv_first, self.kv_last = self._kv_chunks(ranges)
 

@@ -137,9 +137,17 @@ def _split_rows(row_gid, row_start, row_end, gid, start, end, value):
 
 
 def _group_ids(*keys) -> tuple[np.ndarray, ...]:
-    """Dense ids of equal key tuples across several ``(n_i, k)`` key arrays (same id = same key)."""
+    """Dense ids of equal key tuples across several ``(n_i, k)`` non-negative int key arrays (same
+    id = same key); columns are packed into one int64 (mixed radix) so one 1-D sort does it."""
     allk = np.concatenate(keys, axis=0)
-    _, inv = np.unique(allk, axis=0, return_inverse=True)
+    spans = [int(col.max(initial=0)) + 1 for col in allk.T]
+    if float(np.prod([float(x) for x in spans])) < 2.0**62:
+        packed = np.zeros(len(allk), dtype=np.int64)
+        for col, span in zip(allk.T, spans):
+            packed = packed * span + col
+        _, inv = np.unique(packed, return_inverse=True)
+    else:  # keys too wide to pack: sort the rows
+        _, inv = np.unique(allk, axis=0, return_inverse=True)
     inv = inv.reshape(-1).astype(np.int64)
     cuts = np.cumsum([len(k) for k in keys])[:-1]
     return tuple(np.split(inv, cuts))
