@@ -201,6 +201,12 @@ CASES_SLOW = [
     {"hq": 12, "hkv": 4, "d": 8, "B": 32, "H": 3, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
     {"hq": 8, "hkv": 8, "d": 8, "B": 32, "H": 1, "M": 8, "comm": "p2p", "dtypes": ["float64"]},
     {"hq": 12, "hkv": 4, "d": 8, "method": "ulysses", "dtypes": ["float64", "bfloat16"]},
+    # tile-grouped chunks: M = 4 over one-KV-head tiles of a GQA-3 shape, both exchange modes
+    {"hq": 12, "hkv": 4, "d": 8, "planner": "libra-adaptive",
+     "options": {"candidates": ("fine",), "chunkings": ("tiles",)}, "B": 32, "H": 1, "M": 4, "comm": "a2a",
+     "dtypes": ["float64", "float32"]},
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
+     "B": 16, "H": 1, "M": 8, "comm": "p2p", "dtypes": ["float64"]},  # some workers have empty chunks
 ]
 
 
