@@ -40,8 +40,9 @@ measured ``bytes_sent`` replaces them; ``balance_bound_ms`` is the measured mean
 ``cpu_vs_ulysses``), ``microbench.png`` and ``run.json``.
 
 ``--quick``: a smoke run (1 window, 1 repeat, no warm-up; S=1024, B=128, head_dim 16 unless given).
-``--profile``: the hardware profile ``libra-kt`` balances kernel time with (e.g. the
-``profile.json`` of ``libra-bench calibrate --device cpu``); needs ``libra-kt`` in ``--methods``.
+``--profile``: the hardware profile ``libra-kt`` balances kernel time with and ``libra-adaptive``
+prices its candidates on (e.g. the ``profile.json`` of ``libra-bench calibrate --device cpu``);
+needs one of them in ``--methods``.
 Skewed length files for the CPU runs are in ``workloads/`` (e.g. ``skewed-8k.txt``: one 8192-token
 sample, then eight of 1024).
 
@@ -69,7 +70,9 @@ from experiments.options import DtypeType, SizeType, apply_quick, overwrite_opti
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
-METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt")
+METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "libra-adaptive")
+PROFILED = ("libra-kt", "libra-adaptive")
+"""The methods that plan with a hardware profile (``--profile``)."""
 DTYPES = ("fp32", "bf16", "fp64", "fp16")
 # `libra-bench straggler`'s CSV columns, in its order (measured extras follow them)
 STRAGGLER_COLUMNS = ["workload", "setting", "method", "window", "step", "straggler_ms", "compute_ms",
@@ -95,8 +98,9 @@ def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head
                 methods, windows, workload, seed, repeats, warmup, backward, timeout, profile=None,
                 oversubscribe=False) -> dict:
     """Validated, JSON-ready configuration (raises ValueError naming the bad value); the TAP layout
-    is ``config["tap"]`` (:func:`tap_of` reads it back). ``profile``: libra-kt's hardware profile
-    (None: its default); ``oversubscribe``: more CPU ranks than cores was allowed."""
+    is ``config["tap"]`` (:func:`tap_of` reads it back). ``profile``: the hardware profile of the
+    :data:`PROFILED` methods (None: their default); ``oversubscribe``: more CPU ranks than cores was
+    allowed."""
     from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
@@ -122,8 +126,8 @@ def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head
     if "ulysses" in method_list and q_heads % cp:
         raise ValueError(f"ulysses needs CP={cp} to divide q_heads={q_heads}")
     if profile is not None:
-        if "libra-kt" not in method_list:
-            raise ValueError("--profile sets libra-kt's kernel model: add libra-kt to --methods")
+        if not set(PROFILED) & set(method_list):
+            raise ValueError(f"--profile sets the kernel model of {' and '.join(PROFILED)}: add one to --methods")
         from libra.sim.profiles import load_profile  # noqa: PLC0415
 
         load_profile(profile)  # an unknown name or a bad file fails here, before any process starts
@@ -141,8 +145,8 @@ def tap_of(cfg: dict) -> TapConfig:
 
 
 def planner_options(method: str, cfg: dict) -> dict:
-    """The registry options of ``method``: those the run's TapConfig sets for it (and libra-kt's
-    ``--profile``)."""
+    """The registry options of ``method``: those the run's TapConfig sets for it (and ``--profile``
+    for the :data:`PROFILED` methods)."""
     from baselines.registry import options_from_tap  # noqa: PLC0415
 
     return options_from_tap(method, tap_of(cfg), cfg.get("profile"))
@@ -614,7 +618,8 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--forward-only", is_flag=True, help="Time forward only (default: forward + backward).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Collective timeout (s).")
 @click.option("--profile", default=None, help="Hardware profile (name or .json, e.g. from `libra-bench calibrate "
-              "--device cpu`) whose kernel model libra-kt balances; needs libra-kt in --methods.")
+              "--device cpu`) that libra-kt balances kernel time with and libra-adaptive prices with; needs one "
+              "of them in --methods.")
 @click.option("--oversubscribe", is_flag=True, help="Allow more single-thread CPU ranks than usable cores "
               "(timings then show total CPU work / cores, not balance; recorded in run.json).")
 @click.option("--quick", is_flag=True, help="Smoke run: 1 window, 1 repeat, no warm-up, S=1024, B=128, "

@@ -39,7 +39,7 @@ def test_check_cpu_ranks():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--profile", "h100-roce-v1"], "add libra-kt to --methods"),
+    (["--profile", "h100-roce-v1"], "add one to --methods"),
     (["--methods", "libra-kt", "--profile", "no-such-profile"], "unknown hardware profile 'no-such-profile'"),
 ])
 def test_profile_errors_before_spawning(tmp_path, args, message):
@@ -65,7 +65,7 @@ def test_add_ideal_and_summary_columns():
 def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     out = tmp_path / "mb"
     args = BASE + ["--nproc", "2", "--quick", "--seq-len", "256", "--block-size", "32", "--methods",
-                   "ulysses,libra,libra-kt", "--profile", "h100-roce-v1", "--out", str(out)]
+                   "ulysses,libra,libra-kt,libra-adaptive", "--profile", "h100-roce-v1", "--out", str(out)]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.output + repr(res.exception)
     run = json.loads((out / "run.json").read_text())
@@ -74,7 +74,7 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     assert cfg["repeats"] == 1 and cfg["warmup"] == 0 and cfg["head_dim"] == 16  # --quick, S and B given
     assert cfg["seq_len"] == 256 and cfg["tap"]["block_size"] == 32
     summary = pd.read_csv(out / "microbench_summary.csv").set_index("method")
-    assert list(summary.index) == ["ulysses", "libra", "libra-kt"]
+    assert list(summary.index) == ["ulysses", "libra", "libra-kt", "libra-adaptive"]
     for col in ("ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses"):
         assert (summary[col] > 0).all(), col
     assert summary["ideal_drift"].between(-0.9, 9.0).all()  # after / before - 1: either sign, finite
@@ -83,7 +83,7 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     assert {"ideal_ms", "ideal_ratio", "cpu_ms", "seq_ids"} <= set(steps.columns)
     again = CliRunner().invoke(main, args)  # everything (the ideal included) comes from the cache
     assert again.exit_code == 0, again.output
-    assert json.loads((out / "run.json").read_text())["points_reused"] == 3
+    assert json.loads((out / "run.json").read_text())["points_reused"] == 4
 
 
 def test_ideal_before_and_after_the_ranks_gives_its_mean_and_the_drift():
