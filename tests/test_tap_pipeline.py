@@ -89,7 +89,8 @@ def _options(name: str, M: int, H: int, B: int, dp: int) -> dict:
     return opts
 
 
-CASES = [(name, hq, hkv, H, M, seed) for name in PLANNERS
+TILED = "libra-adaptive+tiles"  # libra-adaptive pinned to tile-grouped chunks (libra.tap.tile_chunks)
+CASES = [(name, hq, hkv, H, M, seed) for name in (*PLANNERS, TILED)
          for (hq, hkv, H, M, seed) in [(8, 2, 2, 2, 0), (8, 2, 1, 4, 1), (12, 3, 2, 3, 2), (4, 4, 2, 2, 3)]]
 
 
@@ -101,8 +102,12 @@ def test_runtime_sends_what_the_cost_model_prices(name, hq, hkv, H, M, seed):
     shape = AttentionShape(hq, hkv, 8, 2)
     par = ParallelConfig(dp=dp, cp=cp, gbs=dp, seq_len=S)
     window = _window(np.random.default_rng(seed), dp, S)
-    planner = get_planner(name, **_options(name, M, H, B, dp))
+    if name == TILED:
+        planner = get_planner("libra-adaptive", **_options("libra-adaptive", M, H, B, dp), chunkings=("tiles",))
+    else:
+        planner = get_planner(name, **_options(name, M, H, B, dp))
     plan = planner.plan_window(window, par, shape)[0]
+    assert name != TILED or {p.chunking for p in plan.pools} == {"tiles"}
     # planners without an M option are priced (and run) with M wherever their tiles' widths allow it
     widths = np.concatenate([p.tiles.head_end - p.tiles.head_start for p in plan.pools])
     chunks = M if np.all(widths % M == 0) else plan.pipeline_chunks
