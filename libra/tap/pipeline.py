@@ -212,15 +212,23 @@ class ChunkSchedule:
 
     def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
         """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""
-        out, reverse = {}, transfers.backward()
-        for phase, kinds in PHASE_KINDS.items():
-            backward = phase in (BWD_DISPATCH, BWD_RETURN)
-            table = reverse if backward else transfers
-            pieces = []
-            for kind in kinds:
-                rows = np.nonzero(table.kind == kind)[0]
-                pieces.append((rows, np.full(len(rows), kind, np.int8), table.src[rows].astype(np.int64),
-                               table.dst[rows].astype(np.int64), self._chunk_bytes(table, rows, backward)))
-            out[phase] = Routes(*(np.concatenate([p[i] for p in pieces]) for i in range(4)),
-                                np.concatenate([p[4] for p in pieces]).reshape(-1, self.chunks))
-        return out
+        return phase_routes(transfers, self.chunks, lambda table, rows, kind, backward:
+                            self._chunk_bytes(table, rows, backward))
+
+
+def phase_routes(transfers: TransferTable, chunks: int, chunk_bytes) -> dict[str, Routes]:
+    """Every phase's :class:`Routes` (:data:`PHASE_KINDS`; backward phases read
+    :meth:`TransferTable.backward`), with ``chunk_bytes(table, rows, kind, backward)`` giving the
+    ``(len(rows), chunks)`` bytes of a schedule's rows per chunk."""
+    out, reverse = {}, transfers.backward()
+    for phase, kinds in PHASE_KINDS.items():
+        backward = phase in (BWD_DISPATCH, BWD_RETURN)
+        table = reverse if backward else transfers
+        pieces = []
+        for kind in kinds:
+            rows = np.nonzero(table.kind == kind)[0]
+            pieces.append((rows, np.full(len(rows), kind, np.int8), table.src[rows].astype(np.int64),
+                           table.dst[rows].astype(np.int64), chunk_bytes(table, rows, kind, backward)))
+        out[phase] = Routes(*(np.concatenate([p[i] for p in pieces]) for i in range(4)),
+                            np.concatenate([p[4] for p in pieces]).reshape(-1, chunks))
+    return out

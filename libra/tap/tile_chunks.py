@@ -29,12 +29,10 @@ import numpy as np
 
 from libra.plan import HEADS, KV, TILES, Q, TransferTable, kv_need_start
 from libra.tap.pipeline import (
-    BWD_DISPATCH,
-    BWD_RETURN,
-    PHASE_KINDS,
     ChunkSchedule,
     Routes,
     check_chunks,
+    phase_routes,
     pipeline_events,
 )
 from libra.workload import AttentionShape
@@ -239,24 +237,15 @@ class TileChunkSchedule:
     def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
         """Every phase's transfers with their per-chunk bytes (a row's bytes split by the share of
         its token x head area that travels in each chunk)."""
-        out, reverse = {}, transfers.backward()
-        area = ((transfers.tok_end - transfers.tok_start).astype(np.float64)
-                * (transfers.head_end - transfers.head_start))
-        for phase, kinds in PHASE_KINDS.items():
-            backward = phase in (BWD_DISPATCH, BWD_RETURN)
-            table = reverse if backward else transfers
-            parts = []
-            for kind in kinds:
-                rows = np.nonzero(transfers.kind == kind)[0]
-                row, h0, h1, t0, t1, c = self._pieces_all(kind, backward)
-                share = np.zeros((len(transfers), self.chunks))
-                np.add.at(share, (row, c), (t1 - t0) * (h1 - h0) / np.maximum(area[row], 1.0))
-                parts.append((rows, np.full(len(rows), kind, np.int8), table.src[rows].astype(np.int64),
-                              table.dst[rows].astype(np.int64),
-                              transfers.nbytes[rows].astype(np.float64)[:, None] * share[rows]))
-            out[phase] = Routes(*(np.concatenate([p[i] for p in parts]) for i in range(4)),
-                                np.concatenate([p[4] for p in parts]).reshape(-1, self.chunks))
-        return out
+        return phase_routes(transfers, self.chunks, self._chunk_bytes)
+
+    def _chunk_bytes(self, table: TransferTable, rows: np.ndarray, kind: int, backward: bool) -> np.ndarray:
+        """``(len(rows), M)`` bytes of rows ``rows`` (all of ``kind``) per chunk."""
+        row, h0, h1, t0, t1, c = self._pieces_all(kind, backward)
+        area = (table.tok_end[row] - table.tok_start[row]).astype(np.float64) * (table.head_end[row] - table.head_start[row])
+        share = np.zeros((len(table), self.chunks))
+        np.add.at(share, (row, c), (t1 - t0) * (h1 - h0) / np.maximum(area, 1.0))
+        return table.nbytes[rows].astype(np.float64)[:, None] * share[rows]
 
 
 def schedule_for_pool(pool, shape: AttentionShape, chunks: int):
