@@ -33,7 +33,8 @@ separates the gain of cross-step sorting from the gain of pooling)."""
 OPTIONAL_METHODS = ("libra-kt", "libra-adaptive")
 """Registry planners beyond the paper's six that ``--methods`` accepts but no default list runs:
 ``libra-kt`` is Libra full with kernel-time-aware TAP placement, ``libra-adaptive`` picks per pool
-the fastest of Alg. 2 and adaptive tilings/placements under the cost model (extensions, not in the
+the fastest of Alg. 2 and adaptive tilings/placements, then of the Pipeliner's head-sliced and
+tile-grouped chunks, under the cost model (extensions, not in the
 paper; both plan with the run's ``--profile``, which :func:`planner_options` passes them)."""
 
 LABELS = {"ulysses": "Ulysses", "ulysses-sorted": "Ulysses (sorted)", "wlb-llm": "WLB-LLM", "distca": "DistCA",
