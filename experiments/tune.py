@@ -12,8 +12,9 @@ profile and the parallel layout (``--dp --cp --seq-len --gbs``, or one of the pa
 
 simulates each with every planner of ``--methods`` -- by default the full Libra planner (VRSP + TAP +
 Pipeliner with ``M`` chunks, ``--pipeline-chunks``; soft load target ``--tau``; both TapConfig's defaults
-unless given) and ``libra-adaptive`` (per pool the fastest of Alg. 2 and adaptive tilings, and of two Pipeliner chunkings, under the
-profile's cost model; an extension, not in the paper) -- over a few GBS windows, and Ulysses on the
+unless given) and ``libra-adaptive`` (per pool the fastest of Alg. 2 and adaptive tilings, and of two
+Pipeliner chunkings, under the profile's cost model; an extension, not in the paper) -- over a few GBS
+windows, and Ulysses on the
 same windows and device jitter as the reference. Explicit values
 that break a layout rule (P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
 hq/H) are errors, not silently dropped.
