@@ -346,19 +346,26 @@ class _AdaptivePools:
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates)
         chunkings = self.config.chunkings
-        first = HEADS if HEADS in chunkings else chunkings[0]  # candidates compete under one chunking
-        priced = {n: self._price(replace(p, chunking=first) if first != HEADS else p, len(found) > 1 or len(chunkings) > 1)
-                  for n, p in found.items()}
-        best = min(priced, key=lambda n: priced[n][1])  # ties: the earlier candidate
-        options = {first: priced[best]}
-        options.update({c: self._price(replace(found[best], chunking=c), True) for c in chunkings if c != first})
-        how = min(options, key=lambda c: options[c][1])  # ties: the paper's head slices
+        # candidates compete under one chunking (the paper's head slices unless pinned away), then
+        # the winner is priced under the others; nothing is priced when there is nothing to choose
+        first = HEADS if HEADS in chunkings else chunkings[0]
+        if first != HEADS:
+            found = {n: replace(p, chunking=first) for n, p in found.items()}
+        choose = len(found) > 1 or len(chunkings) > 1
+        options = {n: (p, self._straggler(p) if choose else 0.0) for n, p in found.items()}
+        best = min(options, key=lambda n: options[n][1])  # ties: the earlier candidate
+        chunked = {first: options[best]}
+        for c in chunkings:
+            if c != first:
+                other = replace(found[best], chunking=c)
+                chunked[c] = (other, self._straggler(other))
+        how = min(chunked, key=lambda c: chunked[c][1])  # ties: the first chunking
         self.choices[int(sequences[0].seq_id)] = best if how == HEADS else f"{best}+{how}"
-        return options[how][0]
+        return chunked[how][0]
 
-    def _price(self, pool, needed: bool) -> tuple:
-        """``(pool, its priced straggler run alone)``; 0.0 when there is nothing to choose between."""
-        return pool, (_pool_straggler(self.cost, pool, self.par, self.shape, self.tap) if needed else 0.0)
+    def _straggler(self, pool) -> float:
+        """The priced straggler of ``pool`` run alone."""
+        return _pool_straggler(self.cost, pool, self.par, self.shape, self.tap)
 
 
 def _pool_straggler(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig) -> float:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra.arrays import expand_counts
 from libra.plan.tables import TileTable, frozen_array
 from libra.workload import attention_flops, causal_area, range_areas
 
@@ -192,9 +193,8 @@ def segments(sequences: Sequence[SequenceLayout], tiles: TileTable,
     shift = idx.base[tiles.seq]
     a, b = tiles.q_start + shift, tiles.q_end + shift  # global token axis
     first = np.searchsorted(idx.offs, a, side="right") - 1
-    counts = np.searchsorted(idx.offs, b, side="left") - first
-    rep = np.repeat(np.arange(len(tiles)), counts)
-    sample = np.repeat(first, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    rep, sample = expand_counts(np.searchsorted(idx.offs, b, side="left") - first)
+    sample += first[rep]
     s0 = idx.offs[sample]
     lo = np.maximum(a[rep], s0) - s0
     hi = np.minimum(b[rep], idx.offs[sample + 1]) - s0

@@ -298,8 +298,8 @@ def _work_list(pool: PoolPlan, me: int, sched) -> dict:
     order = np.lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"], cols["chunk"]))
     c = {k: v[order] for k, v in cols.items()}
     cont = np.zeros(len(order), dtype=bool)
-    cont[1:] = ((c["chunk"][1:] == c["chunk"][:-1]) & (c["seq"][1:] == c["seq"][:-1]) & (c["s0"][1:] == c["s0"][:-1]) & (c["hs"][1:] == c["hs"][:-1])
-                & (c["he"][1:] == c["he"][:-1]) & (c["qtok"][1:] == c["qtok"][:-1] + c["q"][:-1]))
+    same = [c[k][1:] == c[k][:-1] for k in ("chunk", "seq", "s0", "hs", "he")]
+    cont[1:] = np.logical_and.reduce(same + [c["qtok"][1:] == c["qtok"][:-1] + c["q"][:-1]])
     first = np.nonzero(~cont)[0]
     last = np.append(first[1:], len(order)) - 1
     out = {k: v[first] for k, v in c.items()}
@@ -335,9 +335,8 @@ def _kernel(ctx: _Context, w: dict, m: int, got: list[dict]) -> tuple[ChunkKerne
     Returns the kernel and its outputs as sources (for the O / dQ returns).
     """
     hq, hkv, M = ctx.shape.num_q_heads, ctx.shape.num_kv_heads, ctx.M
+    w = {k: v[(w["chunk"] < 0) | (w["chunk"] == m)] for k, v in w.items()}  # this chunk's segments
     sliced = w["chunk"] < 0  # a head slice of the segment in every chunk; else whole in its chunk
-    w = {k: v[sliced | (w["chunk"] == m)] for k, v in w.items()}
-    sliced = w["chunk"] < 0
     step = np.where(sliced, (w["he"] - w["hs"]) // M, w["he"] - w["hs"])
     if len(step) and np.any(step != step[0]):
         raise ValueError("all tiles computed on one worker must have the same head width per chunk")

@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra.arrays import expand_counts, pack_keys
 from libra.plan import (
     KV,
     O,
@@ -59,16 +60,11 @@ def merge_intervals(keys: Sequence[np.ndarray], start: np.ndarray, end: np.ndarr
     if len(start) == 0:
         return [np.asarray(k)[:0] for k in keys], start[:0], end[:0]
     ks = [np.asarray(k, dtype=np.int64) for k in keys]
-    lows = [int(k.min()) for k in ks]
-    spans = [int(k.max()) - lo + 1 for k, lo in zip(ks, lows)]
-    s_lo = int(start.min())
-    s_span = int(start.max()) - s_lo + 1
-    if float(np.prod([float(x) for x in spans])) * s_span < 2.0**62:
+    group = pack_keys(ks)
+    key = None if group is None else pack_keys([group, start])
+    if key is not None:
         # one int64 sort key: (keys..., start) packed mixed-radix (much cheaper than a lexsort)
-        group = np.zeros(len(start), dtype=np.int64)
-        for k, lo, sp in zip(ks, lows, spans):
-            group = group * sp + (k - lo)
-        order = np.argsort(group * s_span + (start - s_lo), kind="stable")
+        order = np.argsort(key, kind="stable")
         g = group[order]
         new_group = np.empty(len(g), dtype=bool)
         new_group[0] = True
@@ -107,18 +103,16 @@ def _q_like(kind: int, src, dst, tiles: TileTable, rows: np.ndarray, shape: Atte
 def _kv_fetch_reference(tiles: TileTable, shape: AttentionShape, idx: PoolIndex) -> TransferTable:
     """KV-fetch rows by generic interval merging (the reference :func:`kv_fetch_rows` must match)."""
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
-    cnt = a1 - a0
-    rep = np.repeat(np.arange(len(tiles)), cnt)
-    atom = a0[rep] + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    rep, atom = expand_counts(a1 - a0)
+    atom += a0[rep]
     shift = idx.base[tiles.seq]
     lo_need = kv_need_start((), tiles, idx) + shift
     # per (destination, KV atom): union of the needed intervals on the pool's global token axis
     (dst, atom), lo, hi = merge_intervals([tiles.dest[rep], atom], lo_need[rep], (tiles.q_end + shift)[rep])
     # cut at holder boundaries; pieces the destination holds itself need no transfer
     first = np.searchsorted(idx.h_start, lo, side="right") - 1
-    cnt = np.searchsorted(idx.h_start, hi - 1, side="right") - first
-    r = np.repeat(np.arange(len(lo)), cnt)
-    j = np.repeat(first, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+    r, j = expand_counts(np.searchsorted(idx.h_start, hi - 1, side="right") - first)
+    j += first[r]
     src = idx.h_worker[j]
     keep = src != dst[r]
     r, j, src = r[keep], j[keep], src[keep]
@@ -246,8 +240,8 @@ def _kv_needs(tiles: TileTable, shape: AttentionShape, idx: PoolIndex):
     cnt = a1 - a0
     if int(cnt.min()) == int(cnt.max()) == 1:  # one atom per tile (every usual GQA layout)
         return bounds, tiles.dest, a0, lo, hi
-    rep = np.repeat(np.arange(len(tiles)), cnt)
-    atom = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt - a0, cnt)
+    rep, atom = expand_counts(cnt)
+    atom += a0[rep]
     return bounds, tiles.dest[rep], atom, lo[rep], hi[rep]
 
 
@@ -267,9 +261,8 @@ def _kv_union(dst, atom, lo, hi, n_atoms: int, t1: int, w: int):
 def _kv_pieces(dst, atom, lo, hi, idx: PoolIndex):
     """Cut the intervals at holder boundaries; drop the pieces the destination holds itself."""
     j0 = np.searchsorted(idx.h_start, lo, side="right") - 1
-    cnt = np.searchsorted(idx.h_start, hi - 1, side="right") - j0
-    r = np.repeat(np.arange(len(lo)), cnt)
-    j = np.arange(len(r)) - np.repeat(np.cumsum(cnt) - cnt - j0, cnt)
+    r, j = expand_counts(np.searchsorted(idx.h_start, hi - 1, side="right") - j0)
+    j += j0[r]
     src = idx.h_worker[j]
     keep = np.flatnonzero(src != dst[r])
     r, j = r[keep], j[keep]

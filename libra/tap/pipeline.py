@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra.arrays import row_ids
 from libra.plan import HEADS, KV, O, Q, TransferTable
 from libra.workload import AttentionShape
 
@@ -44,7 +45,6 @@ PHASES = (FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN)
 ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN = (
     "issue_dispatch", "wait_dispatch", "compute", "issue_return", "wait_return")
 EVENTS = (ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN)
-
 
 # the transfer kinds of each phase; backward phases read TransferTable.backward() (dO along Q, dQ
 # along O, dK/dV along the reversed KV fetches)
@@ -101,9 +101,8 @@ class ChunkSchedule:
         self.shape, self.chunks = shape, check_chunks(chunks)
         self.events = pipeline_events(self.chunks)
         hs, he = np.asarray(head_start, np.int64).reshape(-1), np.asarray(head_end, np.int64).reshape(-1)
-        span = int(he.max(initial=0)) + 1  # one packed key per range: a 1-D unique (same order as by rows)
-        packed = np.unique(hs * span + he)
-        ranges = np.stack([packed // span, packed % span], axis=1)
+        first, _ = row_ids([hs, he])  # the distinct head ranges, in order
+        ranges = np.stack([hs[first], he[first]], axis=1)
         self._check_widths(ranges[:, 1] - ranges[:, 0])
         self.kv_first, self.kv_last = self._kv_chunks(ranges)
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from libra.plan import HEADS, KV, TILES, Q, TransferTable, kv_need_start
+from libra.arrays import expand_counts, row_ids
+from libra.plan import KV, TILES, Q, TransferTable, kv_need_start
 from libra.tap.pipeline import (
     ChunkSchedule,
     Routes,
@@ -68,24 +69,27 @@ def assign_tile_chunks(pool, shape: AttentionShape, chunks: int) -> np.ndarray:
     k0, _ = shape.kv_head_range(tiles.head_start, tiles.head_end)
     # local tiles: first half (by FLOPs, in position order) -> front, the rest -> back
     lorder = np.lexsort((tiles.head_start, tiles.q_start, tiles.seq, ~local, dest))
-    ld, lf = dest[lorder], np.where(local[lorder], flops[lorder], 0.0)
-    csum = np.cumsum(lf)
-    first = np.r_[True, ld[1:] != ld[:-1]]
-    before = csum - lf - np.repeat((csum - lf)[first], np.diff(np.r_[np.nonzero(first)[0], n]))
-    total = np.repeat(np.add.reduceat(lf, np.nonzero(first)[0]), np.diff(np.r_[np.nonzero(first)[0], n]))
+    lf = np.where(local[lorder], flops[lorder], 0.0)
+    before, total = _position_in_run(dest[lorder], lf)
     front = np.zeros(n, dtype=bool)
     front[lorder] = (before + lf / 2) <= total / 2
     part = np.where(local, np.where(front, 0, 2), 1)
     order = np.lexsort((tiles.head_start, tiles.q_start, tiles.seq, np.where(part == 1, k0, 0), part, dest))
-    d, f = dest[order], flops[order]
-    starts = np.nonzero(np.r_[True, d[1:] != d[:-1]])[0]
-    runs = np.diff(np.r_[starts, n])
-    csum = np.cumsum(f)
-    before = csum - f - np.repeat(csum[starts] - f[starts], runs)
-    total = np.repeat(np.add.reduceat(f, starts), runs)
+    f = flops[order]
+    before, total = _position_in_run(dest[order], f)
     out = np.empty(n, dtype=np.int64)
     out[order] = np.minimum((M * (before + f / 2) / total).astype(np.int64), M - 1)
     return out
+
+
+def _position_in_run(key: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ``weight`` in runs of equal (sorted) ``key``: the weight before each element in its run,
+    and its run's total."""
+    starts = np.nonzero(np.r_[True, key[1:] != key[:-1]])[0]
+    runs = np.diff(np.r_[starts, len(key)])
+    csum = np.cumsum(weight)
+    before = csum - weight - np.repeat(csum[starts] - weight[starts], runs)
+    return before, np.repeat(np.add.reduceat(weight, starts), runs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -126,29 +130,18 @@ def _split_rows(row_gid, row_start, row_end, gid, start, end, value):
     ps, pe = gid * span + start, gid * span + end
     lo = np.searchsorted(pe, row_gid * span + row_start, side="right")
     hi = np.searchsorted(ps, row_gid * span + row_end, side="left")
-    counts = np.maximum(hi - lo, 0)
-    row = np.repeat(np.arange(len(row_gid)), counts)
-    j = np.repeat(lo, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    row, k = expand_counts(np.maximum(hi - lo, 0))
+    j = lo[row] + k
     s, e = np.maximum(row_start[row], start[j]), np.minimum(row_end[row], end[j])
     keep = e > s
     return row[keep], s[keep], e[keep], value[j][keep]
 
 
 def _group_ids(*keys) -> tuple[np.ndarray, ...]:
-    """Dense ids of equal key tuples across several ``(n_i, k)`` non-negative int key arrays (same
-    id = same key); columns are packed into one int64 (mixed radix) so one 1-D sort does it."""
+    """Dense ids of equal key tuples across several ``(n_i, k)`` int key arrays (same id = same key)."""
     allk = np.concatenate(keys, axis=0)
-    spans = [int(col.max(initial=0)) + 1 for col in allk.T]
-    if float(np.prod([float(x) for x in spans])) < 2.0**62:
-        packed = np.zeros(len(allk), dtype=np.int64)
-        for col, span in zip(allk.T, spans):
-            packed = packed * span + col
-        _, inv = np.unique(packed, return_inverse=True)
-    else:  # keys too wide to pack: sort the rows
-        _, inv = np.unique(allk, axis=0, return_inverse=True)
-    inv = inv.reshape(-1).astype(np.int64)
-    cuts = np.cumsum([len(k) for k in keys])[:-1]
-    return tuple(np.split(inv, cuts))
+    _, ids = row_ids(list(allk.T))
+    return tuple(np.split(ids, np.cumsum([len(k) for k in keys])[:-1]))
 
 
 class TileChunkSchedule:
@@ -201,13 +194,11 @@ class TileChunkSchedule:
         destination (``backward``: the last one, for dK/dV)."""
         pool, tiles = self._pool, self._pool.tiles
         k0, k1 = self.shape.kv_head_range(tiles.head_start, tiles.head_end)
-        width = k1 - k0
-        tix = np.repeat(np.arange(len(tiles)), width)
-        head = np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width) + k0[tix]
+        tix, head = expand_counts(k1 - k0)  # one row per (tile, KV head) and (transfer row, KV head)
+        head += k0[tix]
         need_start = kv_need_start(pool.sequences, tiles, pool.index())
-        rw = (tr.head_end[rows] - tr.head_start[rows]).astype(np.int64)
-        rix = np.repeat(np.arange(len(rows)), rw)
-        rhead = np.arange(int(rw.sum())) - np.repeat(np.cumsum(rw) - rw, rw) + tr.head_start[rows][rix]
+        rix, rhead = expand_counts(tr.head_end[rows] - tr.head_start[rows])
+        rhead += tr.head_start[rows][rix]
         rg, tg = _group_ids(np.stack([tr.dst[rows][rix], tr.seq[rows][rix], rhead], 1).astype(np.int64),
                             np.stack([tiles.dest[tix], tiles.seq[tix], head], 1).astype(np.int64))
         if not len(tix):
@@ -249,12 +240,8 @@ class TileChunkSchedule:
 
 
 def schedule_for_pool(pool, shape: AttentionShape, chunks: int):
-    """The Pipeliner of ``pool`` by its ``chunking``: :class:`ChunkSchedule` (Libra sec. 4.4,
-    ``"heads"``) or :class:`TileChunkSchedule` (``"tiles"``)."""
-    chunking = getattr(pool, "chunking", HEADS)
-    if chunking == TILES:
+    """The Pipeliner of ``pool`` by its ``chunking`` (checked by :class:`~libra.plan.PoolPlan`):
+    :class:`ChunkSchedule` (Libra sec. 4.4, ``"heads"``) or :class:`TileChunkSchedule` (``"tiles"``)."""
+    if pool.chunking == TILES:
         return TileChunkSchedule(pool, shape, chunks)
-    if chunking != HEADS:
-        raise ValueError(f"pool {pool.pool_index}: unknown Pipeliner chunking {chunking!r} (expected "
-                         f"{HEADS!r} or {TILES!r})")
     return ChunkSchedule.for_pool(pool, shape, chunks)
