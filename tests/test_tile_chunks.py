@@ -153,3 +153,15 @@ def test_chunking_is_part_of_the_contract():
     assert isinstance(schedule_for_pool(pp, shape, 2), ChunkSchedule)
     with pytest.raises(ValueError, match="unknown Pipeliner chunking 'rows'"):
         replace(pp, chunking="rows")
+
+
+def test_a_tile_schedule_refuses_another_pools_transfer_table():
+    """Its pieces are cut from its own pool's table; rows of another table would be cut wrongly."""
+    shape = AttentionShape(8, 2, 16)
+    seqs = (_seq(0, [128], [0, 1], 0), _seq(1, [16] * 8, [2, 3], 1))
+    pp = replace(plan_pool(0, seqs, (0, 1, 2, 3), TapConfig(pool_size=2, block_size=32, head_split=2), shape),
+                 chunking=TILES)
+    sched = schedule_for_pool(pp, shape, 2)
+    other = pp.transfers.select(np.arange(len(pp.transfers)))  # equal content, another object
+    with pytest.raises(ValueError, match="cuts only its own pool's transfer table"):
+        sched.transfer_pieces(KV, other, np.nonzero(other.kind == KV)[0], 0)
