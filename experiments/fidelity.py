@@ -248,14 +248,13 @@ def summarize(df: pd.DataFrame) -> dict:
 
 def plot_ratios(df: pd.DataFrame, path: Path) -> None:
     """Error ratio (impl / bf16 plain PyTorch) per quantity and level, with the limits."""
-    from experiments.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
+    from experiments.plotting import save_figure, setup_style, strip_points  # noqa: PLC0415  (selects Agg first)
 
     setup_style()
     import matplotlib.pyplot as plt  # noqa: PLC0415
-    import seaborn as sns  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    sns.stripplot(data=df, x="quantity", y="ratio", hue="level", dodge=True, ax=ax, order=list(QUANTITIES))
+    strip_points(ax, df, "quantity", "ratio", list(QUANTITIES), hue="level")
     ax.axhline(2.0, color="black", lw=1, ls="--", label="2x (forward)")
     ax.axhline(float(df["limit"].max()), color="grey", lw=1, ls=":", label="gradient limit")
     ax.set_ylabel("max err / max err of bf16 PyTorch")
