@@ -22,6 +22,16 @@ on rank 0 while the others wait), and ``ideal_ms`` uses the mean of the two: on 
 speed drifts during the run, ``ideal_drift`` (after / before - 1, per step and in the summary) says
 by how much, so a ratio that moves by less than the drift is noise, not balance.
 
+**The paired ideal** (on by default; ``--no-paired-ideal`` skips it): a shared host drifts by tens
+of percent over the minutes between the ideal's two measurements, more than the balance left to
+show. So every rank also times, right after each step's repetitions (same warm-up and repeats,
+median), its own DP rank's packed sequence as one whole-sequence call, all ranks at once -- one
+rank per core, as in the step. ``paired_ideal_ms`` is the mean over ranks divided by CP, and
+``paired_ratio`` = straggler / paired ideal: step and ideal are seconds apart under the same load,
+so drift cancels in the ratio. The paired ideal meets at most the step's contention (a rank that
+finishes first idles while the others still run), so if anything it is faster than the step's
+conditions allow and the ratio errs against the method.
+
 **Honest CPU timing**: on CPU every rank runs one thread; more ranks than the cores this process
 may use (``os.sched_getaffinity``) would time total CPU work / cores whatever the placement, so
 balancing could not show. Such a run is refused before any process starts unless
@@ -96,11 +106,11 @@ RANK_THREADS = 1
 
 def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head_dim, dtype, device, backend, comm,
                 methods, windows, workload, seed, repeats, warmup, backward, timeout, profile=None,
-                oversubscribe=False) -> dict:
+                oversubscribe=False, paired_ideal=True) -> dict:
     """Validated, JSON-ready configuration (raises ValueError naming the bad value); the TAP layout
     is ``config["tap"]`` (:func:`tap_of` reads it back). ``profile``: the hardware profile of the
     :data:`PROFILED` methods (None: their default); ``oversubscribe``: more CPU ranks than cores was
-    allowed."""
+    allowed; ``paired_ideal``: each rank times the paired ideal after each step (module docstring)."""
     from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
@@ -136,7 +146,7 @@ def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head
             "comm": comm, "methods": list(method_list), "windows": windows, "workload": workload, "seed": seed,
             "repeats": repeats, "warmup": warmup, "backward": bool(backward), "timeout": float(timeout),
             "profile": None if profile is None else str(profile), "oversubscribe": bool(oversubscribe),
-            "threads": RANK_THREADS}
+            "threads": RANK_THREADS, "paired_ideal": bool(paired_ideal)}
 
 
 def tap_of(cfg: dict) -> TapConfig:
@@ -307,10 +317,11 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
             q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
             times, cpu, compute, wait, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
                                                           cfg["backward"], device, None)
+            paired = _paired_ideal_ms(plan, me, cfg, backend, dtype, device) if cfg["paired_ideal"] else np.nan
             st = runner.stats
             sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
             sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
-            mine = torch.tensor(np.concatenate([times, cpu, compute, wait, [peak, sent, P]]), dtype=torch.float64)
+            mine = torch.tensor(np.concatenate([times, cpu, compute, wait, [peak, sent, P, paired]]), dtype=torch.float64)
             allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
             all_gather_single(allv, mine.to(device))
             if rank == 0:
@@ -326,7 +337,8 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
 def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
     R = cfg["repeats"]
     times, cpu, compute, wait = (allv[:, i * R:(i + 1) * R] for i in range(4))
-    peak, sent, P = allv[:, 4 * R], allv[:, 4 * R + 1], allv[:, 4 * R + 2]
+    peak, sent, P, paired = (allv[:, 4 * R + i] for i in range(4))
+    paired_ideal = float(paired.mean()) / cfg["cp"]  # mean over ranks of their DP rank's sequence, / CP
     per_rep_max = times.max(axis=0)
     rep = int(np.argsort(per_rep_max)[len(per_rep_max) // 2])  # the median repetition
     w = int(np.argmax(times[:, rep]))
@@ -344,7 +356,19 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
             "cpu_ms": float(np.median(cpu, axis=1).mean() * 1e3),
             "bytes_sent": int(sent.sum()), "peak_transient_bytes": int(peak.max()), "pipeline_chunks": int(chunks),
             "measured": True, "backend": backend, "device": device.split(":")[0], "dtype": cfg["dtype"],
-            "repeats": R, "backward": cfg["backward"]}
+            "repeats": R, "backward": cfg["backward"],
+            "paired_ideal_ms": paired_ideal, "paired_ratio": float(per_rep_max[rep] * 1e3) / paired_ideal}
+
+
+def _paired_ideal_ms(plan, me: int, cfg: dict, backend, dtype, device) -> float:
+    """This rank's part of a step's paired ideal (module docstring): the whole-sequence attention time
+    (ms, median over the run's repeats) of the packed sequence its DP rank holds in ``plan``."""
+    from experiments.gpu_common import time_whole_sequence  # noqa: PLC0415
+
+    seq = next(s for s in plan.pool_of_worker(me).sequences if me in s.holder_worker)
+    return time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], dtype,
+                               device, cfg["warmup"], cfg["repeats"], seed=cfg["seed"] + seq.seq_id,
+                               backward=cfg["backward"])["ms"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -505,6 +529,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             row["ideal_ms"] = g["ideal_ms"].mean()
             row["ideal_ratio"] = row["mean_ms"] / row["ideal_ms"]
             row["ideal_drift"] = g["ideal_drift"].mean() if "ideal_drift" in g else np.nan
+        if "paired_ideal_ms" in g and g["paired_ideal_ms"].notna().all():
+            row["paired_ideal_ms"] = g["paired_ideal_ms"].mean()
+            row["paired_ratio"] = row["mean_ms"] / row["paired_ideal_ms"]
         if "cpu_ms" in g:
             row["cpu_ms"] = g["cpu_ms"].mean()
         rows.append(row)
@@ -533,6 +560,10 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     sns.barplot(data=long, x="method", y="ms", hue="metric", ax=ax)
     if "ideal_ms" in summary:
         ax.axhline(float(summary["ideal_ms"].iloc[0]), color="black", linestyle="--", linewidth=1, label="ideal")
+    if "paired_ideal_ms" in summary:  # measured beside each method's steps: one marker per method
+        ax.scatter(range(len(summary)), summary["paired_ideal_ms"], marker="_", s=400, color="black", zorder=3,
+                   label="paired ideal")
+    if "ideal_ms" in summary or "paired_ideal_ms" in summary:
         ax.legend()
     ax.set_ylabel("straggler core-attention time per step (ms)")
     ax.set_title(f"measured: {df['backend'].iloc[0]} on {df['device'].iloc[0]}, {df['dtype'].iloc[0]}")
@@ -622,6 +653,9 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
               "of them in --methods.")
 @click.option("--oversubscribe", is_flag=True, help="Allow more single-thread CPU ranks than usable cores "
               "(timings then show total CPU work / cores, not balance; recorded in run.json).")
+@click.option("--paired-ideal/--no-paired-ideal", default=True, show_default=True,
+              help="Every rank also times its DP rank's whole sequence right after each step (paired_ratio: "
+                   "straggler / that ideal, robust to host drift); costs about one more step per step.")
 @click.option("--quick", is_flag=True, help="Smoke run: 1 window, 1 repeat, no warm-up, S=1024, B=128, "
               "head_dim 16 (each unless given).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder.")
@@ -631,7 +665,7 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.pass_context
 def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks,
                q_heads, kv_heads, head_dim, dtype, device, backend, comm, methods, windows, workload, seed, repeats,
-               warmup, forward_only, timeout, profile, oversubscribe, quick, out, force, no_progress):
+               warmup, forward_only, timeout, profile, oversubscribe, paired_ideal, quick, out, force, no_progress):
     """Measured core-attention straggler per step (Libra sec. 6.3) for Ulysses and Libra, with the
     measured ideal and CPU time per rank."""
     p = {"windows": windows, "repeats": repeats, "warmup": warmup, "seq_len": seq_len, "block_size": block_size,
@@ -644,7 +678,7 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
                           head_dim=p["head_dim"], dtype=dtype, device=device, backend=backend, comm=comm,
                           methods=methods, windows=p["windows"], workload=workload, seed=seed, repeats=p["repeats"],
                           warmup=p["warmup"], backward=not forward_only, timeout=timeout, profile=profile,
-                          oversubscribe=oversubscribe)
+                          oversubscribe=oversubscribe, paired_ideal=paired_ideal)
         world, under_torchrun = _world(nproc, dp, cp, device, oversubscribe)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -674,7 +708,8 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
     extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0]}
     paths = run.finish(df, plot=plot, extra=extra)
     atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
-    cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift", "cpu_ms",
+    cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift",
+                        "paired_ideal_ms", "paired_ratio", "cpu_ms",
                         "cpu_vs_ulysses",
                         "comm_exposed_ms", "peak_transient_mib", "mean_speedup") if c in summary]
     click.echo(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))

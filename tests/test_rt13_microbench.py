@@ -3,7 +3,9 @@
 * on CPU it refuses more single-thread ranks than usable cores (one line, before any process
   starts) unless ``--oversubscribe``, which run.json records;
 * it measures the ideal (each DP rank's whole-sequence attention alone, / CP) and reports
-  ``ideal_ms``, ``ideal_ratio`` and ``cpu_ms`` per method; ``--quick`` and ``--profile`` (libra-kt).
+  ``ideal_ms``, ``ideal_ratio`` and ``cpu_ms`` per method; ``--quick`` and ``--profile`` (libra-kt);
+* the paired ideal: every rank times its DP rank's whole sequence right after each step, so
+  ``paired_ratio`` is robust to a host whose speed drifts during the run.
 """
 
 from __future__ import annotations
@@ -75,12 +77,13 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     assert cfg["seq_len"] == 256 and cfg["tap"]["block_size"] == 32
     summary = pd.read_csv(out / "microbench_summary.csv").set_index("method")
     assert list(summary.index) == ["ulysses", "libra", "libra-kt", "libra-adaptive"]
-    for col in ("ideal_ms", "ideal_ratio", "cpu_ms", "cpu_vs_ulysses"):
+    for col in ("ideal_ms", "ideal_ratio", "paired_ideal_ms", "paired_ratio", "cpu_ms", "cpu_vs_ulysses"):
         assert (summary[col] > 0).all(), col
     assert summary["ideal_drift"].between(-0.9, 9.0).all()  # after / before - 1: either sign, finite
     assert summary["ideal_ms"].nunique() == 1  # one ideal per window, whatever the method
     steps = pd.read_csv(out / "microbench.csv")
-    assert {"ideal_ms", "ideal_ratio", "cpu_ms", "seq_ids"} <= set(steps.columns)
+    assert {"ideal_ms", "ideal_ratio", "paired_ideal_ms", "paired_ratio", "cpu_ms", "seq_ids"} <= set(steps.columns)
+    assert (steps["paired_ratio"] == steps["straggler_ms"] / steps["paired_ideal_ms"]).all()
     again = CliRunner().invoke(main, args)  # everything (the ideal included) comes from the cache
     assert again.exit_code == 0, again.output
     assert json.loads((out / "run.json").read_text())["points_reused"] == 4
@@ -100,3 +103,48 @@ def test_ideal_before_and_after_the_ranks_gives_its_mean_and_the_drift():
     assert got["ideal_drift"] == pytest.approx(48.0 / 40.0 - 1.0)  # the host got 20% slower
     once = mb.merge_ideals([before])["0"]  # measured once: no drift
     assert mb.add_ideal(rows, once, cp=1)[0]["ideal_drift"] == pytest.approx(0.0)
+
+
+def _allv(times_s, paired_ms, repeats=1):
+    """``_step_row``'s gathered matrix: per rank its repetition times, CPU, compute, wait (R each),
+    then peak, bytes sent, P and its paired-ideal time."""
+    import numpy as np
+
+    return np.array([[t] * repeats + [t] * repeats + [t / 2] * repeats + [0.0] * repeats + [0.0, 0.0, 2.0, p]
+                     for t, p in zip(times_s, paired_ms)])
+
+
+def test_step_row_paired_ideal_is_mean_over_ranks_over_cp():
+    cfg = {"workload": "w", "cp": 2, "repeats": 1, "dtype": "fp32", "backward": True}
+    row = mb._step_row("libra", 0, 0, _allv([0.030, 0.020, 0.010, 0.010], [40.0, 40.0, 8.0, 8.0]), cfg, 2,
+                       "cpu-flash", "cpu")
+    assert row["straggler_ms"] == pytest.approx(30.0)
+    assert row["paired_ideal_ms"] == pytest.approx(12.0)  # mean(40, 40, 8, 8) / CP 2
+    assert row["paired_ratio"] == pytest.approx(2.5)
+    off = mb._step_row("libra", 0, 0, _allv([0.03, 0.02], [float("nan")] * 2), {**cfg, "cp": 1}, 2, "b", "cpu")
+    assert off["paired_ratio"] != off["paired_ratio"]  # --no-paired-ideal: NaN, and the summary drops it
+    rows = [{**off, "seq_ids": "0", "mean_worker_ms": 1.0, "peak_transient_bytes": 1, "cpu_ms": 1.0}]
+    assert "paired_ratio" not in mb.summarize(pd.DataFrame(rows))
+
+
+def test_paired_ideal_times_the_sequence_this_rank_holds(monkeypatch):
+    """Each rank times its own DP rank's packed sequence of the step's plan (VRSP regroups them)."""
+    from baselines.registry import get_planner
+    from experiments import gpu_common
+    from libra.config import ParallelConfig
+    from libra.data.windows import gbs_windows
+    from libra.workload import AttentionShape
+
+    timed = []
+    monkeypatch.setattr(gpu_common, "time_whole_sequence",
+                        lambda backend, lengths, *a, seed, **k: timed.append(seed) or {"ms": float(sum(lengths))})
+    cfg = {"q_heads": 4, "kv_heads": 2, "head_dim": 8, "warmup": 0, "repeats": 1, "seed": 100, "backward": True}
+    par = ParallelConfig(dp=2, cp=2, gbs=4, seq_len=512)
+    window = gbs_windows("libra-prod", 512, 4, 1, seed=3)[0]
+    for plan in get_planner("libra", pool_size=2, block_size=64, pipeline_chunks=2).plan_window(
+            window, par, AttentionShape(8, 2, 8, 4)):
+        for me in range(4):
+            ms = mb._paired_ideal_ms(plan, me, cfg, None, None, None)
+            (seq,) = [s for pool in plan.pools for s in pool.sequences if me in s.holder_worker.tolist()]
+            assert me // 2 == seq.holder_worker[0] // 2 and ms == seq.num_tokens
+            assert timed[-1] == 100 + seq.seq_id
