@@ -24,11 +24,12 @@ by how much, so a ratio that moves by less than the drift is noise, not balance.
 
 **The paired ideal** (on by default; ``--no-paired-ideal`` skips it): a shared host drifts by tens
 of percent over the minutes between the ideal's two measurements, more than the balance left to
-show. So every rank also times, right after each step's repetitions (same warm-up and repeats,
-median), its own DP rank's packed sequence as one whole-sequence call, all ranks at once -- one
-rank per core, as in the step. ``paired_ideal_ms`` is the mean over ranks divided by CP, and
-``paired_ratio`` = straggler / paired ideal: step and ideal are seconds apart under the same load,
-so drift cancels in the ratio. The paired ideal meets at most the step's contention (a rank that
+show, and its speed moves within seconds too. So every rank also times, right after *each*
+repetition of a step (warm-up ones included, untimed), its own DP rank's packed sequence as one
+whole-sequence call, all ranks at once -- one rank per core, as in the step. A repetition's paired
+ideal is the mean over ranks divided by CP; ``paired_ratio`` is the median over repetitions of
+that repetition's straggler / its paired ideal (``paired_ideal_ms``: the median paired ideal), so
+each ratio compares two timings a moment apart under the same load. The paired ideal meets at most the step's contention (a rank that
 finishes first idles while the others still run), so if anything it is faster than the step's
 conditions allow and the ratio errs against the method.
 
@@ -70,6 +71,7 @@ import datetime as _dt
 import os
 import time
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import click
@@ -203,16 +205,17 @@ def _local_tensors(ranges, seq_ids, shape, dtype, device, seed):
     return [torch.cat(parts[n]).to(device=device, dtype=dtype) for n in ("q", "k", "v", "do")]
 
 
-def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_group):
-    """Per repetition: barrier, then one complete core-attention call.
+def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_group, after_each=None):
+    """Per repetition: barrier, then one complete core-attention call, then ``after_each()`` (when
+    given; untimed here, it times itself: the paired ideal's ms).
 
-    Returns ``(wall s, process CPU s, compute s, comm wait s)`` arrays of the timed repetitions and
-    the peak transient bytes.
+    Returns ``(wall s, process CPU s, compute s, comm wait s, after_each ms)`` arrays of the timed
+    repetitions (the last NaN without ``after_each``) and the peak transient bytes.
     """
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
-    times, cpu, compute, wait, peak = [], [], [], [], 0
+    times, cpu, compute, wait, after, peak = [], [], [], [], [], 0
     for r in range(warmup + repeats):
         qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
         stats = runner.stats
@@ -238,7 +241,10 @@ def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_gr
             compute.append(st["compute_s"])
             wait.append(st["comm_wait_s"])
             peak = max(peak, int(st["peak_transient_bytes"]))
-    return np.array(times), np.array(cpu), np.array(compute), np.array(wait), peak
+        paired = np.nan if after_each is None else after_each()
+        if r >= warmup:
+            after.append(paired)
+    return np.array(times), np.array(cpu), np.array(compute), np.array(wait), np.array(after), peak
 
 
 def _runner(method, plan, cfg, groups, backend, shape, me):
@@ -315,13 +321,13 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
         for plan in planner.plan_window(windows[w], par, shape):
             runner, ranges, seq_ids, chunks, P = _runner(method, plan, cfg, groups, backend, shape, me)
             q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
-            times, cpu, compute, wait, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
-                                                          cfg["backward"], device, None)
-            paired = _paired_ideal_ms(plan, me, cfg, backend, dtype, device) if cfg["paired_ideal"] else np.nan
+            ideal = partial(_paired_ideal_ms, plan, me, cfg, backend, dtype, device) if cfg["paired_ideal"] else None
+            times, cpu, compute, wait, paired, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
+                                                                  cfg["backward"], device, None, after_each=ideal)
             st = runner.stats
             sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
             sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
-            mine = torch.tensor(np.concatenate([times, cpu, compute, wait, [peak, sent, P, paired]]), dtype=torch.float64)
+            mine = torch.tensor(np.concatenate([times, cpu, compute, wait, paired, [peak, sent, P]]), dtype=torch.float64)
             allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
             all_gather_single(allv, mine.to(device))
             if rank == 0:
@@ -336,9 +342,9 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
 
 def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
     R = cfg["repeats"]
-    times, cpu, compute, wait = (allv[:, i * R:(i + 1) * R] for i in range(4))
-    peak, sent, P, paired = (allv[:, 4 * R + i] for i in range(4))
-    paired_ideal = float(paired.mean()) / cfg["cp"]  # mean over ranks of their DP rank's sequence, / CP
+    times, cpu, compute, wait, paired = (allv[:, i * R:(i + 1) * R] for i in range(5))
+    peak, sent, P = (allv[:, 5 * R + i] for i in range(3))
+    ideal_rep = paired.mean(axis=0) / cfg["cp"]  # per repetition: mean over ranks of their sequence, / CP
     per_rep_max = times.max(axis=0)
     rep = int(np.argsort(per_rep_max)[len(per_rep_max) // 2])  # the median repetition
     w = int(np.argmax(times[:, rep]))
@@ -357,17 +363,18 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
             "bytes_sent": int(sent.sum()), "peak_transient_bytes": int(peak.max()), "pipeline_chunks": int(chunks),
             "measured": True, "backend": backend, "device": device.split(":")[0], "dtype": cfg["dtype"],
             "repeats": R, "backward": cfg["backward"],
-            "paired_ideal_ms": paired_ideal, "paired_ratio": float(per_rep_max[rep] * 1e3) / paired_ideal}
+            "paired_ideal_ms": float(np.median(ideal_rep)),
+            "paired_ratio": float(np.median(per_rep_max * 1e3 / ideal_rep))}
 
 
 def _paired_ideal_ms(plan, me: int, cfg: dict, backend, dtype, device) -> float:
-    """This rank's part of a step's paired ideal (module docstring): the whole-sequence attention time
-    (ms, median over the run's repeats) of the packed sequence its DP rank holds in ``plan``."""
+    """This rank's part of one repetition's paired ideal (module docstring): the time (ms) of one
+    whole-sequence attention call of the packed sequence its DP rank holds in ``plan``."""
     from experiments.gpu_common import time_whole_sequence  # noqa: PLC0415
 
     seq = next(s for s in plan.pool_of_worker(me).sequences if me in s.holder_worker)
     return time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], dtype,
-                               device, cfg["warmup"], cfg["repeats"], seed=cfg["seed"] + seq.seq_id,
+                               device, 0, 1, seed=cfg["seed"] + seq.seq_id,
                                backward=cfg["backward"])["ms"]
 
 
@@ -531,7 +538,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             row["ideal_drift"] = g["ideal_drift"].mean() if "ideal_drift" in g else np.nan
         if "paired_ideal_ms" in g and g["paired_ideal_ms"].notna().all():
             row["paired_ideal_ms"] = g["paired_ideal_ms"].mean()
-            row["paired_ratio"] = row["mean_ms"] / row["paired_ideal_ms"]
+            row["paired_ratio"] = g["paired_ratio"].mean()  # each step's median per-repetition ratio
         if "cpu_ms" in g:
             row["cpu_ms"] = g["cpu_ms"].mean()
         rows.append(row)
@@ -654,8 +661,8 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--oversubscribe", is_flag=True, help="Allow more single-thread CPU ranks than usable cores "
               "(timings then show total CPU work / cores, not balance; recorded in run.json).")
 @click.option("--paired-ideal/--no-paired-ideal", default=True, show_default=True,
-              help="Every rank also times its DP rank's whole sequence right after each step (paired_ratio: "
-                   "straggler / that ideal, robust to host drift); costs about one more step per step.")
+              help="Every rank also times its DP rank's whole sequence right after each repetition (paired_ratio: "
+                   "median of straggler / that ideal, robust to host drift); costs about one more step per step.")
 @click.option("--quick", is_flag=True, help="Smoke run: 1 window, 1 repeat, no warm-up, S=1024, B=128, "
               "head_dim 16 (each unless given).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder.")
