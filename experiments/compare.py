@@ -32,7 +32,7 @@ DEFAULT_METRICS = {
     "pool-sweep": ("total_ms",),
     "tune": ("mean_ms", "speedup"),
     "plan-cost": ("median_ms",),
-    "microbench": ("mean_ms", "ideal_ratio"),
+    "microbench": ("mean_ms", "ideal_ratio", "paired_ratio"),
     "grid-search": ("speedup",),
 }
 """Headline metrics per experiment (others: the first three numeric columns)."""
