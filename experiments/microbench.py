@@ -29,9 +29,9 @@ repetition of a step (warm-up ones included, untimed), its own DP rank's packed 
 whole-sequence call, all ranks at once -- one rank per core, as in the step. A repetition's paired
 ideal is the mean over ranks divided by CP; ``paired_ratio`` is the median over repetitions of
 that repetition's straggler / its paired ideal (``paired_ideal_ms``: the median paired ideal), so
-each ratio compares two timings a moment apart under the same load. The paired ideal meets at most the step's contention (a rank that
-finishes first idles while the others still run), so if anything it is faster than the step's
-conditions allow and the ratio errs against the method.
+each ratio compares two timings a moment apart under the same load. The paired ideal meets at most
+the step's contention (a rank that finishes first idles while the others still run), so if anything
+it is faster than the step's conditions allow and the ratio errs against the method.
 
 **Honest CPU timing**: on CPU every rank runs one thread; more ranks than the cores this process
 may use (``os.sched_getaffinity``) would time total CPU work / cores whatever the placement, so
@@ -112,7 +112,7 @@ def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head
     """Validated, JSON-ready configuration (raises ValueError naming the bad value); the TAP layout
     is ``config["tap"]`` (:func:`tap_of` reads it back). ``profile``: the hardware profile of the
     :data:`PROFILED` methods (None: their default); ``oversubscribe``: more CPU ranks than cores was
-    allowed; ``paired_ideal``: each rank times the paired ideal after each step (module docstring)."""
+    allowed; ``paired_ideal``: each rank times the paired ideal after each repetition (module docstring)."""
     from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
