@@ -175,11 +175,13 @@ def _col(g: pd.DataFrame, name: str, how) -> float:
     return how(g[name]) if name in g else float("nan")
 
 
-def _decomposition(g: pd.DataFrame) -> dict:
-    """Geometric-mean factors, their products and the FLOPs-only limit of one (setting, method)."""
+def loss_decomposition(g: pd.DataFrame) -> dict:
+    """Geometric-mean factors, their products and the FLOPs-only limit of one group of steps (a
+    (setting, method) here, a candidate layout in ``tune``)."""
     out = {f: _col(g, f, gmean) for f in FACTORS}
     out["pool_balanced_ratio"] = out["comm_factor"] * out["placement_factor"]
-    out["bound_ratio_gmean"] = gmean(g["bound_ratio"])
+    ratio = g["bound_ratio"] if "bound_ratio" in g else g["straggler_ms"] / g["balance_bound_ms"]  # tune's steps
+    out["bound_ratio_gmean"] = gmean(ratio)
     out["flops_ulysses_ms"] = _col(g, "flops_ulysses_ms", lambda c: float(c.mean()))
     out["flops_libra_ms"] = _col(g, "flops_libra_ms", lambda c: float(c.mean()))
     out["flops_limit_speedup"] = out["flops_ulysses_ms"] / out["flops_libra_ms"]
@@ -204,7 +206,7 @@ def summarize(df: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:
                      "bound_ms": g["balance_bound_ms"].mean(), "bound_ratio": g["bound_ratio"].mean(),
                      "balanced_compute_ms": _col(g, "balanced_compute_ms", lambda c: float(c.mean())),
                      "balanced_ratio": _col(g, "balanced_ratio", lambda c: float(c.mean())),
-                     **_decomposition(g)})
+                     **loss_decomposition(g)})
     out = pd.DataFrame(rows)
     for setting, g in out.groupby("setting", sort=False):
         base = g[g["method"] == "ulysses"]

@@ -38,7 +38,11 @@ comparison the spread does not blur). With one window there is no spread and the
 The printed table is narrow (``--wide``: every column). Outputs (``results/tune/`` for the paper's
 layouts and workload presets, ``runs/tune/<workload>-<layout>/`` otherwise, or ``--out``; see
 :func:`experiments.runner.default_out_dir`): ``tune.csv`` (one row per candidate, ranked, with the
-per-window ``*_window_mean/min/max`` columns, ``windows``, ``within_noise`` and ``windows_behind_rank1``),
+per-window ``*_window_mean/min/max`` columns, ``windows``, ``within_noise``, ``windows_behind_rank1``
+and the loss decomposition of ``libra-bench straggler`` -- ``comm_factor``, ``placement_factor``,
+``pooling_factor``, ``kernel_factor`` and ``pool_balanced_ratio`` = comm x placement as geometric
+means over steps, ``bound_ratio_gmean`` their product, ``flops_limit_speedup``; the printout's
+``pool bal.``: how far the candidate's pools are from finishing together),
 ``tune_steps.csv`` (every simulated step), ``tune.png`` (ranking) and ``run.json`` (config,
 profile, the recommendation).
 """
@@ -71,6 +75,7 @@ from experiments.sim_common import (
     tiles_per_sequence,
     workload_record,
 )
+from experiments.straggler import loss_decomposition
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.sim.simulator import simulate_window
 
@@ -237,7 +242,7 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, ti
                      "inter_node_gb_per_step": (g["bytes_roce"] + g["bytes_inter_supernode"]).mean() / 1e9,
                      "bound_ratio": (g["straggler_ms"] / g["balance_bound_ms"]).mean(),
                      "ulysses_mean_ms": u_mean, "ulysses_max_ms": u_max, "steps": len(g),
-                     **spread})
+                     **loss_decomposition(g), **spread})
     table = pd.DataFrame(rows)
     col = f"{objective}_ms"
     order = table.sort_values([col, "pool_size", "tiles_per_sequence"], kind="mergesort").index
@@ -287,7 +292,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
         opts = {} if method == "ulysses" else options_from_tap(
             method, replace(tap, pool_size=p, head_split=h, block_size=b), profile)
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
-                                seed=jitter_seed(seed, w))
+                                seed=jitter_seed(seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
                  "window": w, **r.to_row()} for r in steps]
 
@@ -337,7 +342,8 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
 
 SPREAD = "spread"
 """Label of the per-window speedup column (mean [min, max] over windows; its header names the metric)."""
-NARROW = ("rank", "method", "P", "H", "B", "tiles/seq", "mean ms", "speedup", SPREAD, "comm GB/step", "/ bound", "")
+NARROW = ("rank", "method", "P", "H", "B", "tiles/seq", "mean ms", "speedup", SPREAD, "comm GB/step", "/ bound",
+          "pool bal.", "")
 """Columns of the printed ranking without ``--wide``."""
 
 
@@ -356,7 +362,10 @@ def _cells(r, objective: str = "mean") -> dict[str, str]:
             "mean ms": f"{r.mean_ms:.1f}", "max ms": f"{r.max_ms:.1f}", "speedup": f"{r.speedup:.2f}x",
             "max speedup": f"{r.max_speedup:.2f}x", SPREAD: spread, "comm GB/step": f"{r.comm_gb_per_step:.1f}",
             "inter-node GB": f"{r.inter_node_gb_per_step:.1f}", "exposed comm ms": f"{r.comm_exposed_ms:.1f}",
-            "/ bound": f"{r.bound_ratio:.2f}", "": "<- recommended" if r.recommended else ""}
+            "/ bound": f"{r.bound_ratio:.2f}", "pool bal.": f"{r.pool_balanced_ratio:.2f}",
+            "comm factor": f"{r.comm_factor:.2f}", "placement factor": f"{r.placement_factor:.2f}",
+            "pooling factor": f"{r.pooling_factor:.2f}", "kernel factor": f"{r.kernel_factor:.2f}",
+            "": "<- recommended" if r.recommended else ""}
 
 
 def _print_table(table: pd.DataFrame, top: int, profile_name: str, objective: str, wide: bool = False) -> None:

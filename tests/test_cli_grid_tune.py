@@ -95,6 +95,12 @@ def test_tune_quick_ranks_and_recommends(tmp_path):
     assert set(t["tau"]) == {TapConfig().tau}  # TapConfig's defaults unless --tau / --pipeline-chunks
     assert np.allclose(t["speedup"], t["ulysses_mean_ms"] / t["mean_ms"])
     assert (t["tiles_per_sequence"] == 16384 // t["block_size"] * t["head_split"]).all()
+    # straggler's loss decomposition per candidate: the factors' product is exactly the bound ratio
+    factors = t["comm_factor"] * t["placement_factor"] * t["pooling_factor"] * t["kernel_factor"]
+    assert np.allclose(factors, t["bound_ratio_gmean"], rtol=1e-12) and (t["bound_ratio_gmean"] > 1).all()
+    assert np.allclose(t["pool_balanced_ratio"], t["comm_factor"] * t["placement_factor"])
+    assert (t["flops_limit_speedup"] > 0).all()  # each candidate's own P in the FLOPs-only limit
+    assert t.groupby("pool_size")["flops_libra_ms"].nunique().eq(1).all()  # the same per P, any method
     rec = t[t["recommended"]].iloc[0]
     assert rec.name == recommend(t.drop(columns=["recommended"]), 0.01)
     run = json.loads((tmp_path / "run.json").read_text())
