@@ -181,6 +181,8 @@ COMMANDS = {
     "fig12": "libra-bench straggler --workload libra-prod --out results/straggler (make fig12)",
     "fig12-real": "libra-bench straggler --workload ../shared/workloads/{file} --out results/straggler-{name} "
                   "(make fig12-real)",
+    "fig12-tuned": "libra-bench tune --workload ../shared/workloads/{file} --settings {s} --pool-sizes 2,4,8,16 "
+                   "--head-splits 2 --windows 4 --out results/tune-{name}-{s} (make tune-real)",
     "fig12-nojitter": "libra-bench straggler --workload libra-prod --no-jitter --out results/straggler-nojitter "
                       "(make fig12-nojitter)",
     "fig13": "libra-bench dp-scaling --workload libra-prod --out results/dp-scaling (make fig13)",
@@ -218,6 +220,9 @@ REASONS: dict[str, list[tuple[Callable[[dict], bool], str]]] = {
                        "simulated; Ulysses' mean straggler is {u_bound:.1f}x its perfect-balance bound on this "
                        "data, so there is more imbalance to remove than the paper's corpus left"),
                       (lambda f: True, "simulated stragglers (cost model), not measured on GPUs")],
+    "fig12-tuned": [(lambda f: True, "the layout `libra-bench tune` picks for this corpus (Libra sec. 5's offline "
+                                     "(P, H, B) search) instead of the paper's; simulated; libra-adaptive is an "
+                                     "extension, not in the paper")],
     "fig12-wlb": [(lambda f: f.get("wlb_rejoin") == "none",
                    "WLB-LLM repacks the same fixed-token segments (rejoin=none), so every method computes equal attention"),
                   (lambda f: True, "WLB-LLM re-joins split samples (more attention FLOPs than the other methods)")],
@@ -571,6 +576,46 @@ def comparison_rows(s: str, src, summ, facts: dict) -> list[Row]:
     return rows
 
 
+def tune_source(sources, setting: str, workload: str) -> Source | None:
+    """The latest ``tune`` run of ``workload`` in the paper's ``setting`` layout (DP, CP, S, GBS)."""
+    from experiments.sim_common import SETTINGS  # noqa: PLC0415  (the paper's layouts, libra imports)
+
+    par = SETTINGS[setting.lower()].par()
+    want = {"dp": par.dp, "cp": par.cp, "seq_len": par.seq_len, "gbs": par.gbs}
+    return latest(sources, "tune", lambda x: x.workload == workload and isinstance(x.config.get("par"), dict)
+                  and {k: x.config["par"].get(k) for k in want} == want)
+
+
+def tuned_row(sources, s: str, file: str, name: str) -> Row:
+    """Figure 12 on a real corpus at the layout ``tune`` recommends for it, beside the paper's layout:
+    the best ``libra`` candidate is what is compared with the paper's Libra speedup."""
+    from experiments.sim_common import SETTINGS  # noqa: PLC0415
+
+    p = PAPER["fig12-speedup"][s]
+    r = Row("fig12-tuned", f"Fig. 12 ({file}), tuned layout", s,
+            f"Libra mean-straggler speedup {p['mean']:.2f}x (at the paper's layout)",
+            command=COMMANDS["fig12-tuned"].format(file=file, name=name, s=s.lower()))
+    src = tune_source(sources, s, file)
+    t = src.csv() if src is not None else None
+    if t is None or not {"libra", "libra-adaptive"} <= set(t["method"]):
+        return r
+    tap = SETTINGS[s.lower()].tap
+    rec = t[t["recommended"]].iloc[0] if t["recommended"].any() else t.iloc[0]
+    best = t[t["method"] == "libra"].sort_values("mean_ms").iloc[0]
+    paper = t[(t["pool_size"] == tap.pool_size) & (t["head_split"] == tap.head_split)
+              & (t["block_size"] == tap.block_size)].set_index("method")
+    at_paper = (f"; at the paper's layout (P={tap.pool_size}, H={tap.head_split}, B={tap.block_size}) "
+                + ", ".join(f"{m} {paper.loc[m, 'speedup']:.2f}x" for m in ("libra-adaptive", "libra")
+                            if m in paper.index)) if len(paper) else ""
+    pbr = f", pool-balanced ratio {rec['pool_balanced_ratio']:.2f}" if "pool_balanced_ratio" in t else ""
+    r.source = src
+    r.ours = (f"tune picks {rec['method']} P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}: "
+              f"{rec['speedup']:.2f}x{pbr}; best libra {best['speedup']:.2f}x (P={best['pool_size']}, "
+              f"B={best['block_size']}){at_paper}")
+    r.pairs = [(float(best["speedup"]), p["mean"], "rel")]
+    return r
+
+
 def rows_fig12(sources) -> list[Row]:
     """Figure 12 on libra-prod (speedup, WLB-LLM, DistCA, ablation), then the real corpora's speedups."""
     rows = []
@@ -589,6 +634,8 @@ def rows_fig12(sources) -> list[Row]:
             rfacts = {"context": fig12_context(rsumm, s, rsrc, roff)} if rsrc is not None else {}
             rows.append(speedup_row(f"Fig. 12 ({file})", s, rsrc, rsumm,
                                     COMMANDS["fig12-real"].format(file=file, name=name), rfacts))
+            if s == "1M":  # make tune-real searches the 1M layout, where the paper's P is not the corpora's best
+                rows.append(tuned_row(sources, s, file, name))
     return rows
 
 

@@ -131,3 +131,38 @@ def test_the_vrsp_trim_note_only_calls_a_number_inconsistent_when_it_is():
 
     assert "inconsistent with its own Fig. 4" in note(0.096) and "we measure 37.9%" in note(0.096)
     assert "matches its own Fig. 4" in note(0.48) and "inconsistent" not in note(0.48)
+
+
+def tune_run(folder, workload="../shared/workloads/flexsp_wikipedia.txt.gz", scale=1.0):
+    """A 1M tune run: libra-adaptive best at P=4, libra best at P=4 B=4096; the paper's layout P=8, H=2, B=8192."""
+    rows = [("libra-adaptive", 4, 2, 8192, 100.0, 3.0, True, 1.3), ("libra-adaptive", 8, 2, 8192, 120.0, 2.5, False, 1.8),
+            ("libra", 4, 2, 4096, 150.0, 2.0, False, 1.7), ("libra", 8, 2, 8192, 200.0, 1.5, False, 2.7)]
+    t = pd.DataFrame(rows, columns=["method", "pool_size", "head_split", "block_size", "mean_ms", "speedup",
+                                    "recommended", "pool_balanced_ratio"])
+    t["speedup"] *= scale
+    cfg = {"workload": workload, "windows": 4, "par": {"dp": 16, "cp": 16, "gbs": 32, "seq_len": 1048576},
+           "methods": ["libra", "libra-adaptive"]}
+    write_run(folder, "tune", cfg, "tune", t)
+
+
+def test_fig12_tuned_layout_rows_from_tune_runs(tmp_path):
+    """Each real corpus at 1M gets a row for the layout tune recommends (make tune-real), beside the
+    paper's layout; the best libra candidate is compared with the paper's Libra speedup."""
+    root = tmp_path / "results"
+    make_results(root)
+    tune_run(root / "tune-wikipedia-1m")
+    # a tune run in another layout (GBS 64) is not this setting's
+    tune_run(root / "tune-other", scale=10.0)
+    other = json.loads((root / "tune-other" / "run.json").read_text())
+    other["config"]["par"]["gbs"] = 64
+    other["finished_utc"] = "2026-03-01T00:00:00+00:00"
+    (root / "tune-other" / "run.json").write_text(json.dumps(other))
+    rows = rows_of(generate(root, tmp_path / "R.md")[0].read_text())
+    wiki = rows[("Fig. 12 (flexsp_wikipedia.txt.gz), tuned layout", "1M", "Libra mean-str")]
+    assert "tune picks libra-adaptive P=4, H=2, B=8192: 3.00x, pool-balanced ratio 1.30" in wiki
+    assert "best libra 2.00x (P=4, B=4096)" in wiki
+    assert "at the paper's layout (P=8, H=2, B=8192) libra-adaptive 2.50x, libra 1.50x" in wiki
+    assert "`results/tune-wikipedia-1m`" in wiki and "instead of the paper's" in wiki
+    prolong = rows[("Fig. 12 (distca_dist_prolong.json), tuned layout", "1M", "Libra mean-str")]
+    assert "not run" in prolong and "(make tune-real)" in prolong
+    assert ("Fig. 12 (flexsp_wikipedia.txt.gz), tuned layout", "256K", "Libra mean-str") not in rows
