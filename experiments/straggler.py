@@ -151,11 +151,16 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
 
 def step_row(r, workload: str, setting: str, window: int) -> dict:
     """One CSV row of a step: its StepResult plus the ratios to the two balance references."""
-    row = {"workload": workload, "setting": setting, "method": r.method, "window": window, **r.to_row()}
-    row["bound_ratio"] = r.straggler_ms / r.balance_bound_ms if r.balance_bound_ms > 0 else float("nan")
-    row["balanced_ratio"] = r.straggler_ms / r.balanced_compute_ms if r.balanced_compute_ms > 0 else float("nan")
-    row["pool_balanced_ratio"] = r.comm_factor * r.placement_factor
-    return row
+    return {"workload": workload, "setting": setting, "method": r.method, "window": window, **r.to_row(),
+            **step_ratios(r)}
+
+
+def step_ratios(r) -> dict:
+    """A StepResult's straggler over the two balance references and its pool-balanced ratio (the
+    per-step columns :func:`loss_decomposition` reads; ``tune``'s steps carry them too)."""
+    return {"bound_ratio": r.straggler_ms / r.balance_bound_ms if r.balance_bound_ms > 0 else float("nan"),
+            "balanced_ratio": r.straggler_ms / r.balanced_compute_ms if r.balanced_compute_ms > 0 else float("nan"),
+            "pool_balanced_ratio": r.comm_factor * r.placement_factor}
 
 
 FACTORS = ("comm_factor", "placement_factor", "pooling_factor", "kernel_factor")
@@ -180,8 +185,7 @@ def loss_decomposition(g: pd.DataFrame) -> dict:
     (setting, method) here, a candidate layout in ``tune``)."""
     out = {f: _col(g, f, gmean) for f in FACTORS}
     out["pool_balanced_ratio"] = out["comm_factor"] * out["placement_factor"]
-    ratio = g["bound_ratio"] if "bound_ratio" in g else g["straggler_ms"] / g["balance_bound_ms"]  # tune's steps
-    out["bound_ratio_gmean"] = gmean(ratio)
+    out["bound_ratio_gmean"] = gmean(g["bound_ratio"])
     out["flops_ulysses_ms"] = _col(g, "flops_ulysses_ms", lambda c: float(c.mean()))
     out["flops_libra_ms"] = _col(g, "flops_libra_ms", lambda c: float(c.mean()))
     out["flops_limit_speedup"] = out["flops_ulysses_ms"] / out["flops_libra_ms"]

@@ -75,7 +75,7 @@ from experiments.sim_common import (
     tiles_per_sequence,
     workload_record,
 )
-from experiments.straggler import loss_decomposition
+from experiments.straggler import loss_decomposition, step_ratios
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.sim.simulator import simulate_window
 
@@ -240,7 +240,7 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, ti
                      "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
                      "comm_gb_per_step": all_bytes.mean() / 1e9,
                      "inter_node_gb_per_step": (g["bytes_roce"] + g["bytes_inter_supernode"]).mean() / 1e9,
-                     "bound_ratio": (g["straggler_ms"] / g["balance_bound_ms"]).mean(),
+                     "bound_ratio": g["bound_ratio"].mean(),
                      "ulysses_mean_ms": u_mean, "ulysses_max_ms": u_max, "steps": len(g),
                      **loss_decomposition(g), **spread})
     table = pd.DataFrame(rows)
@@ -294,7 +294,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
-                 "window": w, **r.to_row()} for r in steps]
+                 "window": w, **r.to_row(), **step_ratios(r)} for r in steps]
 
     keys = [["ulysses", 0, 0, 0, w] for w in range(windows)]
     keys += [[m, p, h, b, w] for m in methods for p, h, b in grid for w in range(windows)]
