@@ -35,7 +35,7 @@ from libra.plan import CHUNKINGS, HEADS, Plan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, candidate_pools
+from libra.tap.adaptive import CANDIDATES, DEFAULT_CANDIDATES, candidate_pools
 from libra.tap.planner import plan_pool
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
@@ -275,8 +275,9 @@ class LibraAdaptiveConfig(LibraKtConfig):
     """Config of ``libra-adaptive``: ``libra-kt``'s (TapConfig + the profile it plans for) plus
 
     Attributes:
-        candidates: the per-pool plans to choose from (default: all of
-            :data:`libra.tap.adaptive.CANDIDATES`; one name pins that plan, e.g. for an ablation).
+        candidates: the per-pool plans to choose from, any of :data:`libra.tap.adaptive.CANDIDATES`
+            (default :data:`libra.tap.adaptive.DEFAULT_CANDIDATES`; one name pins that plan, e.g.
+            for an ablation).
         chunkings: the Pipeliner chunkings (:data:`libra.plan.CHUNKINGS`) the chosen candidate is
             priced with, the faster kept (default both; one name pins it).
 
@@ -284,7 +285,7 @@ class LibraAdaptiveConfig(LibraKtConfig):
         ValueError: an empty or unknown candidate or chunking list, and :class:`LibraKtConfig`'s errors.
     """
 
-    candidates: tuple[str, ...] = CANDIDATES
+    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     chunkings: tuple[str, ...] = CHUNKINGS
 
     def __post_init__(self) -> None:
@@ -299,10 +300,12 @@ class LibraAdaptiveConfig(LibraKtConfig):
 
 
 class LibraAdaptivePlanner(LibraKtPlanner):
-    """``libra-adaptive``: VRSP pools, then per pool the fastest of :data:`libra.tap.adaptive.CANDIDATES`
-    (the paper's Alg. 2 plan, its kernel-time variant, and plans with one KV head per tile placed
-    by Alg. 2 or by Q-home retention) as the profile's cost model prices that pool alone (no device
-    jitter; :class:`libra.sim.cost.CostModel`). An extension for real corpora, not in the paper.
+    """``libra-adaptive``: VRSP pools, then per pool the fastest of its candidates
+    (:data:`libra.tap.adaptive.DEFAULT_CANDIDATES`: the paper's Alg. 2 plan and plans with one KV
+    head per tile, placed by Alg. 2 or in Q-home retention order with each byte priced by the
+    link it crosses) as the profile's cost model prices that pool alone (no device jitter;
+    :class:`libra.sim.cost.CostModel`; the links from its :class:`~libra.sim.topology.Topology`).
+    An extension for real corpora, not in the paper.
 
     Planning with the cost model means its choice is as good as the profile: with a profile that
     mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
@@ -344,7 +347,7 @@ class _AdaptivePools:
 
     def __call__(self, k: int, sequences, workers):
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
-                                self.config.candidates)
+                                self.config.candidates, link_cost=self.cost.topology.byte_cost)
         chunkings = self.config.chunkings
         # candidates compete under one chunking (the paper's head slices unless pinned away), then
         # the winner is priced under the others; nothing is priced when there is nothing to choose

@@ -19,11 +19,12 @@ from test_baselines_planners import make_window
 from baselines.libra_planners import LibraAdaptiveConfig
 from baselines.registry import get_planner
 from libra.config import ParallelConfig, TapConfig
-from libra.plan import SequenceLayout
+from libra.plan import Plan, PoolPlan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, _retained, fine_head_split, retention_order
+from libra.tap.adaptive import CANDIDATES, _retained, candidate_pools, fine_head_split, retention_order
+from libra.tap.exchange import build_transfers
 from libra.tap.placement import available_placers, place_tiles
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
@@ -140,3 +141,40 @@ def test_chunking_choice_is_priced_and_can_be_pinned():
 def test_config_rejects_bad_options(bad, match):
     with pytest.raises(ValueError, match=match):
         LibraAdaptiveConfig(**bad)
+
+
+def test_link_priced_candidate_needs_link_costs_and_equals_retention_on_one_link_class():
+    """``fine-retain-link`` is the retention order placed with each byte priced by its link: with
+    one cost on every link it is ``fine-retain``; without ``link_cost`` it is refused."""
+    seqs, workers = _pool(4, p=2, cp=4, per_rank=64)
+    tap = TapConfig(block_size=32, head_split=1, pipeline_chunks=2)
+    kernel = load_profile("h100-roce-v1").kernel
+    with pytest.raises(ValueError, match="link_cost"):
+        candidate_pools(0, seqs, workers, tap, SHAPE, kernel, ("fine-retain-link",))
+    flat = candidate_pools(0, seqs, workers, tap, SHAPE, kernel, ("fine-retain", "fine-retain-link"),
+                           link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64))
+    assert flat["fine-retain"].tiles.dest.tolist() == flat["fine-retain-link"].tiles.dest.tolist()
+
+
+def test_link_priced_placement_prefers_the_fast_link():
+    """Two 4-GPU 'nodes', P = 4 x CP = 2: one long sample on workers 0-1 must spread. By bytes every
+    non-holder costs the same and the less-loaded far node takes worker 0's tiles; priced by link
+    (:meth:`Topology.byte_cost`: NVLink 1000, RoCE 9000 per byte) workers 2-3 on its node take what
+    fits, and the plan's bytes weighted by their links cost less. Both plans validate."""
+    profile = replace(load_profile("h100-roce-v1"), gpus_per_node=4)
+    par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=256)
+    topo = Topology(profile, par)
+    assert topo.byte_cost(0, 3) == 1000 and topo.byte_cost(0, 4) == 9000 and topo.byte_cost(5, 5) == 0
+    seqs = [SequenceLayout.contiguous(0, 0, [256], 2), SequenceLayout.contiguous(1, 1, [64] * 4, 2),
+            SequenceLayout.contiguous(2, 2, [16] * 16, 2), SequenceLayout.contiguous(3, 3, [16] * 16, 2)]
+    tiles = make_tiles(seqs, 16, 2, SHAPE)
+    dest, weighted = [], []
+    for link_cost in (None, topo.byte_cost):
+        placed, _ = place_tiles(tiles, seqs, list(range(8)), SHAPE, tau=0.03, link_cost=link_cost)
+        tr = build_transfers(seqs, placed, SHAPE)
+        pool = PoolPlan(pool_index=0, workers=tuple(range(8)), sequences=tuple(seqs), tiles=placed, transfers=tr)
+        Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=2, pools=(pool,), meta={}).validate()
+        dest.append(placed.dest[placed.q_home == 0].tolist())
+        weighted.append(int((tr.nbytes.astype(np.int64) * topo.byte_cost(tr.src, tr.dst)).sum()))
+    assert set(dest[0]) - {0} <= {4, 5, 6, 7} and {2, 3} <= set(dest[1]), dest
+    assert weighted[1] < weighted[0], weighted

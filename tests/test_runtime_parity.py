@@ -8,10 +8,14 @@ reference at most 2x (outputs) / 3x (gradients) that of plain PyTorch at the sam
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 from dist_utils import full_tensors, long_tail_lengths, max_err, reference_grads, run_ranks
+
+from libra.sim.profiles import load_profile
 
 pytestmark = pytest.mark.distributed
 
@@ -155,6 +159,7 @@ def _assert_results(results):
 
 
 BASE = {"hq": 8, "hkv": 2, "d": 16}
+TWO_GPU_NODES = replace(load_profile("h100-roce-v1"), name="h100-roce-2gpu-nodes", gpus_per_node=2)
 CASES_4 = [
     {**BASE, "B": 32, "H": 2, "M": 2, "comm": "p2p", "dtypes": ["float64", "float32", "bfloat16"]},
     {**BASE, "B": 64, "H": 1, "M": 4, "comm": "a2a", "dtypes": ["float64"]},
@@ -186,6 +191,10 @@ CASES_8 = [
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("alg2-flops",), "chunkings": ("tiles",)},
      "B": 32, "H": 2, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64"]},
+    # link-priced retention (issue 11) on 2-GPU 'nodes', so NVLink and RoCE bytes are priced apart
+    {**BASE, "planner": "libra-adaptive",
+     "options": {"candidates": ("fine-retain-link",), "profile": TWO_GPU_NODES},
+     "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
 ]
 
 

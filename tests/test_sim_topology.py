@@ -34,6 +34,15 @@ def test_link_classes(topo256k):
     assert t.link_class(np.array([[0, 1]]), np.array([[8, 1]])).shape == (1, 2)
 
 
+def test_byte_cost_is_relative_time_per_byte_of_the_link(topo256k):
+    """NVLink 450, RoCE 50, spine 25 GB/s in the default profile: 1000, 9000, 18000 per byte."""
+    got = topo256k.byte_cost(np.array([0, 0, 0, 5]), np.array([7, 8, 64, 5]))
+    assert got.dtype == np.int64 and got.tolist() == [1000, 9000, 18000, 0]
+    assert topo256k.byte_cost(3, 63) == 9000
+    with pytest.raises(ValueError, match="outside"):
+        topo256k.byte_cost(0, 10**6)
+
+
 def test_pool_of_eight_replicas_stays_in_one_supernode(topo256k):
     pool = np.arange(8 * 8)  # P = 8 at CP = 8
     src, dst = np.meshgrid(pool, pool)

@@ -10,7 +10,7 @@ from test_tap_strategies import oracle_place, placed_with, pools, scattered_pool
 
 from libra.plan import SequenceLayout
 from libra.tap import build_transfers, make_tiles, place_tiles
-from libra.tap.placement import _place_dense, _place_grouped, is_block_partition
+from libra.tap.placement import _place_dense, _place_grouped, available_placers, is_block_partition
 from libra.workload import AttentionShape
 
 UNIT = AttentionShape(num_q_heads=1, num_kv_heads=1, head_dim=1, dtype_bytes=2)  # FLOPs = 4 * area
@@ -185,3 +185,59 @@ def test_scattered_layouts_match_oracle(pool, tau):
     placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau)
     dest, fb_o = oracle_place(tiles, sequences, workers, shape, tau)
     assert placed.dest.tolist() == dest and fb == fb_o
+
+
+def _links(a, b):
+    """An arbitrary non-negative integer byte cost (asymmetric, pairs of workers share a 'node')."""
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    return np.where(a == b, 0, 1 + 4 * (a // 2 != b // 2) + (a + 2 * b) % 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pools(), st.sampled_from([0.0, 0.03, 0.3]))
+def test_link_priced_placement_matches_oracle(pool, tau):
+    """``link_cost``: every byte weighted by the link it crosses (Q/O: Q-home <-> worker; KV: the
+    token's holder -> worker), exactly as the plain oracle prices it."""
+    sequences, workers, block, head_split, shape = pool
+    tiles = make_tiles(sequences, block, head_split, shape)
+    placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, link_cost=_links, placer="python")
+    assert (placed.dest.tolist(), fb) == oracle_place(tiles, sequences, workers, shape, tau, link_cost=_links)
+
+
+@settings(max_examples=30, deadline=None)
+@given(pools(max_cp=4, max_p=3))
+def test_unit_link_cost_is_algorithm_2(pool):
+    """A byte costing 1 on every link is the paper's Algorithm 2 (the dense placer then runs)."""
+    sequences, workers, block, head_split, shape = pool
+    tiles = make_tiles(sequences, block, head_split, shape)
+    ref = place_tiles(tiles, sequences, workers, shape, placer="python")
+    got = place_tiles(tiles, sequences, workers, shape, placer="python",
+                      link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64))
+    assert got[0].dest.tolist() == ref[0].dest.tolist() and got[1] == ref[1]
+
+
+def test_link_priced_placement_keeps_bytes_on_the_fast_link():
+    """Worker 0 must shed one of its two tiles (loads 3 + 3 > C = 1.7 * 9 / 3). By bytes, workers 1
+    (load 2) and 2 (load 1) cost the same and the less-loaded worker 2 takes it; priced by link,
+    worker 1 -- on worker 0's 'node' -- is cheaper (``_links``: 3 vs 6 per byte)."""
+    seqs = [_seq(0, [2, 2], [0], 4), _seq(1, [2], [1], 2), _seq(2, [2], [2], 2)]
+    tiles = make_tiles(seqs, 2, 1, UNIT)
+    kwargs = {"tau": 0.7, "weights": [3.0, 3.0, 2.0, 1.0], "order": [2, 3, 0, 1]}
+    assert int(_links(0, 1)) == 3 and int(_links(0, 2)) == 6
+    for placer in ("python", "numba") if "numba" in available_placers() else ("python",):
+        assert place_tiles(tiles, seqs, [0, 1, 2], UNIT, placer=placer, **kwargs)[0].dest.tolist() == [0, 2, 1, 2]
+        assert place_tiles(tiles, seqs, [0, 1, 2], UNIT, placer=placer, link_cost=_links,
+                           **kwargs)[0].dest.tolist() == [0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda a, b: np.zeros(np.broadcast(a, b).shape), "non-negative integer"),
+    (lambda a, b: -np.ones(np.broadcast(a, b).shape, dtype=np.int64), "non-negative integer"),
+    (lambda a, b: np.zeros(3, dtype=np.int64), "shape"),
+    (lambda a: a, "link_cost failed"),  # not a function of (src, dst)
+])
+def test_bad_link_cost(bad, match):
+    seqs = [_seq(0, [4, 4], [0], 8), _seq(1, [4, 4], [1], 8)]
+    tiles = make_tiles(seqs, 4, 1, UNIT)
+    with pytest.raises(ValueError, match=match):
+        place_tiles(tiles, seqs, [0, 1], UNIT, link_cost=bad)

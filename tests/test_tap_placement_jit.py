@@ -200,3 +200,20 @@ def test_without_numba_auto_falls_back_to_python(monkeypatch):
 def test_compiled_names_only_the_tap_kernel_modules():
     with pytest.raises(ValueError, match="unknown compiled TAP module 'placer_jit'"):
         kernels.compiled("placer_jit")  # a typo must not read as "numba missing"
+
+
+def _links(a, b):
+    """Arbitrary non-negative integer byte costs (asymmetric; workers in 'nodes' of two)."""
+    a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+    return np.where(a == b, 0, 1 + 7 * (a // 2 != b // 2) + (3 * a + b) % 4)
+
+
+@needs_numba
+@settings(max_examples=40, deadline=None)
+@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.5]), data=st.data())
+def test_numba_matches_python_with_link_costs(pool, tau, data):
+    """Link-priced placement (the dense kernels, integer-weighted bytes) chooses identically."""
+    sequences, workers, tiles, shape = pool
+    weights = data.draw(weights_for(len(tiles)))
+    ref, got = _both(tiles, sequences, workers, shape, tau=tau, weights=weights, link_cost=_links)
+    assert got == ref

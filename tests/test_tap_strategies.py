@@ -83,8 +83,12 @@ def pools(draw, max_cp: int = 4, max_p: int = 3, permute_holders: bool = True):
 
 
 def oracle_place(tiles: TileTable, sequences, workers, shape: AttentionShape, tau: float,
-                 comm_aware: bool = True) -> tuple[list[int], int]:
-    """Plain restatement of Algorithm 2; returns (dest per tile, fallback count)."""
+                 comm_aware: bool = True, link_cost=None) -> tuple[list[int], int]:
+    """Plain restatement of Algorithm 2; returns (dest per tile, fallback count). ``link_cost(src,
+    dst)``: each byte moved weighted by the link it crosses (``place_tiles(link_cost=...)``)."""
+    def lc(a, b):
+        return 0 if a == b else (1 if link_cost is None else int(link_cost(np.int64(a), np.int64(b))))
+
     workers = sorted(int(w) for w in workers)
     loads = {w: 0.0 for w in workers}
     cap = (1 + tau) * (float(np.sum(tiles.flops)) / len(workers))
@@ -104,22 +108,20 @@ def oracle_place(tiles: TileTable, sequences, workers, shape: AttentionShape, ta
             if offs[i] < qe and offs[i + 1] > qs:
                 needs.append((i, offs[i], min(qe, offs[i + 1])))
 
-        def held(w, lo, hi, seq=seq):
+        def fetch(w, lo, hi, seq=seq):
+            """Cost of KV rows [lo, hi) (one head) on w: each holder's rows over its link to w."""
             n = 0
             for a, b, hw in zip(seq.holder_start.tolist(), seq.holder_end.tolist(), seq.holder_worker.tolist()):
-                if hw == w:
-                    n += max(0, min(hi, b) - max(lo, a))
+                n += max(0, min(hi, b) - max(lo, a)) * lc(hw, w)
             return n
 
-        def cost(w, t=t, s=s, needs=needs, kv0=kv0, kv1=kv1, heads=heads, qs=qs, qe=qe, held=held):
-            c = 0
-            if w != int(tiles.q_home[t]):
-                c += 2 * q_bytes(qe - qs, heads, shape.head_dim, shape.dtype_bytes)
+        def cost(w, t=t, s=s, needs=needs, kv0=kv0, kv1=kv1, heads=heads, qs=qs, qe=qe, fetch=fetch):
+            c = 2 * q_bytes(qe - qs, heads, shape.head_dim, shape.dtype_bytes) * lc(int(tiles.q_home[t]), w)
             for i, a, e in needs:
                 for k in range(kv0, kv1):
                     x = max(a, fetched.get((w, s, i, k), a))
                     if x < e:
-                        c += kv_bytes((e - x) - held(w, x, e), 1, shape.head_dim, shape.dtype_bytes)
+                        c += kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes) * fetch(w, x, e)
             return c
 
         f = float(tiles.flops[t])

@@ -18,6 +18,10 @@ from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 LOCAL = -1
 """Link code of a worker talking to itself (no transfer)."""
 
+BYTE_COST_UNIT = 1000
+""":meth:`Topology.byte_cost` of one byte on the fastest link class (finer integer resolution of
+the bandwidth ratios; costs of a 1M-token pool stay far below 2**53)."""
+
 
 class Topology:
     """Placement of one PP stage's ``DP * CP`` workers on the profile's cluster.
@@ -74,6 +78,21 @@ class Topology:
         names = np.array(("local",) + tuple(LINK_CLASSES), dtype=object)
         out = names[self.link_code(src, dst) + 1]
         return str(out) if np.ndim(out) == 0 else out
+
+    def byte_cost(self, src, dst) -> np.ndarray:
+        """Integer relative time of one byte from ``src`` to ``dst`` (broadcastable global worker
+        ids): ``round(BYTE_COST_UNIT * fastest bandwidth / bandwidth)`` of the link class between
+        them, so the fastest class costs :data:`BYTE_COST_UNIT` and a class at a ninth of its
+        bandwidth nine times that; 0 from a worker to itself. What link-priced TAP placement
+        weighs bytes with (``place_tiles(link_cost=...)``; integers keep its sums exact).
+
+        Raises:
+            ValueError: an id outside ``[0, DP*CP)``.
+        """
+        bw = np.array([self.profile.links[c].bandwidth_gbps for c in LINK_CLASSES], dtype=np.float64)
+        per_class = np.rint(BYTE_COST_UNIT * bw.max() / bw).astype(np.int64)
+        code = self.link_code(src, dst)
+        return np.where(code == LOCAL, 0, per_class[np.maximum(code, 0)])
 
     def describe(self) -> dict:
         """Counts recorded with results: nodes and supernodes used, GPUs per pool domain."""

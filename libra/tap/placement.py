@@ -30,6 +30,13 @@ Implementations (identical choices; the tests check both against a plain oracle)
   elementary token segments (:func:`_missing_bytes`); every worker is scored for every tile with
   numpy.
 
+Link-priced placement (``link_cost=``, an extension used by ``libra-adaptive``): each byte moved is
+weighted by the link it crosses -- Q and O between the Q-home and the worker, KV from each token's
+holder -- as an integer relative time per byte (:meth:`libra.sim.topology.Topology.byte_cost`), so
+a move over NVLink is cheaper than one over the NIC. Only the dense placers take it (the grouped
+one relies on every non-holder costing the same); with a cost of 1 on every link they make
+Algorithm 2's choices.
+
 Cost: O(T log W) plus the scored workers; a 256K pool (1024 tiles, 64 workers) takes a few ms in
 CPython (``benchmarks/test_bench_tap.py``). The loops are scalar Python over lists, so hot paths
 avoid per-worker function calls.
@@ -129,7 +136,7 @@ def _place_flops_only(flops, order, n_workers, cap):
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                 shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
                 weights=None, index: PoolIndex | None = None, placer: str = "auto",
-                order=None) -> tuple[TileTable, int]:
+                order=None, link_cost=None) -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -150,6 +157,14 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         order: the order tiles are placed in, a permutation of ``range(T)`` (default: Alg. 2's,
             heaviest first, ties by tile index; :func:`libra.tap.adaptive.retention_order` is
             another).
+        link_cost: optional ``link_cost(src, dst)``, vectorised over broadcastable arrays of global
+            worker ids, giving the non-negative integer cost of one byte from ``src`` to ``dst``
+            (e.g. :meth:`libra.sim.topology.Topology.byte_cost`: relative time per byte of the link
+            class between them). Incremental communication is then priced in link time, each byte
+            weighted by the link it crosses (Q and O: Q-home <-> destination; KV: the token's
+            holder -> destination), and the dense placer runs (the grouped one relies on every
+            non-holder costing the same). ``None`` (default): every byte that moves costs 1,
+            Algorithm 2 as in the paper. An extension beyond the paper (``libra-adaptive``).
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -160,7 +175,8 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
             token range is not inside one holder range of its Q-home, ``weights`` that are not
             ``(T,)`` finite numbers >= 0, an ``index`` of other sequences, an unknown placer, or
-            an ``order`` that is not a permutation of the tiles.
+            an ``order`` that is not a permutation of the tiles, or a ``link_cost`` that does not
+            give a non-negative integer per worker pair.
         ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
     jit = _placer_module(placer)
@@ -171,12 +187,14 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         return tiles, 0
     cap = (1.0 + float(tau)) * (float(load.sum()) / n_workers)
     order = np.argsort(-load, kind="stable") if order is None else _check_order(order, n_tiles)  # heaviest first
+    lw = None if link_cost is None else _link_matrix(link_cost, wsorted)
     if jit is not None:
         dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
-                                             comm_aware)
+                                             comm_aware, lw)
     elif comm_aware:
-        impl = _place_grouped if is_block_partition(tiles) else _place_dense
-        dest_idx, fallback = impl(tiles, sequences, wsorted, shape, order, cap, load, idx)
+        dense = lw is not None or not is_block_partition(tiles)
+        dest_idx, fallback = (_place_dense(tiles, sequences, wsorted, shape, order, cap, load, idx, lw) if dense
+                              else _place_grouped(tiles, sequences, wsorted, shape, order, cap, load, idx))
     else:
         dest_idx, fallback = _place_flops_only(load.tolist(), order, n_workers, cap)
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
@@ -218,16 +236,33 @@ def _placer_module(placer: str):
     return jit
 
 
-def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware):
+def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw=None):
     """``(dest pool indices, fallbacks)`` from the compiled kernels (same choices as the Python
-    placers: grouped for SH-tiles, dense for other tiles, least-loaded when not comm-aware)."""
+    placers: grouped for SH-tiles, dense for other tiles or link-priced placement, least-loaded
+    when not comm-aware)."""
     n_workers = len(wsorted)
     if not comm_aware:
         return jit.place_flops_only(order, load, cap, n_workers)
-    if is_block_partition(tiles):
+    if lw is None and is_block_partition(tiles):
         return jit.place_grouped(_grouped_base(tiles, idx, wsorted, shape), order, load, cap, n_workers)
-    return jit.place_dense(_dense_inputs(tiles, sequences, wsorted, shape, idx), tiles.seq, order, load, cap,
+    return jit.place_dense(_dense_inputs(tiles, sequences, wsorted, shape, idx, lw), tiles.seq, order, load, cap,
                            n_workers)
+
+
+def _link_matrix(link_cost, wsorted: np.ndarray) -> np.ndarray:
+    """int64 ``(W, W)``: ``link_cost`` between the pool's sorted workers, the diagonal 0 (a worker
+    reading its own bytes moves nothing). ValueError when it is not a non-negative integer per pair."""
+    try:
+        raw = np.asarray(link_cost(wsorted[:, None], wsorted[None, :]))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"link_cost failed on the pool's workers: {exc}") from exc
+    n = len(wsorted)
+    if raw.shape != (n, n) or raw.dtype.kind not in "iu" or (raw < 0).any():
+        raise ValueError(f"link_cost must give a non-negative integer per worker pair, shape ({n}, {n}); "
+                         f"got dtype {raw.dtype}, shape {raw.shape}")
+    lw = raw.astype(np.int64)
+    np.fill_diagonal(lw, 0)
+    return lw
 
 
 def _check_weights(weights, n_tiles: int) -> np.ndarray:
@@ -260,54 +295,67 @@ def _qo_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:
         * (tiles.head_end - tiles.head_start).astype(np.int64)
 
 
-def _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, atom_heads):
-    """Per sequence the float64 ``(atoms, W, segments)`` KV bytes each worker lacks before any
-    placement, over the elementary token segments cut by holder ranges and tile KV intervals,
-    and per tile its segment span ``[seg0, seg1)`` (its KV interval ``[kv_lo, q_end)``)."""
-    n_workers = len(wsorted)
+def _segment_costs(tiles, sequences, wsorted, shape, kv_lo, lw):
+    """Per sequence the int64 ``(W, segments)`` cost of one KV head's rows of each elementary token
+    segment (cut by holder ranges and tile KV intervals) on each worker: its bytes times
+    ``lw[holder, w]`` (0 on its holder, whose diagonal is 0); and per tile its segment span
+    ``[seg0, seg1)`` (its KV interval ``[kv_lo, q_end)``)."""
     per_token = kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes)
     seg0 = np.zeros(len(tiles), dtype=np.int64)
     seg1 = np.zeros(len(tiles), dtype=np.int64)
-    missing = []
+    costs = []
     for s_idx, seq in enumerate(sequences):
         rows = np.nonzero(tiles.seq == s_idx)[0]
         cuts = np.unique(np.concatenate(([0, seq.num_tokens], seq.holder_start, seq.holder_end,
                                          kv_lo[rows], tiles.q_end[rows])))
         seg0[rows] = np.searchsorted(cuts, kv_lo[rows])
         seg1[rows] = np.searchsorted(cuts, tiles.q_end[rows])
-        seg_bytes = np.diff(cuts).astype(np.float64) * per_token
-        miss = np.broadcast_to(atom_heads[:, None, None] * seg_bytes[None, None, :],
-                               (len(atom_heads), n_workers, len(seg_bytes))).copy()
+        holder = np.empty(len(cuts) - 1, dtype=np.int64)  # pool index of each segment's holder
         h_idx = np.searchsorted(wsorted, seq.holder_worker)
-        hs0, hs1 = np.searchsorted(cuts, seq.holder_start), np.searchsorted(cuts, seq.holder_end)
-        for w, c0, c1 in zip(h_idx.tolist(), hs0.tolist(), hs1.tolist()):
-            miss[:, w, c0:c1] = 0.0  # held tokens (all heads) cost nothing
-        missing.append(miss)
-    return missing, seg0, seg1
+        for w, c0, c1 in zip(h_idx.tolist(), np.searchsorted(cuts, seq.holder_start).tolist(),
+                             np.searchsorted(cuts, seq.holder_end).tolist()):
+            holder[c0:c1] = w
+        costs.append(lw[holder].T * (np.diff(cuts) * per_token)[None, :])
+    return costs, seg0, seg1
 
 
-def _dense_inputs(tiles, sequences, wsorted, shape, index=None) -> dict:
+def _missing_bytes(d: dict) -> list[np.ndarray]:
+    """Per sequence the float64 ``(atoms, W, segments)`` map of what each worker lacks before any
+    placement (:func:`_dense_inputs`' segment costs times each KV atom's heads): bytes, or bytes
+    priced by link. Integer-valued, so the dense placer's sums stay exact."""
+    return [d["atom_heads"][:, None, None].astype(np.float64) * c[None, :, :] for c in d["seg_costs"]]
+
+
+def _dense_inputs(tiles, sequences, wsorted, shape, index=None, lw=None) -> dict:
     """Per-tile inputs of the dense placers (:func:`_place_dense` and the compiled kernel):
-    ``missing`` (:func:`_missing_bytes`, per sequence), ``seg0``/``seg1`` each tile's segment span,
-    ``a0``/``a1`` its KV-atom span, ``qo`` its Q + O bytes, ``home`` the pool index of its Q-home."""
+    ``seg_costs`` (:func:`_segment_costs`, per sequence), ``atom_heads`` the KV heads of each atom,
+    ``seg0``/``seg1`` each tile's segment span, ``a0``/``a1`` its KV-atom span, ``qo`` its Q + O
+    bytes, ``home`` the pool index of its Q-home, and ``lw`` the ``(W, W)`` cost of a byte between
+    workers (default 1, 0 on the diagonal: bytes)."""
+    n = len(wsorted)
+    lw = (np.ones((n, n), dtype=np.int64) - np.eye(n, dtype=np.int64)) if lw is None else lw
     kv_lo = kv_need_start(sequences, tiles, index)
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
-    missing, seg0, seg1 = _missing_bytes(tiles, sequences, wsorted, shape, kv_lo, np.diff(bounds))
-    return {"missing": missing, "seg0": seg0, "seg1": seg1, "a0": a0, "a1": a1, "qo": _qo_bytes(tiles, shape),
-            "home": np.searchsorted(wsorted, tiles.q_home)}
+    costs, seg0, seg1 = _segment_costs(tiles, sequences, wsorted, shape, kv_lo, lw)
+    return {"seg_costs": costs, "atom_heads": np.diff(bounds).astype(np.int64), "seg0": seg0, "seg1": seg1,
+            "a0": a0, "a1": a1, "qo": _qo_bytes(tiles, shape), "home": np.searchsorted(wsorted, tiles.q_home),
+            "lw": lw}
 
 
-def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None):
+def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None, lw=None):
     """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
 
     Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
-    tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes of atom
-    ``b`` that worker ``w`` lacks in token segment ``k`` of sequence ``s``. ``tile_load``:
-    ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`.
+    tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes (priced
+    by link with ``lw``) of atom ``b`` that worker ``w`` lacks in token segment ``k`` of sequence
+    ``s`` (:func:`_missing_bytes`). ``tile_load``:
+    ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`;
+    ``lw``: the ``(W, W)`` cost of a byte between workers (:func:`_link_matrix`; default bytes).
     """
     n_workers = len(wsorted)
-    d = _dense_inputs(tiles, sequences, wsorted, shape, index)
-    missing = d["missing"]
+    d = _dense_inputs(tiles, sequences, wsorted, shape, index, lw)
+    missing = _missing_bytes(d)
+    qo_cost = d["lw"].astype(np.float64)  # row h: the cost of one Q/O byte between Q-home h and each worker
     loads = np.zeros(n_workers)
     dest = np.empty(len(tiles), dtype=np.int64)
     fallback = 0
@@ -324,8 +372,7 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, i
             cost = miss[b0, :, i0:i1].sum(axis=1)
         else:
             cost = miss[b0:b1, :, i0:i1].sum(axis=(0, 2))
-        cost += qo_l[t]
-        cost[h] -= qo_l[t]
+        cost += qo_l[t] * qo_cost[h]
         ok = loads + f <= cap
         if ok.any():  # least communication, then least load, then lowest id (argmin: first)
             c = np.where(ok, cost, inf)
