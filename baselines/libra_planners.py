@@ -35,7 +35,7 @@ from libra.plan import CHUNKINGS, HEADS, Plan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, DEFAULT_CANDIDATES, candidate_pools
+from libra.tap.adaptive import CANDIDATES, CHUNKING_OF, DEFAULT_CANDIDATES, candidate_pools
 from libra.tap.planner import plan_pool
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
@@ -279,19 +279,22 @@ class LibraAdaptiveConfig(LibraKtConfig):
             (default :data:`libra.tap.adaptive.DEFAULT_CANDIDATES`; one name pins that plan, e.g.
             for an ablation).
         chunkings: the Pipeliner chunkings (:data:`libra.plan.CHUNKINGS`) every candidate is priced
-            with, the fastest pair kept (default both; one name pins it).
+            with, the fastest pair kept (one name pins it); default None: each candidate with its own
+            (:data:`libra.tap.adaptive.CHUNKING_OF`).
 
     Raises:
         ValueError: an empty or unknown candidate or chunking list, and :class:`LibraKtConfig`'s errors.
     """
 
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
-    chunkings: tuple[str, ...] = CHUNKINGS
+    chunkings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for field_name, allowed in (("candidates", CANDIDATES), ("chunkings", CHUNKINGS)):
             value = getattr(self, field_name)
+            if value is None and field_name == "chunkings":
+                continue
             names = (value,) if isinstance(value, str) else tuple(value)
             unknown = [c for c in names if c not in allowed]
             if not names or unknown:
@@ -310,8 +313,9 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     Planning with the cost model means its choice is as good as the profile: with a profile that
     mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
     ``libra`` would have planned; simulated comparisons priced with the same profile show its best
-    case. Each candidate is priced under each Pipeliner chunking (:data:`libra.plan.CHUNKINGS`;
-    ``tiles``: :mod:`libra.tap.tile_chunks`) and the fastest pair runs. Each Plan's
+    case. Each candidate is priced under its Pipeliner chunking (:data:`libra.tap.adaptive.CHUNKING_OF`;
+    ``tiles``: :mod:`libra.tap.tile_chunks`), or under each of ``chunkings`` when given, and the
+    fastest runs. Each Plan's
     ``meta["adaptive_choice"]`` names the candidate each pool took (``name+tiles`` when it runs
     tile-chunked).
     """
@@ -335,7 +339,7 @@ class LibraAdaptivePlanner(LibraKtPlanner):
 
 class _AdaptivePools:
     """``libra-adaptive``'s per-pool planner for one window layout: every candidate of
-    :func:`libra.tap.adaptive.candidate_pools` under every configured chunking, priced alone on the
+    :func:`libra.tap.adaptive.candidate_pools` under its chunking (or each configured one), priced alone on the
     profile's cost model (built once here), the fastest kept (ties: the earlier candidate, the
     paper's plan first, then the paper's head chunks). ``choices`` maps the window index of a pool's
     first sequence to the candidate it took."""
@@ -349,9 +353,10 @@ class _AdaptivePools:
     def __call__(self, k: int, sequences, workers):
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates, link_cost=self.cost.topology.byte_cost)
-        # every candidate under every chunking: pricing only the winner of one chunking under the
-        # others was measured to lose 0.1-4.0% of the mean straggler (ProLong 256K: 4.0%)
-        options = [(n, replace(p, chunking=c)) for n, p in found.items() for c in self.config.chunkings]
+        # each candidate under its own chunking (or every configured one): pricing only the winner
+        # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
+        options = [(n, replace(p, chunking=c)) for n, p in found.items()
+                   for c in (self.config.chunkings or (CHUNKING_OF[n],))]
         priced = [self._straggler(p) if len(options) > 1 else 0.0 for _, p in options]
         best = min(range(len(options)), key=lambda i: priced[i])  # ties: the earlier candidate, then chunking
         name, pool = options[best]

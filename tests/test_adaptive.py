@@ -23,7 +23,14 @@ from libra.plan import Plan, PoolPlan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, _retained, candidate_pools, fine_head_split, retention_order
+from libra.tap.adaptive import (
+    CANDIDATES,
+    CHUNKING_OF,
+    _retained,
+    candidate_pools,
+    fine_head_split,
+    retention_order,
+)
 from libra.tap.exchange import build_transfers
 from libra.tap.placement import available_placers, place_tiles
 from libra.tap.tiles import make_tiles
@@ -120,12 +127,18 @@ def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
 
 
 def test_chunking_choice_is_priced_and_can_be_pinned():
-    """Each pool runs its candidate with the faster Pipeliner chunking as priced; pinned, it is used."""
+    """By default each candidate runs with its own chunking (``CHUNKING_OF``); given ``chunkings``,
+    each pool runs its candidate with the faster of them as priced; one chunking pins it."""
     par = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=512)
     window = make_window(8, 512, 5)
     profile = load_profile("h100-roce-v1")
     cost = CostModel(profile, Topology(profile, par))
-    both = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
+    assert set(CHUNKING_OF) == set(CANDIDATES)
+    default = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
+    for plan in default:
+        for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
+            assert pool.chunking == CHUNKING_OF[choice.partition("+")[0]]
+    both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles")).plan_window(window, par, SHAPE)
     for plan in both:
         for pool in plan.pools:
             priced = {c: cost.price(replace(plan, pools=(replace(pool, chunking=c),))).straggler_ms
