@@ -313,11 +313,10 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     Planning with the cost model means its choice is as good as the profile: with a profile that
     mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
     ``libra`` would have planned; simulated comparisons priced with the same profile show its best
-    case. Each candidate is priced under its Pipeliner chunking (:data:`libra.tap.adaptive.CHUNKING_OF`;
-    ``tiles``: :mod:`libra.tap.tile_chunks`), or under each of ``chunkings`` when given, and the
-    fastest runs. Each Plan's
-    ``meta["adaptive_choice"]`` names the candidate each pool took (``name+tiles`` when it runs
-    tile-chunked).
+    case. Each candidate is priced under its Pipeliner chunking
+    (:data:`libra.tap.adaptive.CHUNKING_OF`; ``tiles``: :mod:`libra.tap.tile_chunks`), or under each
+    of ``chunkings`` when given, and the fastest runs. Each Plan's ``meta["adaptive_choice"]`` names
+    the candidate each pool took (``name+tiles`` when it runs tile-chunked).
     """
 
     name = "libra-adaptive"
@@ -339,10 +338,10 @@ class LibraAdaptivePlanner(LibraKtPlanner):
 
 class _AdaptivePools:
     """``libra-adaptive``'s per-pool planner for one window layout: every candidate of
-    :func:`libra.tap.adaptive.candidate_pools` under its chunking (or each configured one), priced alone on the
-    profile's cost model (built once here), the fastest kept (ties: the earlier candidate, the
-    paper's plan first, then the paper's head chunks). ``choices`` maps the window index of a pool's
-    first sequence to the candidate it took."""
+    :func:`libra.tap.adaptive.candidate_pools` under its chunking (or each configured one), priced
+    alone on the profile's cost model (built once here), the fastest kept (ties: the earlier
+    candidate, the paper's plan first, then the paper's head chunks). ``choices`` maps the window
+    index of a pool's first sequence to the candidate it took."""
 
     def __init__(self, profile: HardwareProfile, par: ParallelConfig, tap: TapConfig, shape: AttentionShape,
                  config: LibraAdaptiveConfig):
