@@ -64,7 +64,8 @@ the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``).""
 
 DEFAULT_CANDIDATES = ("alg2-flops", "fine", "fine-retain-link")
 """The candidates ``libra-adaptive`` chooses from unless told otherwise. Measured with ``straggler``'s
-pricing (4 windows, jitter on, the default profile) against all four byte-priced candidates, this
+pricing (4 windows, jitter on, the default profile; each set's winner under head chunks then
+re-priced tile-chunked, the rule before :data:`CHUNKING_OF`) against all four byte-priced candidates, this
 set is as fast or faster on every workload and setting -- Wikipedia 1M 2.09x over Ulysses instead of
 2.00x, ProLong 1M 2.50x instead of 2.42x, within 1% elsewhere -- with three placements per pool
 instead of four: ``fine-retain-link`` takes the pools ``fine-retain`` and the kernel-time plan won."""
