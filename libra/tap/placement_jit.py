@@ -451,11 +451,11 @@ def _dense_cost(t, tcols, state, m_nseg, heads, cost, loads, f, cap):
 
 
 @_inline
-def _dense_fetch(t, w, tcols, state, m_nseg, heads):
+def _dense_fetch(t, w, tcols, state, m_nseg, heads, n_workers):
     """Worker ``w`` now holds tile ``t``'s KV segments: zero them in its own prefix rows."""
     seq, seg0, seg1, a0, a1 = tcols[0], tcols[1], tcols[2], tcols[3], tcols[4]
     base, b_off, rows, r_off, own = state
-    n_atoms, n_workers = heads.shape[0], own.shape[0] // (m_nseg.shape[0] * heads.shape[0])
+    n_atoms = heads.shape[0]
     s = seq[t]
     n1 = m_nseg[s] + 1
     for b in range(a0[t], a1[t]):
@@ -492,7 +492,7 @@ def _dense_kernel(order, load, cap, tcols, costs, c_off, m_nseg, heads, lw, n_wo
         _dense_cost(t, tcols, state, m_nseg, heads, cost, loads, f, cap)
         w, fb = _choose(cost, loads, f, cap)
         fallback += fb
-        _dense_fetch(t, w, tcols, state, m_nseg, heads)
+        _dense_fetch(t, w, tcols, state, m_nseg, heads, n_workers)
         dest[t] = w
         loads[w] += f
     return dest, fallback
