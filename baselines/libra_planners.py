@@ -35,7 +35,7 @@ from libra.plan import CHUNKINGS, HEADS, Plan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, CHUNKING_OF, DEFAULT_CANDIDATES, candidate_pools
+from libra.tap.adaptive import CANDIDATES, CHUNKING_OF, DEFAULT_CANDIDATES, RELAYED, candidate_pools
 from libra.tap.planner import plan_pool
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
@@ -300,6 +300,9 @@ class LibraAdaptiveConfig(LibraKtConfig):
             if not names or unknown:
                 raise ValueError(f"libra-adaptive {field_name} must be a non-empty subset of {allowed}, got {names!r}")
             object.__setattr__(self, field_name, names)  # frozen: normalise a str or list once
+        if self.chunkings and HEADS not in self.chunkings and set(self.candidates) <= RELAYED:
+            raise ValueError(f"libra-adaptive candidates {list(self.candidates)} relay KV, which runs under head "
+                             f"chunks only; chunkings {list(self.chunkings)} leave no candidate to run")
 
 
 class LibraAdaptivePlanner(LibraKtPlanner):
@@ -354,8 +357,12 @@ class _AdaptivePools:
                                 self.config.candidates, link_cost=self.cost.topology.byte_cost)
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
+        # (KV relays run under head chunks only: libra.tap.relay.check_relays)
         options = [(n, replace(p, chunking=c)) for n, p in found.items()
-                   for c in (self.config.chunkings or (CHUNKING_OF[n],))]
+                   for c in (self.config.chunkings or (CHUNKING_OF[n],)) if c == HEADS or not p.transfers.hop.any()]
+        if not options:
+            raise ValueError(f"libra-adaptive: no candidate of {list(found)} runs under chunkings "
+                             f"{list(self.config.chunkings)} (KV relays need head chunks)")
         priced = [self._straggler(p) if len(options) > 1 else 0.0 for _, p in options]
         best = min(range(len(options)), key=lambda i: priced[i])  # ties: the earlier candidate, then chunking
         name, pool = options[best]

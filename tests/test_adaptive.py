@@ -141,11 +141,13 @@ def test_chunking_choice_is_priced_and_can_be_pinned():
     both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles")).plan_window(window, par, SHAPE)
     for plan in both:
         for pool in plan.pools:
-            priced = {c: cost.price(replace(plan, pools=(replace(pool, chunking=c),))).straggler_ms
-                      for c in ("heads", "tiles")}
+            runs = ("heads",) if pool.transfers.hop.any() else ("heads", "tiles")  # relays: head chunks only
+            priced = {c: cost.price(replace(plan, pools=(replace(pool, chunking=c),))).straggler_ms for c in runs}
             assert priced[pool.chunking] == min(priced.values())
     tiles = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings="tiles").plan_window(window, par, SHAPE)
     assert {p.chunking for plan in tiles for p in plan.pools} == {"tiles"}
+    with pytest.raises(ValueError, match="relay KV, which runs under head chunks only"):
+        get_planner("libra-adaptive", **OPTS, profile=profile, candidates=("fine-retain-link-relay",), chunkings="tiles")
 
 
 @pytest.mark.parametrize("bad, match", [({"candidates": ("nope",)}, "candidates"),

@@ -67,7 +67,9 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
     lengths = {s.seq_id: s.sample_lengths for s in pool.sequences}
     full = {w.seq_id: t for w, t in zip(window, full_tensors([w.sample_lengths for w in window], shape, seed))}
     res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools)),
-           "chunkings": sorted({p.chunking for p in plan.pools})}
+           "chunkings": sorted({p.chunking for p in plan.pools}),
+           "relayed": int(sum((p.transfers.hop > 0).sum() for p in plan.pools)),
+           "my_relay_rounds": attn.program.hops}
     refs = {s: reference_grads(*full[s], lengths[s]) for s, _, _ in ranges}
     ref = [torch.cat([refs[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
     for dtype in dtypes:
@@ -153,6 +155,8 @@ def _assert_results(results):
                 assert res["unreleased_bytes"] == 0, f"{case}: transient buffers outlived the call"
                 assert res["peak_transient_bytes"] > 0
                 assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
+            if "fine-retain-link-relay" in case.get("options", {}).get("candidates", ()):
+                assert res["relayed"] > 0, f"{case}: no KV relay row; the test would not exercise relays"
             pinned = case.get("options", {}).get("chunkings")
             if pinned:
                 assert res["chunkings"] == sorted(pinned), f"{case}: ran {res['chunkings']} chunking"
@@ -176,6 +180,9 @@ CASES_4 = [
     # the first chunk that reads each token and dK/dV by the last
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
      "B": 32, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
+    # KV relays (libra.tap.relay): destinations forward the KV they fetched, dK/dV summed back
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
+     "B": 16, "H": 1, "M": 1, "comm": "a2a", "dtypes": ["float64", "bfloat16"]},
 ]
 
 
@@ -195,6 +202,10 @@ CASES_8 = [
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link",), "profile": TWO_GPU_NODES},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
+    # the same placement with its KV fan-out relayed (hops 1..H after chunk 0's dispatch)
+    {**BASE, "planner": "libra-adaptive",
+     "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES},
+     "B": 16, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "float32"]},
 ]
 
 

@@ -17,7 +17,9 @@ Invariants:
    (each cell once), and O rows cover the same cells in the reverse direction;
 6. per destination and sequence, KV rows cover exactly the union of the KV prefixes its tiles need
    (``[sample start, last row]`` per sample, over the tile's GQA KV heads) minus the tokens the
-   destination holds, each cell once, and each row comes from the holder of its tokens;
+   destination holds, each cell once; each row comes from the holder of its tokens or, with
+   hop ``h > 0`` (a KV relay, :mod:`libra.tap.relay`), from a worker that receives a KV row of a
+   smaller hop covering its tokens and KV heads; Q and O rows have hop 0;
 7. ``nbytes`` of every row matches :func:`libra.workload.q_bytes` / :func:`~libra.workload.kv_bytes`.
 """
 
@@ -106,6 +108,9 @@ def _check_basic(pool: PoolPlan, shape: AttentionShape) -> None:
     bad = np.nonzero(~np.isin(x.kind, (Q, KV, O)))[0]
     if len(bad):
         _fail(pool, f"transfer {int(bad[0])} has unknown kind {int(x.kind[bad[0]])}")
+    bad = np.nonzero((x.hop < 0) | ((x.kind != KV) & (x.hop != 0)))[0]
+    if len(bad):
+        _fail(pool, f"transfer {int(bad[0])} has hop {int(x.hop[bad[0]])} (only KV rows relay, with hop >= 1)")
     head_lim = np.where(x.kind == KV, shape.num_kv_heads, shape.num_q_heads)
     bad = np.nonzero((x.tok_start < 0) | (x.tok_end <= x.tok_start) | (x.tok_end > lengths[x.seq])
                      | (x.head_start < 0) | (x.head_end <= x.head_start) | (x.head_end > head_lim))[0]
@@ -192,14 +197,18 @@ def _check_kv(pool: PoolPlan, shape: AttentionShape) -> None:
     tile_groups = _groups(t.dest, t.seq)
     rows_k = np.nonzero(x.kind == KV)[0]
     x_groups = _groups(x.dst[rows_k], x.seq[rows_k])
+    relayed = []
     for s_idx, seq in enumerate(pool.sequences):  # every KV row comes from the holder of its tokens
         xr = rows_k[x.seq[rows_k] == s_idx]
         hold = seq.holder_of(x.tok_start[xr])
         bad = np.nonzero((seq.holder_worker[hold] != x.src[xr]) | (x.tok_end[xr] > seq.holder_end[hold]))[0]
+        relayed.append(xr[bad[x.hop[xr[bad]] > 0]])  # ... or relays it (checked below)
+        bad = bad[x.hop[xr[bad]] == 0]
         if len(bad):
             i = int(xr[bad[0]])
             _fail(pool, f"KV transfer {i} sends tokens [{x.tok_start[i]}, {x.tok_end[i]}) of sequence {s_idx} "
                         f"from worker {int(x.src[i])}, which does not hold them all")
+    _check_relays(pool, rows_k, np.concatenate(relayed) if relayed else np.zeros(0, np.int64))
     for key in sorted(set(tile_groups) | set(x_groups)):
         dst, s_idx = key
         seq = pool.sequences[s_idx]
@@ -229,6 +238,24 @@ def _check_kv(pool: PoolPlan, shape: AttentionShape) -> None:
         else:
             why = "which none of its tiles needs"
         _fail(pool, f"KV transfer {int(hit[0])} sends {cell} of sequence {s_idx} to worker {dst}, {why}")
+
+
+def _check_relays(pool: PoolPlan, rows_k: np.ndarray, relays: np.ndarray) -> None:
+    """Every KV relay row (hop ``h > 0``, ``src`` not the holder) forwards KV its ``src`` receives in
+    one row of a smaller hop."""
+    if not len(relays):
+        return
+    x = pool.transfers
+    received = _groups(x.dst[rows_k], x.seq[rows_k])
+    for i in relays.tolist():
+        cand = rows_k[received.get((int(x.src[i]), int(x.seq[i])), np.zeros(0, np.int64))]
+        cover = ((x.hop[cand] < x.hop[i]) & (x.tok_start[cand] <= x.tok_start[i]) & (x.tok_end[cand] >= x.tok_end[i])
+                 & (x.head_start[cand] <= x.head_start[i]) & (x.head_end[cand] >= x.head_end[i]))
+        if not cover.any():
+            _fail(pool, f"KV relay transfer {i} (hop {int(x.hop[i])}) forwards tokens [{x.tok_start[i]}, "
+                        f"{x.tok_end[i]}) x KV heads [{x.head_start[i]}, {x.head_end[i]}) of sequence "
+                        f"{int(x.seq[i])} from worker {int(x.src[i])}, which neither holds them nor receives "
+                        f"them in an earlier hop")
 
 
 def check_pool(pool: PoolPlan, shape: AttentionShape) -> None:

@@ -36,15 +36,21 @@ _TILE_FIELDS = {"seq": np.int32, "q_start": np.int64, "q_end": np.int64, "head_s
                 "head_end": np.int32, "q_home": np.int32, "dest": np.int32, "flops": np.float64}
 _TRANSFER_FIELDS = {"kind": np.int8, "src": np.int32, "dst": np.int32, "seq": np.int32,
                     "tok_start": np.int64, "tok_end": np.int64, "head_start": np.int32,
-                    "head_end": np.int32, "nbytes": np.int64}
+                    "head_end": np.int32, "nbytes": np.int64, "hop": np.int8}
 
 
 class _Table:
     """Immutable struct of equal-length numpy columns, JSON-serialisable and hashable."""
 
     FIELDS: dict = {}
+    OPTIONAL: frozenset = frozenset()
+    """Columns that default to zeros when not given, and are left out of ``to_dict`` and the digest
+    while all zero (so tables built before the column existed read and hash as before)."""
 
     def __init__(self, **columns):
+        n_rows = next((len(columns[k]) for k in self.FIELDS if k in columns), 0)
+        for name in self.OPTIONAL - set(columns):
+            columns[name] = np.zeros(n_rows, dtype=self.FIELDS[name])
         missing = set(self.FIELDS) - set(columns)
         if missing:
             raise TypeError(f"{type(self).__name__} missing columns {sorted(missing)}")
@@ -85,15 +91,18 @@ class _Table:
     def select(self, mask_or_index):
         return type(self)(**{k: getattr(self, k)[mask_or_index] for k in self.FIELDS})
 
+    def _stored(self):
+        return [k for k in self.FIELDS if k not in self.OPTIONAL or getattr(self, k).any()]
+
     def to_dict(self) -> dict:
-        return {k: getattr(self, k).tolist() for k in self.FIELDS}
+        return {k: getattr(self, k).tolist() for k in self._stored()}
 
     @classmethod
     def from_dict(cls, d: dict):
         return cls(**d)
 
     def digest_into(self, h) -> None:
-        for k in self.FIELDS:
+        for k in self._stored():
             h.update(k.encode())
             h.update(getattr(self, k).tobytes())
 
@@ -115,10 +124,14 @@ class TransferTable(_Table):
 
     Columns (all ``(X,)``): ``kind`` (``Q``, ``KV`` or ``O``); ``src, dst`` global workers
     (never equal); ``seq`` pool sequence index; ``tok_start, tok_end`` token range; ``head_start,
-    head_end`` query heads for Q/O, KV heads for KV; ``nbytes`` bytes moved (K and V together).
+    head_end`` query heads for Q/O, KV heads for KV; ``nbytes`` bytes moved (K and V together);
+    ``hop`` (optional, default 0) the relay round of a KV row: 0 sends from the holder of the
+    tokens, ``h > 0`` forwards KV its ``src`` received in a row of hop ``h - 1`` (a KV relay,
+    :mod:`libra.tap.relay`); Q and O rows have hop 0.
     """
 
     FIELDS = _TRANSFER_FIELDS
+    OPTIONAL = frozenset({"hop"})
 
     def backward(self) -> TransferTable:
         """Backward transfers (Libra sec. 4.3.3): dO along Q, dQ along O, dK/dV reversed KV.
@@ -129,7 +142,8 @@ class TransferTable(_Table):
         return TransferTable(kind=self.kind, src=np.where(is_kv, self.dst, self.src),
                              dst=np.where(is_kv, self.src, self.dst), seq=self.seq,
                              tok_start=self.tok_start, tok_end=self.tok_end,
-                             head_start=self.head_start, head_end=self.head_end, nbytes=self.nbytes)
+                             head_start=self.head_start, head_end=self.head_end, nbytes=self.nbytes,
+                             hop=self.hop)
 
     def bytes_by_kind(self) -> dict[str, int]:
         return {name: int(self.nbytes[self.kind == k].sum()) for k, name in KIND_NAMES.items()}

@@ -31,7 +31,21 @@ import torch.distributed as dist
 
 from libra.plan import Plan, PoolPlan
 from libra.runtime.agreement import check_finite_inputs, check_plan_agreement
-from libra.runtime.blocks import DK, DO, DQ, DV, OUT, K, Q, V, do_recv_key, grad_recv_key, recv_key
+from libra.runtime.blocks import (
+    DK,
+    DO,
+    DQ,
+    DV,
+    OUT,
+    K,
+    Q,
+    V,
+    do_recv_key,
+    grad_recv_key,
+    recv_key,
+    relay_grad_key,
+    relay_key,
+)
 from libra.runtime.calls import (
     call_backward,
     call_forward,
@@ -56,6 +70,9 @@ from libra.tap.pipeline import (
     WAIT_RETURN,
 )
 from libra.workload import AttentionShape
+
+RELAY_TAG = 50_000
+"""Tag offset of KV relay round ``h`` (``RELAY_TAG + h`` in place of a chunk index; chunks stay below)."""
 
 
 @dataclass
@@ -112,8 +129,8 @@ class LibraAttention:
             self._calls = [[closed] if m == order[0] else [] for m in range(program.chunks)]
         self._closed = closed
         self._messages = rekey_messages(program.messages, self._calls)
-        self._kv_blocks = None if closed else kv_grad_blocks(self._calls, program.messages, order,
-                                                             program.num_local, program.shape.num_kv_heads)
+        self._kv_blocks = None if closed else kv_grad_blocks(self._calls, {**program.messages, "relays": program.relays[BWD_RETURN]},
+                                                             order, program.num_local, program.shape.num_kv_heads)
 
     # -- checks -------------------------------------------------------------------------------
     def _check(self, q, k, v) -> None:
@@ -148,15 +165,25 @@ class LibraAttention:
         for ev, m in prog.schedule.events:
             if ev == ISSUE_DISPATCH:
                 pending[m] = ex.issue(messages[disp][m], stores, stores[Q], disp, m, meter)
+                if m == 0 and prog.relays.get(disp):  # relay rounds forward what chunk 0 delivered
+                    tw = time.perf_counter()
+                    stores[recv_of(0)] = ex.finish(pending.pop(0), meter)
+                    self._relay_dispatch(stores, meter)
+                    wait_s += time.perf_counter() - tw
             elif ev == WAIT_DISPATCH:
                 tw = time.perf_counter()
-                stores[recv_of(m)] = ex.finish(pending.pop(m), meter)
+                if m in pending:
+                    stores[recv_of(m)] = ex.finish(pending.pop(m), meter)
                 wait_s += time.perf_counter() - tw
             elif ev == COMPUTE:
                 tc = time.perf_counter()
                 compute(m)
                 compute_s += time.perf_counter() - tc
             elif ev == ISSUE_RETURN:
+                if m == prog.chunks - 1 and prog.relays.get(ret):  # children's dK/dV reach relays first
+                    tw = time.perf_counter()
+                    self._relay_returns(stores, meter)
+                    wait_s += time.perf_counter() - tw
                 returns[m] = ex.issue(messages[ret][m], stores, stores[Q], ret, m, meter)
                 if after_return is not None:
                     after_return(m)
@@ -167,6 +194,23 @@ class LibraAttention:
                 unpack(m, recv)
                 meter.free(recv)
         return wait_s, compute_s
+
+    def _relay_dispatch(self, stores: dict, meter: MemoryMeter) -> None:
+        """KV relay rounds ``1..H`` (:mod:`libra.tap.relay`), in order: each packs from buffers the
+        earlier rounds filled, so each is finished before the next starts."""
+        for h, msg in enumerate(self.program.relays[FWD_DISPATCH], start=1):
+            handle = self.exchanger.issue(msg, stores, stores[Q], FWD_DISPATCH, RELAY_TAG + h, meter)
+            stores[relay_key(h)] = self.exchanger.finish(handle, meter)
+
+    def _relay_returns(self, stores: dict, meter: MemoryMeter) -> None:
+        """dK/dV relay rounds ``H..1``: each adds what comes back into this worker's dK/dV or into
+        the gradient of the KV it received (forwarded on by a later round or chunk ``M - 1``'s return)."""
+        H = self.program.hops
+        for i, msg in enumerate(self.program.relays[BWD_RETURN]):
+            handle = self.exchanger.issue(msg, stores, stores[Q], BWD_RETURN, RELAY_TAG + H - i, meter)
+            recv = self.exchanger.finish(handle, meter)
+            copy_blocks(recv, msg.unpack_add, stores, reverse=True, add=True)
+            meter.free(recv)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Non-autograd forward. Returns ``(out, tensors, meta)`` for :meth:`backward`.
@@ -195,7 +239,8 @@ class LibraAttention:
         wait_s, compute_s = self._run_pass((FWD_DISPATCH, FWD_RETURN), recv_key, stores, meter, compute, unpack)
         if out is None:
             out = saved[("o", self._closed.key.chunk, 0)].view_as(q)
-        held = {**{("recv", m): stores[recv_key(m)] for m in range(M)}, **saved}
+        held = {**{("recv", m): stores[recv_key(m)] for m in range(M)},
+                **{("relay", h): stores[relay_key(h)] for h in range(1, prog.hops + 1)}, **saved}
         st = self.stats
         st.held_for_backward_bytes = meter.current
         st.forward_s += time.perf_counter() - t0
@@ -217,8 +262,11 @@ class LibraAttention:
         saved = {name: t.contiguous() for name, t in zip(meta["names"], tensors)}
         tensors.clear()
         stores = {Q: q.reshape(-1, d), K: k.reshape(-1, d), V: v.reshape(-1, d), DO: dout.reshape(-1, d),
-                  **{recv_key(m): saved.pop(("recv", m)) for m in range(M)}}
+                  **{recv_key(m): saved.pop(("recv", m)) for m in range(M)},
+                  **{relay_key(h): saved.pop(("relay", h)) for h in range(1, prog.hops + 1)}}
         dq, dk, dv, grads = self._grad_buffers(q, k, v, stores, meter)
+        if grads is not None:  # relay rounds add into dk / dv and the fetched-KV gradients by key
+            stores.update({DK: dk.view(-1, d), DV: dv.view(-1, d)})
         dq_rows = None if dq is None else dq.view(-1, d)
         closed_grads = []
 
@@ -247,6 +295,8 @@ class LibraAttention:
             dq, dk, dv = (g.view_as(x) for g, x in zip(closed_grads, (q, k, v)))
         for m in range(M):
             meter.free(stores.pop(recv_key(m)), stores.pop(grad_recv_key(m)))
+        for h in range(1, prog.hops + 1):
+            meter.free(stores.pop(relay_key(h)), stores.pop(relay_grad_key(h)))
         meta.clear()
         st = self.stats
         st.backward_s += time.perf_counter() - t0
@@ -263,10 +313,13 @@ class LibraAttention:
         buffer's gradient buffer (``grads["k"]``, ``grads["v"]``: local k/v and fetched KV); all
         None for a closed worker (:func:`~libra.runtime.calls.closed_call`), whose one call's
         gradients are dq, dk, dv themselves."""
-        M = self.program.chunks
+        M, H = self.program.chunks, self.program.hops
         for m in range(M):
             stores[grad_recv_key(m)] = torch.zeros_like(stores[recv_key(m)])
             meter.alloc(stores[grad_recv_key(m)])
+        for h in range(1, H + 1):
+            stores[relay_grad_key(h)] = torch.zeros_like(stores[relay_key(h)])
+            meter.alloc(stores[relay_grad_key(h)])
         if self._closed is not None:
             return None, None, None, None
         # every dq row is written exactly once (a local kernel's dQ or a returned one: compile_worker
@@ -277,7 +330,8 @@ class LibraAttention:
         dk, dv = ((torch.empty_like(k), torch.empty_like(v)) if self._kv_blocks is not None
                   else (torch.zeros_like(k), torch.zeros_like(v)))
         d = q.shape[-1]
-        fetched = {recv_key(m): stores[grad_recv_key(m)] for m in range(M)}
+        fetched = {**{recv_key(m): stores[grad_recv_key(m)] for m in range(M)},
+                   **{relay_key(h): stores[relay_grad_key(h)] for h in range(1, H + 1)}}
         return dq, dk, dv, {"k": {K: dk.view(-1, d), **fetched}, "v": {V: dv.view(-1, d), **fetched}}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

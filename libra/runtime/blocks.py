@@ -43,6 +43,16 @@ def grad_recv_key(chunk: int) -> BufKey:
     return BufKey("grad_recv", chunk)
 
 
+def relay_key(hop: int) -> BufKey:
+    """Receive buffer of KV relay round ``hop >= 1`` (chunk 0's dispatch; :mod:`libra.tap.relay`)."""
+    return BufKey("relay", hop)
+
+
+def relay_grad_key(hop: int) -> BufKey:
+    """Gradient accumulator of :func:`relay_key` (its children's dK/dV are added here too)."""
+    return BufKey("grad_relay", hop)
+
+
 def do_recv_key(chunk: int) -> BufKey:
     """The chunk's backward-dispatch receive buffer (dO pieces)."""
     return BufKey("do_recv", chunk)

@@ -197,7 +197,7 @@ def closed_call(program, calls: list[list[KernelCall]], chunk: int) -> KernelCal
 
     Returns the call (computed at chunk ``chunk``'s compute event), or None.
     """
-    if any(msg.n_send or msg.n_recv for msgs in program.messages.values() for msg in msgs):
+    if any(msg.n_send or msg.n_recv for msgs in (*program.messages.values(), *program.relays.values()) for msg in msgs):
         return None
     flat = [c for cs in calls for c in cs]
     n, hq, hkv = program.num_local, program.shape.num_q_heads, program.shape.num_kv_heads

@@ -39,12 +39,15 @@ from libra.runtime.blocks import (
     kout_key,
     layout,
     recv_key,
+    relay_grad_key,
+    relay_key,
     resolve,
 )
 from libra.runtime.blocks import K as LK
 from libra.runtime.blocks import Q as LQ
 from libra.runtime.blocks import V as LV
 from libra.tap.pipeline import BWD_DISPATCH, BWD_RETURN, FWD_DISPATCH, FWD_RETURN, PHASES, ChunkSchedule
+from libra.tap.relay import check_relays
 from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import AttentionShape, causal_area
 
@@ -115,6 +118,9 @@ class WorkerProgram:
         chunks: Pipeliner chunks ``M``; ``schedule``: the pool's :class:`ChunkSchedule`.
         kernels: ``M`` :class:`ChunkKernel`.
         messages: ``{phase: [Message] * M}``.
+        relays: KV relay rounds (:mod:`libra.tap.relay`): ``{FWD_DISPATCH: [hop 1, ..., H]}``, run
+            in order right after chunk 0's dispatch, and ``{BWD_RETURN: [hop H, ..., 1]}``, run
+            before chunk ``M - 1``'s return; empty lists when the pool relays nothing.
         digest: the plan digest the program was compiled from.
         local_ranges: ``(sequence index, start, end)`` token ranges this worker holds, in the order
             its q/k/v rows concatenate them.
@@ -131,10 +137,16 @@ class WorkerProgram:
     digest: str
     schedule: ChunkSchedule
     local_ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    relays: dict[str, list[Message]] = field(default_factory=lambda: {FWD_DISPATCH: [], BWD_RETURN: []})
+
+    @property
+    def hops(self) -> int:
+        """Relay rounds after hop 0 (``H``; 0 without relays)."""
+        return len(self.relays[FWD_DISPATCH])
 
     def comm_rows(self) -> dict[str, int]:
-        """Rows sent by this worker per phase (bytes = rows * d * element size)."""
-        return {p: sum(m.n_send for m in self.messages[p]) for p in PHASES}
+        """Rows sent by this worker per phase (bytes = rows * d * element size), relays included."""
+        return {p: sum(m.n_send for m in self.messages[p] + self.relays.get(p, [])) for p in PHASES}
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,7 +175,10 @@ class _Context:
         self.local_off = np.cumsum(lens) - lens
         self.num_local = int(lens.sum())
         self._local: dict = {}
-        self.keys = _keys(self.M)
+        self.H = int(pool.transfers.hop.max()) if len(pool.transfers) else 0
+        if self.H:
+            check_relays(pool, self.sched)
+        self.keys = _keys(self.M, self.H)
         self.index = {k: i for i, k in enumerate(self.keys)}
 
     def fail(self, what: str) -> PlanValidationError:
@@ -180,10 +195,11 @@ class _Context:
             self._local[(heads, key)] = got
         return got
 
-    def pieces(self, kind: int, chunk: int, incoming: bool, backward: bool = False) -> dict:
-        """Transfer pieces of ``kind`` to (``incoming=False``) or from this worker in ``chunk``."""
+    def pieces(self, kind: int, chunk: int, incoming: bool, backward: bool = False, hop: int = 0) -> dict:
+        """Transfer pieces of ``kind`` and relay ``hop`` to (``incoming=False``) or from this worker
+        in ``chunk``."""
         tr = self.pool.transfers
-        rows = np.nonzero((tr.kind == kind) & ((tr.dst if incoming else tr.src) == self.me))[0]
+        rows = np.nonzero((tr.kind == kind) & ((tr.dst if incoming else tr.src) == self.me) & (tr.hop == hop))[0]
         i, h0, h1, t0, t1 = self.sched.transfer_pieces(kind, tr, rows, chunk, backward)
         rows = rows[i]
         other = (tr.src if incoming else tr.dst)[rows]
@@ -225,10 +241,11 @@ def _found_all(ctx: _Context, req: Rects, src: Rects, found: np.ndarray, missing
         raise ctx.fail(twice(int(over[0])))
 
 
-def _keys(M: int) -> tuple[BufKey, ...]:
+def _keys(M: int, H: int = 0) -> tuple[BufKey, ...]:
     """Every buffer a program names, in a fixed order (block tables index into it)."""
     per_chunk = [f(m) for m in range(M) for f in (recv_key, grad_recv_key, do_recv_key, kout_key)]
-    return (LQ, LK, LV, DO, OUT, DQ, DK, DV, *per_chunk)
+    per_hop = [f(h) for h in range(1, H + 1) for f in (relay_key, relay_grad_key)]
+    return (LQ, LK, LV, DO, OUT, DQ, DK, DV, *per_chunk, *per_hop)
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,9 +408,8 @@ def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Me
     b_out, bsend = _with_layout([o_pieces_out, ctx.pieces(KV, m, True, backward=True)], W)
     b_in, brecv = _with_layout([o_pieces_in, ctx.pieces(KV, m, False, backward=True)], W)
     okv, ikv = b_out["group"] == 1, b_in["group"] == 1
-    fetched_k = Rects.concat([got[c]["k"]._replace(key=np.full(got[c]["k"].size, ctx.index[grad_recv_key(c)]))
-                              for c in range(ctx.M)])
-    fetched_v = fetched_k._replace(off=Rects.concat([got[c]["v"] for c in range(ctx.M)]).off)
+    fetched_k = _grad_of(ctx, Rects.concat([got[c]["k"] for c in range(ctx.M)]))
+    fetched_v = _grad_of(ctx, Rects.concat([got[c]["v"] for c in range(ctx.M)]))
     dq_pack, _ = resolve(_rects(b_out, ~okv, -1), outputs, ctx.keys)
     parts = [dq_pack]
     for half, src in ((0, fetched_k), (1, fetched_v)):
@@ -404,6 +420,69 @@ def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Me
         parts.append(blocks)
     add = Blocks.concat([_unpack(ctx, b_in, ikv, hkv, DK, 0, "KV"), _unpack(ctx, b_in, ikv, hkv, DV, 1, "KV")])
     return fr, Message(bsend, brecv, Blocks.concat(parts), _unpack(ctx, b_in, ~ikv, hq, DQ, 0, "O"), add)
+
+
+def _grad_of(ctx: _Context, r: Rects) -> Rects:
+    """Fetched-KV source rectangles pointed at their gradient buffers (same offsets)."""
+    lut = np.arange(len(ctx.keys))
+    for c in range(ctx.M):
+        lut[ctx.index[recv_key(c)]] = ctx.index[grad_recv_key(c)]
+    for h in range(1, ctx.H + 1):
+        lut[ctx.index[relay_key(h)]] = ctx.index[relay_grad_key(h)]
+    return r._replace(key=lut[r.key])
+
+
+# --------------------------------------------------------------------------------------------
+# KV relay rounds (libra.tap.relay): after chunk 0's dispatch, before chunk M-1's return
+# --------------------------------------------------------------------------------------------
+
+
+def _resolved(ctx: _Context, req: Rects, src: Rects, what: str) -> Blocks:
+    blocks, found = resolve(req, src, ctx.keys)
+    if np.any(found != req.area()):
+        raise ctx.fail(what)
+    return blocks
+
+
+def _relay_dispatch(ctx: _Context, got0: dict) -> list[Message]:
+    """Relay rounds ``1..H`` of chunk 0's forward dispatch: each forwards KV held here or received
+    in an earlier round; ``got0``'s k / v sources grow by what each round delivers here."""
+    W, hkv = len(ctx.pool.workers), ctx.shape.num_kv_heads
+    msgs = []
+    for h in range(1, ctx.H + 1):
+        out, send = _with_layout([ctx.pieces(KV, 0, False, hop=h)], W)
+        inn, recv = _with_layout([ctx.pieces(KV, 0, True, hop=h)], W)
+        pack = [_resolved(ctx, _rects(out, slice(None), -1, kv_half=half),
+                          Rects.concat([ctx.local(hkv, ctx.index[local]), got0[name]]),
+                          f"KV relay round {h} forwards tokens this worker neither holds nor received earlier")
+                for half, local, name in ((0, LK, "k"), (1, LV, "v"))]
+        msgs.append(Message(send, recv, Blocks.concat(pack)))
+        rk = ctx.index[relay_key(h)]
+        got0["k"] = Rects.concat([got0["k"], _rects(inn, slice(None), rk)])
+        got0["v"] = Rects.concat([got0["v"], _rects(inn, slice(None), rk, kv_half=1)])
+    return msgs
+
+
+def _relay_returns(ctx: _Context, got: list[dict]) -> list[Message]:
+    """Relay rounds ``H..1`` of chunk ``M - 1``'s backward return: the dK/dV of rows received in
+    hop ``h`` go back to their sender, which adds them to its own gradient of those rows (its dK/dV
+    when it holds them, else the gradient of the KV it received) before its own round sends them on."""
+    W, hkv, last = len(ctx.pool.workers), ctx.shape.num_kv_heads, ctx.M - 1
+    fetched = {name: _grad_of(ctx, Rects.concat([got[c][name] for c in range(ctx.M)])) for name in ("k", "v")}
+    msgs = []
+    for h in range(ctx.H, 0, -1):
+        b_out, send = _with_layout([ctx.pieces(KV, last, True, backward=True, hop=h)], W)
+        b_in, recv = _with_layout([ctx.pieces(KV, last, False, backward=True, hop=h)], W)
+        pack, add = [], []
+        for half, local, name in ((0, DK, "k"), (1, DV, "v")):
+            pack.append(_resolved(ctx, _rects(b_out, slice(None), -1, kv_half=half), fetched[name],
+                                  f"relay round {h}: a KV gradient is due for rows never fetched"))
+            add.append(_resolved(ctx, _rects(b_in, slice(None), -1, kv_half=half),
+                                 Rects.concat([ctx.local(hkv, ctx.index[local]), fetched[name]]),
+                                 f"relay round {h}: a KV gradient comes back for rows this worker neither "
+                                 f"holds nor received"))
+        msgs.append(Message(send, recv, Blocks.concat(pack), Blocks.empty(), Blocks.concat(add)))
+    return msgs
 
 
 def _unpack(ctx: _Context, p: dict, sel, heads: int, key: BufKey, kv_half: int, name: str) -> Blocks:
@@ -458,12 +537,14 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
         messages[FWD_DISPATCH].append(fd)
         messages[BWD_DISPATCH].append(bd)
         got.append(delivered)
+    relays = {FWD_DISPATCH: _relay_dispatch(ctx, got[0]) if ctx.H else []}
     for m in range(ctx.M):
         kern, outputs = _kernel(ctx, work, m, got)
         fr, br = _returns(ctx, m, outputs, got)
         kernels.append(kern)
         messages[FWD_RETURN].append(fr)
         messages[BWD_RETURN].append(br)
+    relays[BWD_RETURN] = _relay_returns(ctx, got) if ctx.H else []
     _check_outputs(ctx, kernels, messages)
     return WorkerProgram(ctx.me, ctx.rank_of[ctx.me], tuple(pool.workers), shape, ctx.num_local, ctx.M, kernels,
-                         messages, digest or pool.digest(), ctx.sched, list(ctx.ranges))
+                         messages, digest or pool.digest(), ctx.sched, list(ctx.ranges), relays)

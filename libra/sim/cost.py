@@ -25,6 +25,18 @@ Terms are named and summed (vidur style):
   latency where it carries traffic. Compute runs on one stream, transfers on one FIFO comm stream.
   When compute covers transfers only chunk 0's dispatch and chunk M-1's return are exposed; with
   ``M = 1`` it equals the serial figure.
+* KV relays (issue 11, :mod:`libra.tap.relay`; beyond the paper): a KV row with ``hop = h > 0``
+  forwards KV its ``src`` received in an earlier hop. The runtime sends the hops as sequential
+  rounds inside chunk 0's forward dispatch (hop 0, 1, ..., H) and chunk ``M - 1``'s backward return
+  (H, ..., 0: a relay adds its children's dK/dV before forwarding them; dQ goes with hop 0), so those
+  two columns are priced round by round: each round's port time per worker is the phase formula
+  above over that round's bytes, and a worker starts a round when it and the senders of its rows in
+  that round have finished the previous ones (``start[w] = max(t[w], t[s] for rows s -> w)``;
+  ``t[w] = start[w] + port[w]`` where ``w`` moves bytes in the round). The serial phase time is the
+  same dataflow over each row's total bytes; bytes and per-class link times stay the byte sums (a
+  relay row's ``src`` is the forwarding worker). A pool with relays must pass
+  :func:`libra.tap.relay.check_relays` (head chunks; relayed KV heads travel in chunk 0 and return
+  in chunk ``M - 1``). Plans without relays take none of this path.
 * ``total_ms = compute_ms + exposed_comm_ms``; the straggler is the worker with the largest total.
 """
 
@@ -53,6 +65,7 @@ from libra.tap.pipeline import (
     check_chunks,
     pipeline_events,
 )
+from libra.tap.relay import check_relays
 from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import attention_flops
 
@@ -188,6 +201,11 @@ def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
     return np.maximum.reduce([host, comm_free, compute_free]) - busy
 
 
+RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
+"""The phases whose KV rows may relay (:mod:`libra.tap.relay`): the forward KV fetch and the
+backward dK/dV return along the reversed tree."""
+
+
 def _by_chunk(dest, chunk, t, n: int, M: int) -> np.ndarray:
     """``(n, M)`` sums of segment times ``t`` per worker and chunk; chunk -1 spreads over all M."""
     out = np.zeros((n, M))
@@ -309,10 +327,12 @@ class CostModel:
         return port_bw[slow, cols], port_lat[slow, cols], per_class + lat_class
 
     @staticmethod
-    def _routes(plan: Plan, schedules: list[ChunkSchedule]) -> dict[str, Routes]:
-        """Every pool's :meth:`ChunkSchedule.phase_routes`, concatenated per phase."""
+    def _routes(plan: Plan, schedules: list[ChunkSchedule], per_pool: list | None = None) -> dict[str, Routes]:
+        """Every pool's :meth:`ChunkSchedule.phase_routes` (``per_pool`` when already built),
+        concatenated per phase in pool order."""
         M = schedules[0].chunks if schedules else 1
-        per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
+        if per_pool is None:
+            per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
         out = {}
         for phase in PHASES:
             parts = [r[phase] for r in per_pool]
@@ -320,6 +340,24 @@ class CostModel:
                                   for i in range(4)),
                                 np.concatenate([r.nbytes for r in parts]) if parts else np.zeros((0, M)))
         return out
+
+    @staticmethod
+    def _relay_hops(plan: Plan, schedules: list[ChunkSchedule], per_pool: list) -> dict[str, np.ndarray]:
+        """``{phase: hop of every route row}`` for :data:`RELAY_PHASES`, aligned with :meth:`_routes`;
+        ``{}`` when no pool has a relay row (the common case costs one ``any`` per pool).
+
+        Raises:
+            PlanValidationError: a pool with relays that :func:`~libra.tap.relay.check_relays` rejects.
+        """
+        relaying = [bool(pool.transfers.hop.any()) for pool in plan.pools]
+        if not any(relaying):
+            return {}
+        for pool, sched, relays in zip(plan.pools, schedules, relaying):
+            if relays:
+                check_relays(pool, sched)
+        # backward routes index TransferTable.backward(), whose rows keep the forward index and hop
+        return {phase: np.concatenate([pool.transfers.hop[r[phase].row] for pool, r in zip(plan.pools, per_pool)])
+                for phase in RELAY_PHASES}
 
     def chunk_traffic(self, plan: Plan, pipeline_chunks: int | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Bytes each worker sends and receives in each Pipeliner chunk of each phase, as priced.
@@ -336,6 +374,23 @@ class CostModel:
             out[phase] = (sent.reshape(n, chunks), recv.reshape(n, chunks))
         return out
 
+    def _relay_rounds(self, r: Routes, masks, hop: np.ndarray, nbytes: np.ndarray, backward: bool) -> np.ndarray:
+        """``(N,)`` end time of one relay phase column moving ``nbytes[i]`` on route row ``i``, sent in
+        hop rounds (forward 0..H, backward H..0; module docstring): each round's port time is the
+        phase formula over its bytes, started when the worker and its round's senders are done."""
+        t = np.zeros(self.topology.num_workers)
+        top = int(hop.max()) if len(hop) else 0
+        for h in (range(top, -1, -1) if backward else range(top + 1)):
+            sel = hop == h
+            src, dst = r.src[sel], r.dst[sel]
+            sent, recv = self._phase_bytes(src, dst, [m[sel] for m in masks], nbytes[sel])
+            bw_ms, lat_ms, _ = self._phase_ms(sent, recv)
+            port = bw_ms + lat_ms
+            start = t.copy()
+            np.maximum.at(start, dst, t[src])  # a receiver waits for its sender's earlier rounds
+            t = np.where(port > 0, start + port, t)
+        return t
+
     def _phases(self, plan: Plan, schedules: list[ChunkSchedule]):
         """Price the four phases: unchunked totals and ``(N, M)`` per-chunk times.
 
@@ -345,11 +400,13 @@ class CostModel:
         n, k, M = self.topology.num_workers, len(LINK_CLASSES), schedules[0].chunks if schedules else 1
         sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
         serial, per_chunk = np.zeros(n), {}
-        for phase, r in self._routes(plan, schedules).items():
+        per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
+        hops = self._relay_hops(plan, schedules, per_pool)
+        for phase, r in self._routes(plan, schedules, per_pool).items():
             masks = self._class_masks(r.src, r.dst)  # once per phase, shared by its chunks
             sent, recv = self._phase_bytes(r.src, r.dst, masks, r.nbytes.sum(axis=1))
             bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
-            serial += bw_ms + lat_ms
+            phase_ms = bw_ms + lat_ms
             sent_tot += sent
             recv_tot += recv
             link_tot += per_class
@@ -357,6 +414,12 @@ class CostModel:
             sent_m, recv_m = self._phase_bytes(r.src, r.dst, masks, r.nbytes)
             bw_m, lat_m, _ = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
             per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
+            if phase in hops:  # relay rounds replace the byte sum of the chunk they run in
+                backward = phase == BWD_RETURN
+                col = M - 1 if backward else 0
+                per_chunk[phase][:, col] = self._relay_rounds(r, masks, hops[phase], r.nbytes[:, col], backward)
+                phase_ms = self._relay_rounds(r, masks, hops[phase], r.nbytes.sum(axis=1), backward)
+            serial += phase_ms
         return sent_tot, recv_tot, link_tot, serial, per_chunk
 
     def _apply_speed(self, fwd, bwd, speed, n: int):

@@ -49,29 +49,36 @@ import numpy as np
 from libra.config import TapConfig
 from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTable, pool_index
 from libra.tap.exchange import build_transfers
+from libra.tap.pipeline import ChunkSchedule
 from libra.tap.placement import place_tiles
 from libra.tap.planner import plan_pool
+from libra.tap.relay import relay_pool
 from libra.tap.tiles import make_tiles
 from libra.tap.weights import kernel_time_weights
 from libra.workload import AttentionShape
 
-CANDIDATES = ("alg2-flops", "alg2-kernel-time", "fine", "fine-retain", "fine-retain-link")
+CANDIDATES = ("alg2-flops", "alg2-kernel-time", "fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 """The plans :func:`candidate_pools` offers per pool: the paper's Alg. 2 on FLOPs (``libra``'s
 plan), Alg. 2 on estimated kernel time (``libra-kt``'s), and on kernel-time weights with the
 finer head split of :func:`fine_head_split`, placed by Alg. 2 (``fine``), by
 :func:`place_retaining` (``fine-retain``), or by :func:`place_retaining` pricing each byte by
-the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``)."""
+the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``); the last placement with
+its KV fan-out sent along relay trees under the paper's head chunks (``fine-retain-link-relay``,
+:mod:`libra.tap.relay`)."""
 
-DEFAULT_CANDIDATES = ("alg2-flops", "fine", "fine-retain-link")
+DEFAULT_CANDIDATES = ("alg2-flops", "fine", "fine-retain-link", "fine-retain-link-relay")
 """The candidates ``libra-adaptive`` chooses from unless told otherwise. Measured with ``straggler``'s
 pricing (4 windows, jitter on, the default profile; each set's winner under head chunks then
-re-priced tile-chunked, the rule before :data:`CHUNKING_OF`) against all four byte-priced candidates, this
-set is as fast or faster on every workload and setting -- Wikipedia 1M 2.09x over Ulysses instead of
-2.00x, ProLong 1M 2.50x instead of 2.42x, within 1% elsewhere -- with three placements per pool
-instead of four: ``fine-retain-link`` takes the pools ``fine-retain`` and the kernel-time plan won."""
+re-priced tile-chunked, the rule before :data:`CHUNKING_OF`) against all four byte-priced candidates,
+the first three are as fast or faster on every workload and setting -- Wikipedia 1M 2.09x over
+Ulysses instead of 2.00x, ProLong 1M 2.50x instead of 2.42x, within 1% elsewhere -- with three
+placements per pool instead of four: ``fine-retain-link`` takes the pools ``fine-retain`` and the
+kernel-time plan won. Adding the relayed retention plan (same placement, one more pricing; 2 windows,
+jitter on, :data:`CHUNKING_OF`) took Wikipedia from 2.43x to 2.78x over Ulysses at 1M and 4.53x to
+4.75x at 256K, ProLong from 2.23x to 2.60x and 5.34x to 5.55x, and left libra-prod unchanged."""
 
 CHUNKING_OF = {"alg2-flops": HEADS, "alg2-kernel-time": HEADS, "fine": HEADS, "fine-retain": TILES,
-               "fine-retain-link": TILES}
+               "fine-retain-link": TILES, "fine-retain-link-relay": HEADS}
 """The Pipeliner chunking (:data:`libra.plan.CHUNKINGS`) each candidate is priced and run with
 unless the planner is told to price others (``libra-adaptive``'s ``chunkings``). Pricing every
 default candidate under both chunkings (4 windows of each public corpus and libra-prod, both
@@ -79,10 +86,13 @@ settings, 240 pools) never picked the paper's plan tile-chunked or ``fine-retain
 and picked ``fine`` tile-chunked in 2 pools: one chunking each gives the same steps within 0.01%
 for half the pricings. Retention keeps a worker's own tiles, so its tile-grouped chunks start and
 end with local work; Alg. 2's plans spread each KV head over many workers, whose head-sliced
-chunks overlap best."""
+chunks overlap best. Relays run only under head chunks (:func:`libra.tap.relay.check_relays`)."""
 
-LINK_PRICED = frozenset({"fine-retain-link"})
+LINK_PRICED = frozenset({"fine-retain-link", "fine-retain-link-relay"})
 """The :data:`CANDIDATES` whose placement needs a ``link_cost`` (``place_tiles(link_cost=...)``)."""
+
+RELAYED = frozenset({"fine-retain-link-relay"})
+"""The :data:`CANDIDATES` that relay KV (:mod:`libra.tap.relay`): they run under head chunks only."""
 
 
 def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
@@ -128,16 +138,20 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
                "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index),
                "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
                                                            link_cost)}
-    if not any(n in names for n in placers):
+    relay = "fine-retain-link-relay" in names
+    if not relay and not any(n in names for n in placers):
         return out
     index = pool_index(sequences)
     tiles = make_tiles(sequences, tap.block_size, fine_head_split(tap, shape), shape, index=index)
     load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
-    for name in (n for n in placers if n in names):
+    for name in (n for n in placers if n in names or (relay and n == "fine-retain-link")):
         placed = placers[name]()
         out[name] = PoolPlan(pool_index=index_in_group, workers=tuple(workers), sequences=sequences, tiles=placed[0],
                              transfers=build_transfers(sequences, placed[0], shape, index=index),
                              fallback_tiles=placed[1])
+    if relay:  # the same placement, its KV fan-out relayed (head chunks: the rule of libra.tap.relay)
+        plain = out["fine-retain-link"] if "fine-retain-link" in names else out.pop("fine-retain-link")
+        out["fine-retain-link-relay"] = relay_pool(plain, ChunkSchedule.for_pool(plain, shape, tap.pipeline_chunks))
     return out
 
 

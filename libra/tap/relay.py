@@ -1,0 +1,101 @@
+"""KV relays: a sample's KV fan-out sent along doubling trees (an extension beyond Libra sec. 4.3.3;
+issue 11).
+
+Under the Plan contract a tile reads its whole causal KV prefix where it runs. When a long sample's
+work is spread over many workers, every destination fetches its own copy of the prefix from the
+sample's holders, so a holder's port carries one copy per destination: on Wikipedia at 1M the
+holders of the long sample send gigabytes in the first Pipeliner chunk while the receivers are
+nearly idle on the wire. A *relay* row (``TransferTable.hop = h > 0``) lets a destination forward
+KV it received in hop ``h - 1`` to another destination; dK/dV flow back along the same tree and each
+relay adds its children's gradients to its own before it forwards them (the runtime's
+``unpack_add`` into the fetched-KV gradient). A holder then sends each payload about ``log2`` of
+its destination count times, and the receivers' idle ports carry the rest.
+
+Tree (:func:`relay_transfers`): KV rows with the same sequence, holder, KV heads and first token
+form a payload group. Its destinations, by decreasing last token (ties: worker id), are members
+``1..n`` and the holder member 0; member ``j`` receives in hop ``floor(log2 j)`` from member
+``j - 2**hop``. A member's parent needs the same first token and a later or equal last one, so it
+forwards a sub-range of what it received.
+
+Where (:func:`relay_heads`): only KV heads that travel with chunk 0 and return after chunk
+``M - 1`` of the paper's head-sliced Pipeliner -- the two transfers it never hides -- so the hops
+run inside them in order (hop 0, 1, ... forward; deepest first backward) without delaying a chunk
+that would otherwise overlap compute. Tile-grouped chunks (:mod:`libra.tap.tile_chunks`) spread
+each destination's KV over its chunks and take no relays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from libra.plan import HEADS, KV, PlanValidationError, PoolPlan, TransferTable
+from libra.tap.pipeline import ChunkSchedule
+
+
+def relay_heads(sched: ChunkSchedule) -> np.ndarray:
+    """bool ``(hkv,)``: the KV heads whose fetch may be relayed under ``sched`` (first read in
+    chunk 0 and last read in chunk ``M - 1``)."""
+    return (sched.kv_first == 0) & (sched.kv_last == sched.chunks - 1)
+
+
+def check_relays(pool: PoolPlan, sched) -> None:
+    """The runtime's and the cost model's rule for relay rows: a pool with any row of hop > 0 runs
+    under head chunks, and every relay row's KV heads are :func:`relay_heads`.
+
+    Raises:
+        PlanValidationError: naming the pool and the first offending row.
+    """
+    x = pool.transfers
+    relays = np.nonzero(x.hop > 0)[0]
+    if not len(relays):
+        return
+    if pool.chunking != HEADS or not isinstance(sched, ChunkSchedule) or sched.chunking != HEADS:
+        raise PlanValidationError(f"pool {pool.pool_index}: KV relay rows need the Pipeliner's head chunks, "
+                                  f"the pool runs {pool.chunking!r}")
+    cum = np.concatenate(([0], np.cumsum(~relay_heads(sched))))
+    bad = relays[(cum[x.head_end[relays]] - cum[x.head_start[relays]]) > 0]
+    if len(bad):
+        i = int(bad[0])
+        raise PlanValidationError(
+            f"pool {pool.pool_index}: KV relay transfer {i} carries KV heads [{x.head_start[i]}, {x.head_end[i]}) "
+            f"with M={sched.chunks}, but only heads read from chunk 0 through chunk {sched.chunks - 1} may relay")
+
+
+def relay_transfers(transfers: TransferTable, eligible: np.ndarray) -> TransferTable:
+    """``transfers`` with the KV rows of ``eligible`` KV heads sent along doubling trees (module doc).
+
+    Args:
+        transfers: a pool's direct transfers (every hop 0).
+        eligible: bool ``(hkv,)`` (:func:`relay_heads`).
+
+    Returns:
+        The same rows (same order, destinations, bytes) with ``src`` and ``hop`` rewritten.
+    """
+    x = transfers
+    cum = np.concatenate(([0], np.cumsum(~np.asarray(eligible, dtype=bool))))
+    rows = np.nonzero(x.kind == KV)[0]
+    rows = rows[(cum[x.head_end[rows]] - cum[x.head_start[rows]]) == 0]
+    src, hop = x.src.copy(), x.hop.copy()
+    if len(rows):
+        keys = [x.seq[rows], x.src[rows], x.head_start[rows], x.head_end[rows], x.tok_start[rows]]
+        order = rows[np.lexsort([x.dst[rows], -x.tok_end[rows]] + keys[::-1])]
+        k = np.stack([c[order] for c in (x.seq, x.src, x.head_start, x.head_end, x.tok_start)], axis=1)
+        new = np.r_[True, np.any(k[1:] != k[:-1], axis=1)]
+        first = np.nonzero(new)[0]
+        member = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(order)])) + 1  # 1-based
+        h = np.floor(np.log2(member)).astype(np.int64)
+        parent = member - (1 << h)  # 0: the holder
+        start = np.repeat(first, np.diff(np.r_[first, len(order)]))
+        src[order] = np.where(parent == 0, x.src[order], x.dst[order[start + parent - 1]])
+        hop[order] = h
+    cols = {name: getattr(x, name) for name in TransferTable.FIELDS}
+    return TransferTable(**{**cols, "src": src.astype(np.int32), "hop": hop.astype(np.int8)})
+
+
+def relay_pool(pool: PoolPlan, sched: ChunkSchedule) -> PoolPlan:
+    """``pool`` (head-chunked, direct transfers) with its eligible KV fan-out relayed."""
+    if pool.chunking != HEADS:
+        raise ValueError(f"pool {pool.pool_index}: KV relays need head chunks, got {pool.chunking!r}")
+    return replace(pool, transfers=relay_transfers(pool.transfers, relay_heads(sched)))
