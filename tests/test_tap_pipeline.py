@@ -14,7 +14,7 @@ from libra.runtime.program import compile_worker
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.pipeline import PHASES, ChunkSchedule, pipeline_events
+from libra.tap.pipeline import BWD_RETURN, FWD_DISPATCH, PHASES, ChunkSchedule, pipeline_events
 from libra.workload import AttentionShape
 
 
@@ -90,7 +90,8 @@ def _options(name: str, M: int, H: int, B: int, dp: int) -> dict:
 
 
 TILED = "libra-adaptive+tiles"  # libra-adaptive pinned to tile-grouped chunks (libra.tap.tile_chunks)
-CASES = [(name, hq, hkv, H, M, seed) for name in (*PLANNERS, TILED)
+RELAY = "libra-adaptive+relay"  # libra-adaptive pinned to relayed KV fan-out (libra.tap.relay)
+CASES = [(name, hq, hkv, H, M, seed) for name in (*PLANNERS, TILED, RELAY)
          for (hq, hkv, H, M, seed) in [(8, 2, 2, 2, 0), (8, 2, 1, 4, 1), (12, 3, 2, 3, 2), (4, 4, 2, 2, 3)]]
 
 
@@ -104,6 +105,9 @@ def test_runtime_sends_what_the_cost_model_prices(name, hq, hkv, H, M, seed):
     window = _window(np.random.default_rng(seed), dp, S)
     if name == TILED:
         planner = get_planner("libra-adaptive", **_options("libra-adaptive", M, H, B, dp), chunkings=("tiles",))
+    elif name == RELAY:
+        planner = get_planner("libra-adaptive", **_options("libra-adaptive", M, H, B, dp),
+                              candidates=("fine-retain-link-relay",))
     else:
         planner = get_planner(name, **_options(name, M, H, B, dp))
     plan = planner.plan_window(window, par, shape)[0]
@@ -119,10 +123,19 @@ def test_runtime_sends_what_the_cost_model_prices(name, hq, hkv, H, M, seed):
         for w in pool.workers:
             prog = compile_worker(pool, shape, w, chunks)
             assert prog.schedule.events == pipeline_events(chunks)
+            # relay rounds travel with chunk 0's dispatch and chunk M-1's return
+            relay_chunk = {FWD_DISPATCH: 0, BWD_RETURN: chunks - 1}
             for phase in PHASES:
-                sent = [prog.messages[phase][m].n_send * el for m in range(chunks)]
-                recv = [prog.messages[phase][m].n_recv * el for m in range(chunks)]
+                extra = [sum(r.n_send for r in prog.relays.get(phase, [])), sum(r.n_recv for r in prog.relays.get(phase, []))]
+                sent = [(prog.messages[phase][m].n_send + (extra[0] if relay_chunk.get(phase) == m else 0)) * el
+                        for m in range(chunks)]
+                recv = [(prog.messages[phase][m].n_recv + (extra[1] if relay_chunk.get(phase) == m else 0)) * el
+                        for m in range(chunks)]
                 assert sent == pytest.approx(priced[phase][0][w].tolist(), abs=1e-6), (phase, w)
                 assert recv == pytest.approx(priced[phase][1][w].tolist(), abs=1e-6), (phase, w)
                 seen += sum(sent)
     assert (seen > 0) == any(len(p.transfers) > 0 for p in plan.pools)
+    relayed = sum(int((p.transfers.hop > 0).sum()) for p in plan.pools)
+    # GQA at M = 2: both chunks read each tile's one KV head, so its fan-out may relay (MHA at M = 2
+    # reads a different KV head per chunk, M = 3, 4 tiles likewise: nothing may relay there)
+    assert not (name == RELAY and (hq, hkv, M) == (8, 2, 2)) or relayed, "the relayed case relays nothing"
