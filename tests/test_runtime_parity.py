@@ -227,6 +227,9 @@ CASES_SLOW = [
      "dtypes": ["float64", "float32"]},
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
      "B": 16, "H": 1, "M": 8, "comm": "p2p", "dtypes": ["float64"]},  # some workers have empty chunks
+    # KV relays on a GQA-3 shape with M = 3 (each chunk one query head of the tile's one KV head)
+    {"hq": 12, "hkv": 4, "d": 8, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
+     "B": 16, "H": 1, "M": 3, "comm": "a2a", "dtypes": ["float64", "float32"]},
 ]
 
 
