@@ -38,7 +38,7 @@ def toy_profile():
 def fan_out_plan(chunks: int, relayed: bool, chunking: str = "heads") -> Plan:
     """One 8-token sample held by worker 0; tile i (rows 0-8, query heads [2i, 2i+2)) runs on worker i,
     so the holder sends Q and the one KV head (a KV payload) to each of workers 1, 2, 3. Relayed:
-    hop 0 holder -> 1, hop 1 holder -> 2 and 1 -> 3 (:func:`relay_transfers`)."""
+    hop 0 holder -> 1, hop 1: 1 -> 2, hop 2: 1 -> 3 (:func:`relay_transfers`)."""
     seq = SequenceLayout(0, 0, [8], [0], [8], [0])
     dest = np.arange(4)
     tiles = TileTable(seq=[0] * 4, q_start=[0] * 4, q_end=[8] * 4, head_start=2 * dest, head_end=2 * dest + 2,
@@ -69,7 +69,7 @@ def _per_chunk(model, plan):
 def test_relay_tree_is_the_documented_one():
     x = fan_out_plan(1, relayed=True).pools[0].transfers
     kv = x.kind == KV
-    assert list(zip(x.src[kv].tolist(), x.dst[kv].tolist(), x.hop[kv].tolist())) == [(0, 1, 0), (0, 2, 1), (1, 3, 1)]
+    assert list(zip(x.src[kv].tolist(), x.dst[kv].tolist(), x.hop[kv].tolist())) == [(0, 1, 0), (1, 2, 1), (1, 3, 2)]
     assert (x.hop[~kv] == 0).all()
 
 
@@ -81,13 +81,14 @@ def test_fan_out_hand_computed(model, chunks):
     # direct: the holder's port moves 3 Q pieces and 3 KV payloads, one latency
     assert direct[FWD_DISPATCH][0, 0] == pytest.approx((3 * q + 3 * KVB) / BW + LAT)
     assert direct[BWD_RETURN][0, -1] == pytest.approx((3 * q + 3 * KVB) / BW + LAT)
-    # relayed, forward chunk 0: hop 0 holder -> 1 (with all Q), hop 1 holder -> 2 and 1 -> 3;
-    # worker 2 waits for the holder's hop 0, worker 3 for worker 1's: 2 payloads' time plus the Q
-    fwd = [(3 * q + 2 * KVB) / BW + 2 * LAT, (q + 2 * KVB) / BW + 2 * LAT,
-           (3 * q + 2 * KVB) / BW + 2 * LAT, (q + 2 * KVB) / BW + 2 * LAT]
+    # relayed, forward chunk 0: hop 0 holder -> 1 (with all Q), hop 1: 1 -> 2, hop 2: 1 -> 3; worker 1
+    # forwards in each hop, and workers 2 and 3 wait for it
+    fwd = [(3 * q + KVB) / BW + LAT, (q + 3 * KVB) / BW + 3 * LAT,
+           (q + 2 * KVB) / BW + 2 * LAT, (q + 3 * KVB) / BW + 3 * LAT]
     assert relay[FWD_DISPATCH][:, 0] == pytest.approx(fwd)
-    # backward chunk M-1, deepest hop first: 2 -> holder and 3 -> 1; then 1 -> holder with the dQ
-    bwd = [(3 * q + 2 * KVB) / BW + 2 * LAT, (q + 2 * KVB) / BW + 2 * LAT,
+    # backward chunk M-1, deepest hop first: 3 -> 1, then 2 -> 1, then 1 -> holder with the dQ, which
+    # the holder waits for: the reduction is serial here (3 payloads on worker 1's port)
+    bwd = [(3 * q + 3 * KVB) / BW + 3 * LAT, (q + 3 * KVB) / BW + 3 * LAT,
            (q + KVB) / BW + 2 * LAT, (q + KVB) / BW + 2 * LAT]
     assert relay[BWD_RETURN][:, -1] == pytest.approx(bwd)
     assert max(fwd) < direct[FWD_DISPATCH][0, 0]
@@ -96,8 +97,8 @@ def test_fan_out_hand_computed(model, chunks):
         cols = [m for m in range(chunks) if (phase, m) not in ((FWD_DISPATCH, 0), (BWD_RETURN, chunks - 1))]
         np.testing.assert_array_equal(relay[phase][:, cols], direct[phase][:, cols])
     # the serial figure runs the same rounds over whole rows: 4 relayed-phase rounds + 2 direct phases
-    whole = [(3 * QB + 2 * KVB) / BW + 2 * LAT, 3 * QB / BW + LAT]
-    assert serial[0] == pytest.approx(2 * sum(whole))
+    relayed = [(3 * QB + KVB) / BW + LAT, (3 * QB + 3 * KVB) / BW + 3 * LAT]  # forward, backward
+    assert serial[0] == pytest.approx(sum(relayed) + 2 * (3 * QB / BW + LAT))
 
 
 def test_one_chunk_exposed_equals_serial(model):
@@ -133,7 +134,7 @@ def _check_bytes_moved(model, direct: Plan, relayed: Plan, chunks=None):
 def test_relays_only_move_sends_from_holders(model):
     direct, relayed = fan_out_plan(2, relayed=False), fan_out_plan(2, relayed=True)
     _check_bytes_moved(model, direct, relayed)
-    assert _src_shift(direct, relayed, 4).tolist() == [-KVB, KVB, 0, 0]
+    assert _src_shift(direct, relayed, 4).tolist() == [-2 * KVB, 2 * KVB, 0, 0]
 
 
 def test_relay_in_tile_chunked_pool_is_rejected(model):

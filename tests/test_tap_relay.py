@@ -18,16 +18,21 @@ def _table(rows):
     return TransferTable(**{c: np.array([r[i] for r in rows]) for i, c in enumerate(cols)})
 
 
-def test_doubling_tree_on_nested_prefixes():
-    """Holder 0 fans one payload out to 4 destinations needing nested prefixes: the widest need is
-    served first and forwards; the holder sends in every hop (members 1, 2, 4)."""
+def test_relay_tree_on_nested_prefixes():
+    """Holder 0 fans one payload out to 4 destinations needing nested prefixes: it sends once, to the
+    widest need, and every member that has the payload forwards it, doubling the set each hop."""
     x = _table([(KV, 0, 1, 0, 0, 4, 0, 1, 16), (KV, 0, 2, 0, 0, 8, 0, 1, 32), (Q, 0, 3, 0, 0, 4, 0, 1, 8),
                 (KV, 0, 3, 0, 0, 12, 0, 1, 48), (KV, 0, 4, 0, 0, 16, 0, 1, 64)])
     r = relay_transfers(x, np.array([True]))
-    # members by decreasing need: dst 4 (hop 0 from 0), dst 3 (hop 1 from 0), dst 2 (hop 1 from 4), dst 1 (hop 2 from 0)
-    assert r.src.tolist() == [0, 4, 0, 0, 0]
-    assert r.hop.tolist() == [2, 1, 0, 1, 0]
+    # members by decreasing need: dst 4 (hop 0 from the holder), dst 3 (hop 1 from 4), then hop 2:
+    # dst 2 from 4 and dst 1 from 3
+    assert r.src.tolist() == [3, 4, 0, 4, 0]
+    assert r.hop.tolist() == [2, 2, 0, 1, 0]
     assert r.dst.tolist() == x.dst.tolist() and r.nbytes.tolist() == x.nbytes.tolist()
+    nine = _table([(KV, 0, d, 0, 0, 4, 0, 1, 16) for d in range(1, 10)])
+    r = relay_transfers(nine, np.array([True]))
+    assert (r.src == 0).sum() == 1 and r.hop.max() == 4  # 1 + ceil(log2 9) hops, the holder sends once
+    assert r.hop.tolist() == [0, 1, 2, 2, 3, 3, 3, 3, 4]
 
 
 def test_ineligible_heads_and_other_payloads_stay_direct():

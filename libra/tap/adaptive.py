@@ -74,8 +74,8 @@ the first three are as fast or faster on every workload and setting -- Wikipedia
 Ulysses instead of 2.00x, ProLong 1M 2.50x instead of 2.42x, within 1% elsewhere -- with three
 placements per pool instead of four: ``fine-retain-link`` takes the pools ``fine-retain`` and the
 kernel-time plan won. Adding the relayed retention plan (same placement, one more pricing; 2 windows,
-jitter on, :data:`CHUNKING_OF`) took Wikipedia from 2.43x to 2.78x over Ulysses at 1M and 4.53x to
-4.75x at 256K, ProLong from 2.23x to 2.60x and 5.34x to 5.55x, and left libra-prod unchanged."""
+jitter on, :data:`CHUNKING_OF`) took Wikipedia from 2.43x to 2.86x over Ulysses at 1M and 4.53x to
+4.85x at 256K, ProLong from 2.23x to 2.76x and 5.34x to 5.78x, and left libra-prod unchanged."""
 
 CHUNKING_OF = {"alg2-flops": HEADS, "alg2-kernel-time": HEADS, "fine": HEADS, "fine-retain": TILES,
                "fine-retain-link": TILES, "fine-retain-link-relay": HEADS}
