@@ -307,9 +307,10 @@ class LibraAdaptiveConfig(LibraKtConfig):
 
 class LibraAdaptivePlanner(LibraKtPlanner):
     """``libra-adaptive``: VRSP pools, then per pool the fastest of its candidates
-    (:data:`libra.tap.adaptive.DEFAULT_CANDIDATES`: the paper's Alg. 2 plan and plans with one KV
-    head per tile, placed by Alg. 2 or in Q-home retention order with each byte priced by the
-    link it crosses) as the profile's cost model prices that pool alone (no device jitter;
+    (:data:`libra.tap.adaptive.DEFAULT_CANDIDATES`: the paper's Alg. 2 plan and a plan with one KV
+    head per tile placed in Q-home retention order with each byte priced by the link it crosses,
+    with its KV fan-out sent directly or relayed) as the profile's cost model prices that pool
+    alone (no device jitter;
     :class:`libra.sim.cost.CostModel`; the links from its :class:`~libra.sim.topology.Topology`).
     An extension for real corpora, not in the paper.
 

@@ -66,16 +66,19 @@ the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``); t
 its KV fan-out sent along relay trees under the paper's head chunks (``fine-retain-link-relay``,
 :mod:`libra.tap.relay`)."""
 
-DEFAULT_CANDIDATES = ("alg2-flops", "fine", "fine-retain-link", "fine-retain-link-relay")
-"""The candidates ``libra-adaptive`` chooses from unless told otherwise. Measured with ``straggler``'s
-pricing (4 windows, jitter on, the default profile; each set's winner under head chunks then
-re-priced tile-chunked, the rule before :data:`CHUNKING_OF`) against all four byte-priced candidates,
-the first three are as fast or faster on every workload and setting -- Wikipedia 1M 2.09x over
-Ulysses instead of 2.00x, ProLong 1M 2.50x instead of 2.42x, within 1% elsewhere -- with three
-placements per pool instead of four: ``fine-retain-link`` takes the pools ``fine-retain`` and the
-kernel-time plan won. Adding the relayed retention plan (same placement, one more pricing; 2 windows,
-jitter on, :data:`CHUNKING_OF`) took Wikipedia from 2.43x to 2.86x over Ulysses at 1M and 4.53x to
-4.85x at 256K, ProLong from 2.23x to 2.76x and 5.34x to 5.78x, and left libra-prod unchanged."""
+DEFAULT_CANDIDATES = ("alg2-flops", "fine-retain-link", "fine-retain-link-relay")
+"""The candidates ``libra-adaptive`` chooses from unless told otherwise: the paper's plan, the
+link-priced retention plan (tile-grouped chunks) and the same placement with its KV fan-out
+relayed (head chunks). Measured with ``straggler``'s pricing (jitter on, the default profile):
+
+* before relays, ``alg2-flops, fine, fine-retain-link`` was as fast or faster than all four
+  byte-priced candidates on every workload and setting (4 windows; Wikipedia 1M 2.09x over Ulysses
+  instead of 2.00x, ProLong 1M 2.50x instead of 2.42x, within 1% elsewhere);
+* adding the relayed plan (2 windows) took Wikipedia from 2.43x to 2.86x over Ulysses at 1M and
+  4.53x to 4.85x at 256K, ProLong from 2.23x to 2.76x and 5.34x to 5.78x, libra-prod unchanged;
+* with it, ``fine`` (one-KV-head tiles placed by Alg. 2) won no pool of 4 windows of the three
+  workloads at either setting, and dropping it left every mean straggler identical: one placement
+  and one pricing fewer per pool. The paper's plan still wins pools of libra-prod at 1M."""
 
 CHUNKING_OF = {"alg2-flops": HEADS, "alg2-kernel-time": HEADS, "fine": HEADS, "fine-retain": TILES,
                "fine-retain-link": TILES, "fine-retain-link-relay": HEADS}
