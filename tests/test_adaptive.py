@@ -193,3 +193,43 @@ def test_link_priced_placement_prefers_the_fast_link():
         weighted.append(int((tr.nbytes.astype(np.int64) * topo.byte_cost(tr.src, tr.dst)).sum()))
     assert set(dest[0]) - {0} <= {4, 5, 6, 7} and {2, 3} <= set(dest[1]), dest
     assert weighted[1] < weighted[0], weighted
+
+
+def test_split_heavy_tiles_cuts_equal_work_and_keeps_coverage():
+    """A tile heavier than the limit becomes ceil(load / limit) token ranges of equal causal area:
+    same heads and Q-home, the same rows covered once, the same FLOPs in total."""
+    from libra.tap.adaptive import split_heavy_tiles  # noqa: PLC0415
+
+    seqs = [SequenceLayout(0, 0, [4096, 512, 512], [0, 2560], [2560, 5120], [0, 1]),
+            SequenceLayout(1, 1, [1024] * 5, [0, 2560], [2560, 5120], [2, 3])]
+    tiles = make_tiles(seqs, 512, 2, SHAPE)
+    limit = 0.3 * float(tiles.flops.max())
+    out = split_heavy_tiles(tiles, seqs, SHAPE, tiles.flops, limit)
+    assert np.isclose(out.flops.sum(), tiles.flops.sum())
+    assert out.flops.max() <= 1.01 * limit
+    heavy = tiles.flops > limit
+    assert len(out) == len(tiles) - heavy.sum() + np.ceil(tiles.flops[heavy] / limit).sum()
+    for t in range(len(tiles)):  # every tile's rows are covered exactly once by its pieces
+        own = ((out.seq == tiles.seq[t]) & (out.head_start == tiles.head_start[t]) & (out.q_start >= tiles.q_start[t])
+               & (out.q_end <= tiles.q_end[t]))
+        assert (out.q_end[own] - out.q_start[own]).sum() == tiles.q_end[t] - tiles.q_start[t]
+        assert set(out.q_home[own].tolist()) == {tiles.q_home[t]}
+    assert split_heavy_tiles(tiles, seqs, SHAPE, tiles.flops, float(tiles.flops.max())) is tiles
+
+
+def test_adaptive_plans_with_split_tiles_validate():
+    """The default candidates cut a long sample's heaviest tiles; every candidate still validates."""
+    from libra.tap.adaptive import DEFAULT_CANDIDATES, candidate_pools, fine_head_split  # noqa: PLC0415
+
+    par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
+    seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
+    profile = load_profile("h100-roce-v1")
+    tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2)
+    found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
+                            link_cost=Topology(profile, par).byte_cost)
+    fine = found["fine-retain-link"]
+    plain = make_tiles(seqs, tap.block_size, fine_head_split(tap, SHAPE), SHAPE)
+    assert len(fine.tiles) > len(plain)  # some tile was cut
+    assert np.any((fine.tiles.q_end - fine.tiles.q_start) % tap.block_size != 0)
+    for pool in found.values():
+        Plan("libra-adaptive", 0, SHAPE, cp=2, pipeline_chunks=tap.pipeline_chunks, pools=(pool,)).validate()

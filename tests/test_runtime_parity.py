@@ -45,8 +45,14 @@ def _plan(case, dp, cp, seq_len, seed):
     par = ParallelConfig(dp=dp, cp=cp, gbs=dp, seq_len=seq_len)
     planner = get_planner(case.get("planner", "libra"), pool_size=case["P"], block_size=case["B"],
                           head_split=case["H"], pipeline_chunks=case["M"], **case.get("options", {}))
-    window = _window(dp, seq_len, seed)
+    window = _window(dp, seq_len, seed) if "lengths" not in case else _explicit_window(case["lengths"], dp)
     return planner.plan_window(window, par, shape)[0].validate(), window, shape
+
+
+def _explicit_window(lengths, dp: int):
+    from libra.data.packing import PackedSequence  # noqa: PLC0415
+
+    return [PackedSequence(i, lengths[i % len(lengths)], np.arange(len(lengths[i % len(lengths)]))) for i in range(dp)]
 
 
 def _local(full, ranges):
@@ -69,6 +75,7 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
     res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools)),
            "chunkings": sorted({p.chunking for p in plan.pools}),
            "relayed": int(sum((p.transfers.hop > 0).sum() for p in plan.pools)),
+           "off_block": int(sum(np.sum((p.tiles.q_end - p.tiles.q_start) % case["B"] != 0) for p in plan.pools)),
            "my_relay_rounds": attn.program.hops}
     refs = {s: reference_grads(*full[s], lengths[s]) for s, _, _ in ranges}
     ref = [torch.cat([refs[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
@@ -155,6 +162,8 @@ def _assert_results(results):
                 assert res["unreleased_bytes"] == 0, f"{case}: transient buffers outlived the call"
                 assert res["peak_transient_bytes"] > 0
                 assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
+            if case.get("split"):
+                assert res["off_block"] > 0, f"{case}: no tile was cut; the test would not exercise split tiles"
             if "fine-retain-link-relay" in case.get("options", {}).get("candidates", ()):
                 assert res["relayed"] > 0, f"{case}: no KV relay row; the test would not exercise relays"
             pinned = case.get("options", {}).get("chunkings")
@@ -164,6 +173,11 @@ def _assert_results(results):
 
 BASE = {"hq": 8, "hkv": 2, "d": 16}
 TWO_GPU_NODES = replace(load_profile("h100-roce-v1"), name="h100-roce-2gpu-nodes", gpus_per_node=2)
+# kernel time proportional to FLOPs (no short-segment penalty, no launch cost): at these toy sizes the
+# default kernel curve makes every tile cost about the same, so no tile would be heavy
+FLOPS_KERNEL = replace(load_profile("h100-roce-v1"), name="h100-roce-flops-kernel",
+                       kernel=replace(load_profile("h100-roce-v1").kernel, half_length=1e-9, launch_ms=0.0,
+                                      heads_half=0.0))
 CASES_4 = [
     {**BASE, "B": 32, "H": 2, "M": 2, "comm": "p2p", "dtypes": ["float64", "float32", "bfloat16"]},
     {**BASE, "B": 64, "H": 1, "M": 4, "comm": "a2a", "dtypes": ["float64"]},
@@ -183,6 +197,10 @@ CASES_4 = [
     # KV relays (libra.tap.relay): destinations forward the KV they fetched, dK/dV summed back
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
      "B": 16, "H": 1, "M": 1, "comm": "a2a", "dtypes": ["float64", "bfloat16"]},
+    # one 256-token sample beside short ones: its last tiles outweigh a worker's mean and are cut into
+    # token ranges that are not whole blocks (libra.tap.adaptive.split_heavy_tiles); relayed and not
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link",), "profile": FLOPS_KERNEL},
+     "split": True, "lengths": [[256], [8] * 32], "B": 128, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
 ]
 
 
@@ -202,6 +220,10 @@ CASES_8 = [
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link",), "profile": TWO_GPU_NODES},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
+    # the heaviest tiles of one long sample cut into token ranges, its KV fan-out relayed
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",), "profile": FLOPS_KERNEL},
+     "split": True, "lengths": [[256], [8] * 32, [16] * 16, [32] * 8], "B": 64, "H": 2, "M": 2, "comm": "p2p",
+     "dtypes": ["float64", "float32"]},
     # the same placement with its KV fan-out relayed (hops 1..H after chunk 0's dispatch)
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES},
