@@ -11,7 +11,9 @@ tile set and order cause, not the data:
   quarters the heaviest tile at the paper's shape. Cutting only the heavy tiles was measured too
   (same per-tile FLOPs limit as a fraction of a worker's mean): it was never better than cutting
   all of them, and it gives a worker tiles of mixed head widths, which the runtime's one kernel
-  call per Pipeliner chunk does not take.
+  call per Pipeliner chunk does not take. A one-KV-head tile can still outweigh a worker's mean
+  load at the end of a long sample: :func:`split_heavy_tiles` cuts those by tokens instead
+  (:data:`HEAVY_TILE_LIMIT`), which keeps every tile's head width.
 * **Moving the wrong tiles.** Alg. 2 takes tiles heaviest first, so a Q-home fills with its heavy
   tiles and its light ones -- short-sample tiles whose Q and O cost as many bytes as a heavy
   tile's but carry a hundredth of the work -- are displaced last, to whichever worker has room.
