@@ -95,3 +95,21 @@ def test_relays_need_head_chunks_at_compile():
     pool = replace(plan.pools[0], chunking=TILES)
     with pytest.raises(PlanValidationError, match="need the Pipeliner's head chunks"):
         compile_worker(pool, shape, pool.workers[0], 2)
+
+
+def test_relay_rounds_compile_and_pickle():
+    """Every worker of a relayed pool compiles the pool's H relay rounds (empty where it neither
+    forwards nor receives); the rounds survive pickling (AsyncPlanner's process mode ships them)."""
+    import pickle  # noqa: PLC0415
+
+    from libra.tap.pipeline import BWD_RETURN, FWD_DISPATCH  # noqa: PLC0415
+
+    plan, shape = _relayed_plan()
+    pool = plan.pools[0]
+    H = int(pool.transfers.hop.max())
+    progs = [compile_worker(pool, shape, w, 2) for w in pool.workers]
+    assert all(p.hops == H and len(p.relays[BWD_RETURN]) == H for p in progs)
+    assert sum(m.n_send for p in progs for m in p.relays[FWD_DISPATCH]) == \
+        sum(m.n_recv for p in progs for m in p.relays[FWD_DISPATCH]) > 0
+    back = pickle.loads(pickle.dumps(progs[0]))
+    assert back.hops == H and back.comm_rows() == progs[0].comm_rows()
