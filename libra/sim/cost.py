@@ -375,17 +375,19 @@ class CostModel:
         return out
 
     def _relay_rounds(self, r: Routes, masks, hop: np.ndarray, nbytes: np.ndarray, backward: bool) -> np.ndarray:
-        """``(N,)`` end time of one relay phase column moving ``nbytes[i]`` on route row ``i``, sent in
-        hop rounds (forward 0..H, backward H..0; module docstring): each round's port time is the
-        phase formula over its bytes, started when the worker and its round's senders are done."""
-        t = np.zeros(self.topology.num_workers)
+        """``(N, J)`` end times of ``J`` relay phase columns moving ``nbytes[i, j]`` on route row ``i``,
+        sent in hop rounds (forward 0..H, backward H..0; module docstring): each round's port time is
+        the phase formula over its bytes, started when the worker and its round's senders are done.
+        The columns share one pass over the rounds (a chunk's column and the whole phase)."""
+        n, k, J = self.topology.num_workers, len(LINK_CLASSES), nbytes.shape[1]
+        t = np.zeros((n, J))
         top = int(hop.max()) if len(hop) else 0
         for h in (range(top, -1, -1) if backward else range(top + 1)):
             sel = hop == h
             src, dst = r.src[sel], r.dst[sel]
             sent, recv = self._phase_bytes(src, dst, [m[sel] for m in masks], nbytes[sel])
-            bw_ms, lat_ms, _ = self._phase_ms(sent, recv)
-            port = bw_ms + lat_ms
+            bw_ms, lat_ms, _ = self._phase_ms(sent.reshape(k, n * J), recv.reshape(k, n * J))
+            port = (bw_ms + lat_ms).reshape(n, J)
             start = t.copy()
             np.maximum.at(start, dst, t[src])  # a receiver waits for its sender's earlier rounds
             t = np.where(port > 0, start + port, t)
@@ -417,8 +419,8 @@ class CostModel:
             if phase in hops:  # relay rounds replace the byte sum of the chunk they run in
                 backward = phase == BWD_RETURN
                 col = M - 1 if backward else 0
-                per_chunk[phase][:, col] = self._relay_rounds(r, masks, hops[phase], r.nbytes[:, col], backward)
-                phase_ms = self._relay_rounds(r, masks, hops[phase], r.nbytes.sum(axis=1), backward)
+                both = np.stack([r.nbytes[:, col], r.nbytes.sum(axis=1)], axis=1)
+                per_chunk[phase][:, col], phase_ms = self._relay_rounds(r, masks, hops[phase], both, backward).T
             serial += phase_ms
         return sent_tot, recv_tot, link_tot, serial, per_chunk
 
