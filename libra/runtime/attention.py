@@ -10,7 +10,11 @@ TAP Pipeliner (Libra sec. 4.4): each pass executes the events of the pool's
 :class:`~libra.tap.pipeline.ChunkSchedule` in order -- the list the cost model prices. With ``M``
 head chunks, chunk ``i + 1``'s dispatch is in flight while chunk ``i`` computes, and chunk ``i``'s
 return is issued right after it, so it overlaps chunk ``i + 1``'s compute; only chunk 0's dispatch
-and chunk ``M - 1``'s return are exposed. ``M = 1`` is the non-overlapped execution. All transient
+and chunk ``M - 1``'s return are exposed. ``M = 1`` is the non-overlapped execution. A plan with KV
+relays (:mod:`libra.tap.relay`) runs its hop rounds inside exactly those two exposed transfers: hops
+``1..H`` right after chunk 0's dispatch (each forwards what earlier rounds delivered) and hops
+``H..1`` of dK/dV right before chunk ``M - 1``'s return (each relay sums its children's in first),
+as the cost model prices them. All transient
 buffers (packed sends, receives, kernel inputs) are released by the end of backward;
 :class:`RuntimeStats` records their peak.
 
