@@ -133,8 +133,8 @@ class LibraAttention:
             self._calls = [[closed] if m == order[0] else [] for m in range(program.chunks)]
         self._closed = closed
         self._messages = rekey_messages(program.messages, self._calls)
-        self._kv_blocks = None if closed else kv_grad_blocks(self._calls, {**program.messages, "relays": program.relays[BWD_RETURN]},
-                                                             order, program.num_local, program.shape.num_kv_heads)
+        self._kv_blocks = None if closed else kv_grad_blocks(self._calls, program.all_messages(), order,
+                                                             program.num_local, program.shape.num_kv_heads)
 
     # -- checks -------------------------------------------------------------------------------
     def _check(self, q, k, v) -> None:

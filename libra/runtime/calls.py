@@ -197,7 +197,7 @@ def closed_call(program, calls: list[list[KernelCall]], chunk: int) -> KernelCal
 
     Returns the call (computed at chunk ``chunk``'s compute event), or None.
     """
-    if any(msg.n_send or msg.n_recv for msgs in (*program.messages.values(), *program.relays.values()) for msg in msgs):
+    if any(msg.n_send or msg.n_recv for msg in program.all_messages()):
         return None
     flat = [c for cs in calls for c in cs]
     n, hq, hkv = program.num_local, program.shape.num_q_heads, program.shape.num_kv_heads
@@ -221,7 +221,7 @@ def closed_call(program, calls: list[list[KernelCall]], chunk: int) -> KernelCal
     return KernelCall(seg, hq, hkv, whole[Q], whole[K], whole[V], whole[DO], Blocks.empty(), 0, call_key(chunk, 0))
 
 
-def kv_grad_blocks(calls: list[list[KernelCall]], messages: dict, order: list[int], num_local: int,
+def kv_grad_blocks(calls: list[list[KernelCall]], messages: list, order: list[int], num_local: int,
                    kv_heads: int) -> dict | None:
     """How each call's dK/dV land in dk / dv without zero-filling them, or None (zero-fill and add).
 
@@ -230,11 +230,13 @@ def kv_grad_blocks(calls: list[list[KernelCall]], messages: dict, order: list[in
     equal or disjoint and cover k exactly once (e.g. a pool whose ranks keep their own work: each
     KV head of each local sample read by one call per Pipeliner chunk). Then the first block (in the
     chunks' compute ``order``) of each rectangle copies its gradient and the others add theirs.
+    ``messages``: every exchange of the worker (:meth:`WorkerProgram.all_messages`, relay rounds
+    included): any that adds a received dK/dV here rules the copies out.
 
     Returns:
         ``{(chunk, call): {"k": (copy, add), "v": (copy, add)}}`` (Blocks each), or None.
     """
-    if any(len(msg.unpack_add) for msgs in messages.values() for msg in msgs):
+    if any(len(msg.unpack_add) for msg in messages):
         return None
     out: dict = {(m, c): {} for m in order for c in range(len(calls[m]))}
     for name, local in (("k", K), ("v", V)):

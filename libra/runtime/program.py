@@ -144,9 +144,17 @@ class WorkerProgram:
         """Relay rounds after hop 0 (``H``; 0 without relays)."""
         return len(self.relays[FWD_DISPATCH])
 
+    def phase_messages(self, phase: str) -> list[Message]:
+        """Every exchange of ``phase`` at this worker: its ``M`` chunks' and its relay rounds'."""
+        return self.messages[phase] + self.relays.get(phase, [])
+
+    def all_messages(self) -> list[Message]:
+        """Every exchange of every phase (what closed-call and dK/dV-copy decisions must see)."""
+        return [msg for p in PHASES for msg in self.phase_messages(p)]
+
     def comm_rows(self) -> dict[str, int]:
         """Rows sent by this worker per phase (bytes = rows * d * element size), relays included."""
-        return {p: sum(m.n_send for m in self.messages[p] + self.relays.get(p, [])) for p in PHASES}
+        return {p: sum(m.n_send for m in self.phase_messages(p)) for p in PHASES}
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,7 +400,7 @@ def _kernel(ctx: _Context, w: dict, m: int, got: list[dict]) -> tuple[ChunkKerne
 # --------------------------------------------------------------------------------------------
 
 
-def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Message, Message]:
+def _returns(ctx: _Context, m: int, outputs: Rects, fetched: dict) -> tuple[Message, Message]:
     """Chunk ``m``'s forward return (O) and backward return (dQ, then dK/dV per peer) messages."""
     W, hq, hkv = len(ctx.pool.workers), ctx.shape.num_q_heads, ctx.shape.num_kv_heads
     o_pieces_out, o_pieces_in = ctx.pieces(O, m, False), ctx.pieces(O, m, True)  # dQ below retraces them
@@ -408,28 +416,27 @@ def _returns(ctx: _Context, m: int, outputs: Rects, got: list[dict]) -> tuple[Me
     b_out, bsend = _with_layout([o_pieces_out, ctx.pieces(KV, m, True, backward=True)], W)
     b_in, brecv = _with_layout([o_pieces_in, ctx.pieces(KV, m, False, backward=True)], W)
     okv, ikv = b_out["group"] == 1, b_in["group"] == 1
-    fetched_k = _grad_of(ctx, Rects.concat([got[c]["k"] for c in range(ctx.M)]))
-    fetched_v = _grad_of(ctx, Rects.concat([got[c]["v"] for c in range(ctx.M)]))
     dq_pack, _ = resolve(_rects(b_out, ~okv, -1), outputs, ctx.keys)
-    parts = [dq_pack]
-    for half, src in ((0, fetched_k), (1, fetched_v)):
-        req = _rects(b_out, okv, -1, kv_half=half)
-        blocks, found = resolve(req, src, ctx.keys)
-        if np.any(found != req.area()):
-            raise ctx.fail(f"chunk {m}: a KV gradient is due for rows never fetched")
-        parts.append(blocks)
+    parts = [dq_pack] + [_resolved(ctx, _rects(b_out, okv, -1, kv_half=half), fetched[name],
+                                   f"chunk {m}: a KV gradient is due for rows never fetched")
+                         for half, name in ((0, "k"), (1, "v"))]
     add = Blocks.concat([_unpack(ctx, b_in, ikv, hkv, DK, 0, "KV"), _unpack(ctx, b_in, ikv, hkv, DV, 1, "KV")])
     return fr, Message(bsend, brecv, Blocks.concat(parts), _unpack(ctx, b_in, ~ikv, hq, DQ, 0, "O"), add)
 
 
-def _grad_of(ctx: _Context, r: Rects) -> Rects:
-    """Fetched-KV source rectangles pointed at their gradient buffers (same offsets)."""
+def _fetched_grads(ctx: _Context, got: list[dict]) -> dict:
+    """``{"k": Rects, "v": Rects}``: every fetched KV rectangle (all chunks and relay rounds)
+    pointed at its gradient buffer (same offsets): where dK/dV of fetched rows accumulate."""
     lut = np.arange(len(ctx.keys))
     for c in range(ctx.M):
         lut[ctx.index[recv_key(c)]] = ctx.index[grad_recv_key(c)]
     for h in range(1, ctx.H + 1):
         lut[ctx.index[relay_key(h)]] = ctx.index[relay_grad_key(h)]
-    return r._replace(key=lut[r.key])
+    out = {}
+    for name in ("k", "v"):
+        r = Rects.concat([got[c][name] for c in range(ctx.M)])
+        out[name] = r._replace(key=lut[r.key])
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -463,12 +470,11 @@ def _relay_dispatch(ctx: _Context, got0: dict) -> list[Message]:
     return msgs
 
 
-def _relay_returns(ctx: _Context, got: list[dict]) -> list[Message]:
+def _relay_returns(ctx: _Context, fetched: dict) -> list[Message]:
     """Relay rounds ``H..1`` of chunk ``M - 1``'s backward return: the dK/dV of rows received in
     hop ``h`` go back to their sender, which adds them to its own gradient of those rows (its dK/dV
     when it holds them, else the gradient of the KV it received) before its own round sends them on."""
     W, hkv, last = len(ctx.pool.workers), ctx.shape.num_kv_heads, ctx.M - 1
-    fetched = {name: _grad_of(ctx, Rects.concat([got[c][name] for c in range(ctx.M)])) for name in ("k", "v")}
     msgs = []
     for h in range(ctx.H, 0, -1):
         b_out, send = _with_layout([ctx.pieces(KV, last, True, backward=True, hop=h)], W)
@@ -538,13 +544,14 @@ def compile_worker(pool: PoolPlan, shape: AttentionShape, worker: int, chunks: i
         messages[BWD_DISPATCH].append(bd)
         got.append(delivered)
     relays = {FWD_DISPATCH: _relay_dispatch(ctx, got[0]) if ctx.H else []}
+    fetched = _fetched_grads(ctx, got)  # after the relay rounds: they deliver fetched KV too
     for m in range(ctx.M):
         kern, outputs = _kernel(ctx, work, m, got)
-        fr, br = _returns(ctx, m, outputs, got)
+        fr, br = _returns(ctx, m, outputs, fetched)
         kernels.append(kern)
         messages[FWD_RETURN].append(fr)
         messages[BWD_RETURN].append(br)
-    relays[BWD_RETURN] = _relay_returns(ctx, got) if ctx.H else []
+    relays[BWD_RETURN] = _relay_returns(ctx, fetched) if ctx.H else []
     _check_outputs(ctx, kernels, messages)
     return WorkerProgram(ctx.me, ctx.rank_of[ctx.me], tuple(pool.workers), shape, ctx.num_local, ctx.M, kernels,
                          messages, digest or pool.digest(), ctx.sched, list(ctx.ranges), relays)

@@ -48,6 +48,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from libra.arrays import expand_counts
 from libra.config import TapConfig
 from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTable, pool_index
 from libra.plan.layout import tile_flops
@@ -187,7 +188,7 @@ def split_heavy_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], sha
                                   int(np.ceil(load[t] / limit))) for t in heavy.tolist()}
     counts = np.ones(len(tiles), dtype=np.int64)
     counts[heavy] = [len(cuts[t]) - 1 for t in heavy.tolist()]
-    rows = np.repeat(np.arange(len(tiles)), counts)
+    rows, _ = expand_counts(counts)
     q0, q1 = tiles.q_start[rows].copy(), tiles.q_end[rows].copy()
     first = np.cumsum(counts) - counts
     for t, bounds in cuts.items():

@@ -35,6 +35,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from libra.arrays import expand_counts
 from libra.plan import HEADS, KV, PlanValidationError, PoolPlan, TransferTable
 from libra.tap.pipeline import ChunkSchedule
 
@@ -43,6 +44,12 @@ def relay_heads(sched: ChunkSchedule) -> np.ndarray:
     """bool ``(hkv,)``: the KV heads whose fetch may be relayed under ``sched`` (first read in
     chunk 0 and last read in chunk ``M - 1``)."""
     return (sched.kv_first == 0) & (sched.kv_last == sched.chunks - 1)
+
+
+def _within(eligible: np.ndarray, head_start: np.ndarray, head_end: np.ndarray) -> np.ndarray:
+    """bool: whether every KV head of each range ``[head_start, head_end)`` is ``eligible``."""
+    outside = np.concatenate(([0], np.cumsum(~np.asarray(eligible, dtype=bool))))
+    return outside[head_end] == outside[head_start]
 
 
 def check_relays(pool: PoolPlan, sched) -> None:
@@ -59,8 +66,7 @@ def check_relays(pool: PoolPlan, sched) -> None:
     if pool.chunking != HEADS or not isinstance(sched, ChunkSchedule) or sched.chunking != HEADS:
         raise PlanValidationError(f"pool {pool.pool_index}: KV relay rows need the Pipeliner's head chunks, "
                                   f"the pool runs {pool.chunking!r}")
-    cum = np.concatenate(([0], np.cumsum(~relay_heads(sched))))
-    bad = relays[(cum[x.head_end[relays]] - cum[x.head_start[relays]]) > 0]
+    bad = relays[~_within(relay_heads(sched), x.head_start[relays], x.head_end[relays])]
     if len(bad):
         i = int(bad[0])
         raise PlanValidationError(
@@ -79,22 +85,19 @@ def relay_transfers(transfers: TransferTable, eligible: np.ndarray) -> TransferT
         The same rows (same order, destinations, bytes) with ``src`` and ``hop`` rewritten.
     """
     x = transfers
-    cum = np.concatenate(([0], np.cumsum(~np.asarray(eligible, dtype=bool))))
     rows = np.nonzero(x.kind == KV)[0]
-    rows = rows[(cum[x.head_end[rows]] - cum[x.head_start[rows]]) == 0]
+    rows = rows[_within(eligible, x.head_start[rows], x.head_end[rows])]
     src, hop = x.src.copy(), x.hop.copy()
     if len(rows):
         keys = [x.seq[rows], x.src[rows], x.head_start[rows], x.head_end[rows], x.tok_start[rows]]
         order = rows[np.lexsort([x.dst[rows], -x.tok_end[rows]] + keys[::-1])]
         k = np.stack([c[order] for c in (x.seq, x.src, x.head_start, x.head_end, x.tok_start)], axis=1)
-        new = np.r_[True, np.any(k[1:] != k[:-1], axis=1)]
-        first = np.nonzero(new)[0]
-        d = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(order)]))  # 0-based member
+        first = np.nonzero(np.r_[True, np.any(k[1:] != k[:-1], axis=1)])[0]
+        group, d = expand_counts(np.diff(np.r_[first, len(order)]))  # d: 0-based member of its group
         top = np.floor(np.log2(np.maximum(d, 1))).astype(np.int64)
         h = np.where(d == 0, 0, 1 + top)
         parent = np.where(d == 0, 0, d - (1 << top))
-        start = np.repeat(first, np.diff(np.r_[first, len(order)]))
-        src[order] = np.where(d == 0, x.src[order], x.dst[order[start + parent]])
+        src[order] = np.where(d == 0, x.src[order], x.dst[order[first[group] + parent]])
         hop[order] = h
     cols = {name: getattr(x, name) for name in TransferTable.FIELDS}
     return TransferTable(**{**cols, "src": src.astype(np.int32), "hop": hop.astype(np.int8)})
