@@ -113,3 +113,20 @@ def test_relay_rounds_compile_and_pickle():
         sum(m.n_recv for p in progs for m in p.relays[FWD_DISPATCH]) > 0
     back = pickle.loads(pickle.dumps(progs[0]))
     assert back.hops == H and back.comm_rows() == progs[0].comm_rows()
+
+
+def test_compile_rejects_a_relay_whose_source_lacks_the_tokens():
+    """compile_worker checks the data flow of unvalidated plans too: a relay row whose source neither
+    holds nor earlier received its tokens is named before anything runs."""
+    plan, shape = _relayed_plan()
+    pool = plan.pools[0]
+    x = pool.transfers
+    i = int(np.nonzero(x.hop > 0)[0][0])
+    receivers = set(x.dst[(x.kind == KV) & (x.seq == x.seq[i]) & (x.hop < x.hop[i])].tolist())
+    holders = set(pool.sequences[int(x.seq[i])].holder_worker.tolist())
+    other = next(w for w in pool.workers if w not in receivers | holders | {int(x.dst[i])})
+    cols = {c: getattr(x, c).copy() for c in TransferTable.FIELDS}
+    cols["src"][i] = other
+    bad = replace(pool, transfers=TransferTable(**cols))
+    with pytest.raises(PlanValidationError, match=f"worker {other}: KV relay round {int(x.hop[i])} forwards tokens"):
+        compile_worker(bad, shape, other, 2)
