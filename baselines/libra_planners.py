@@ -379,4 +379,4 @@ def _pool_straggler(cost, pool, par: ParallelConfig, shape: AttentionShape, tap:
     """The slowest worker's priced time of ``pool`` run alone (its plan as one-pool Plan)."""
     plan = Plan(method="libra-adaptive", ga_index=0, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                 pools=(pool,), meta={})
-    return float(cost.price(plan).total_ms.max())
+    return float(cost.total_ms(plan).max())

@@ -6,6 +6,8 @@
 * :func:`pack_keys`: several integer key columns as one int64 whose order is the rows'
   lexicographic order (mixed radix), so one 1-D sort replaces a ``lexsort`` or a row-wise ``unique``.
 * :func:`row_ids`: dense ids of equal key rows, by :func:`pack_keys` where the keys fit in an int64.
+* :func:`sorted_unique`: ``np.unique(x)`` of a 1-D array by one sort (numpy >= 2.3's hashed
+  ``unique`` is an order of magnitude slower on thousands of distinct integers).
 """
 
 from __future__ import annotations
@@ -52,3 +54,16 @@ def row_ids(columns: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     else:
         _, first, ids = np.unique(key, return_index=True, return_inverse=True)
     return first, ids.reshape(-1).astype(np.int64)
+
+
+def sorted_unique(values) -> np.ndarray:
+    """The distinct elements of the 1-D ``values``, ascending: ``np.unique(values)`` for integer and
+    other NaN-free arrays, by one sort (numpy >= 2.3 hashes plain ``unique``, which on a few
+    thousand distinct int64 measured ~15x slower than sorting)."""
+    s = np.sort(np.asarray(values).reshape(-1))
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]

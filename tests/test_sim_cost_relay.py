@@ -171,3 +171,21 @@ def test_real_plan_relayed(real, kv_heads, chunks):
         np.testing.assert_allclose(cost.exposed_comm_ms, cost.exposed_comm_serial_ms, rtol=1e-12)
         with pytest.raises(PlanValidationError, match="relay transfer"):
             model.price(relayed, 4)  # relayed KV heads that chunk 0 does not read in full
+
+
+@pytest.mark.parametrize("variant,kv_heads,chunks", [("heads", 4, 1), ("heads", 4, 2), ("relayed", 4, 1),
+                                                     ("relayed", 2, 4), ("tiles", 4, 2)])
+def test_total_ms_is_price_total(real, variant, kv_heads, chunks):
+    """CostModel.total_ms (what libra-adaptive compares) equals price().total_ms bit for bit, for
+    head-chunked, relayed (forward and backward relay columns at M = 4) and tile-chunked pools,
+    with per-worker speeds."""
+    setting, window, model = real
+    shape = make_shape(32, kv_heads, 128)
+    plan = replace(make_planner("libra", setting).plan_window(window, setting.par(), shape)[0], pipeline_chunks=chunks)
+    if variant == "relayed":
+        plan = _relayed(plan, chunks)
+    elif variant == "tiles":
+        plan = replace(plan, pools=tuple(replace(p, chunking="tiles") for p in plan.pools))
+    speed = np.random.default_rng(3).uniform(0.8, 1.2, model.topology.num_workers)
+    want = model.price(plan, speed=speed).total_ms
+    assert np.array_equal(model.total_ms(plan, speed=speed), want)

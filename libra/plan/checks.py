@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra.arrays import sorted_unique
 from libra.plan.layout import kv_need_start, tile_flops
 from libra.plan.tables import KV, O, PlanMismatchError, PlanValidationError, Q
 from libra.workload import AttentionShape, kv_bytes, q_bytes
@@ -52,8 +53,8 @@ def _grid(rects, tb: np.ndarray, hb: np.ndarray) -> np.ndarray:
 
 
 def _bounds(*rect_sets) -> tuple[np.ndarray, np.ndarray]:
-    tb = np.unique(np.concatenate([np.concatenate((r[0], r[1])) for r in rect_sets] + [np.zeros(1, np.int64)]))
-    hb = np.unique(np.concatenate([np.concatenate((r[2], r[3])) for r in rect_sets] + [np.zeros(1, np.int64)]))
+    tb = sorted_unique(np.concatenate([np.concatenate((r[0], r[1])) for r in rect_sets] + [np.zeros(1, np.int64)]))
+    hb = sorted_unique(np.concatenate([np.concatenate((r[2], r[3])) for r in rect_sets] + [np.zeros(1, np.int64)]))
     return tb, hb
 
 
@@ -133,8 +134,8 @@ def _check_tiles(pool: PoolPlan, shape: AttentionShape) -> None:
     for s_idx, seq in enumerate(pool.sequences):
         rows = np.nonzero(t.seq == s_idx)[0]
         rects = (t.q_start[rows], t.q_end[rows], t.head_start[rows], t.head_end[rows])
-        tb = np.unique(np.concatenate(([0, seq.num_tokens], rects[0], rects[1])))
-        hb = np.unique(np.concatenate(([0, shape.num_q_heads], rects[2], rects[3])))
+        tb = sorted_unique(np.concatenate(([0, seq.num_tokens], rects[0], rects[1])))
+        hb = sorted_unique(np.concatenate(([0, shape.num_q_heads], rects[2], rects[3])))
         g = _grid(rects, tb, hb)
         bad = np.argwhere(g != 1)
         if len(bad):

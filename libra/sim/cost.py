@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from libra.arrays import sorted_unique
 from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
@@ -275,7 +276,7 @@ class CostModel:
             for acc, t in zip((fwd, bwd), times):
                 acc += _by_chunk(dest, chunk, t, n, M) if per_chunk else np.bincount(dest, weights=t, minlength=n)
             flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
-            calls[np.unique(dest)] = sched.chunks
+            calls[sorted_unique(dest)] = sched.chunks
         launch = calls * k.launch_ms
         if per_chunk:
             launch = launch[:, None] / M  # one launch per chunk
@@ -284,28 +285,25 @@ class CostModel:
         return flops, fwd, (bwd + launch * k.backward_time_ratio if k.has_backward_curve else None)
 
     # -- communication ---------------------------------------------------------------------
-    def _class_masks(self, src, dst) -> list[np.ndarray]:
-        """Per link class, which of a phase's transfers use it (self-transfers use none)."""
-        if not len(src):
-            return []
-        code = self.topology.link_code(src, dst)  # -1: self-transfer, costs nothing
-        return [code == ci for ci in range(len(LINK_CLASSES))]
+    def _link_codes(self, src, dst) -> np.ndarray:
+        """The link class index of each of a phase's transfers (-1: a self-transfer, which uses none)."""
+        return self.topology.link_code(src, dst) if len(src) else np.zeros(0, dtype=np.int64)
 
-    def _phase_bytes(self, src, dst, masks, nbytes):
-        """``(C, N)`` bytes sent and received per link class for one phase's transfers; ``(C, N, M)``
-        when ``nbytes`` is ``(X, M)`` per chunk (one bincount over (worker, chunk) bins: each bin
-        sums its rows in row order, as a bincount per chunk would)."""
+    def _phase_bytes(self, src, dst, code, nbytes):
+        """``(C, N)`` bytes sent and received per link class for one phase's transfers (``code``:
+        :meth:`_link_codes`); ``(C, N, M)`` when ``nbytes`` is ``(X, M)`` per chunk. One bincount over
+        (class, worker, column) bins each way: every bin sums its rows in row order, exactly as a
+        bincount per class and chunk would."""
         n, k = self.topology.num_workers, len(LINK_CLASSES)
         per = nbytes.shape[1:]
         cols = int(np.prod(per, dtype=np.int64))
-        sent = np.zeros((k, n * cols))
-        recv = np.zeros((k, n * cols))
+        use = code >= 0
         step = np.arange(cols)
-        for ci, m in enumerate(masks):
-            if m.any():
-                w = nbytes[m].reshape(-1)
-                sent[ci] = np.bincount((src[m][:, None] * cols + step).reshape(-1), weights=w, minlength=n * cols)
-                recv[ci] = np.bincount((dst[m][:, None] * cols + step).reshape(-1), weights=w, minlength=n * cols)
+        w = nbytes[use].reshape(-1)
+        c = code[use].astype(np.int64) * n
+        size = k * n * cols
+        sent = np.bincount(((c + src[use])[:, None] * cols + step).reshape(-1), weights=w, minlength=size)
+        recv = np.bincount(((c + dst[use])[:, None] * cols + step).reshape(-1), weights=w, minlength=size)
         return sent.reshape(k, n, *per), recv.reshape(k, n, *per)
 
     def _phase_ms(self, sent, recv, chunks: int = 1):
@@ -319,8 +317,9 @@ class CostModel:
         lat_class = np.where(busy > 0, self._lat[:, None], 0.0)
         port_bw = np.zeros((self._nports, busy.shape[1]))
         port_lat = np.zeros_like(port_bw)
-        np.add.at(port_bw, self._port_of, per_class)
-        np.add.at(port_lat, self._port_of, lat_class)
+        for ci, port in enumerate(self._port_of):  # class order, as np.add.at would add them
+            port_bw[port] += per_class[ci]
+            port_lat[port] += lat_class[ci]
         # the slowest port sets the phase; its latency is paid once per chunk
         slow = np.argmax(port_bw + port_lat, axis=0)
         cols = np.arange(busy.shape[1])
@@ -374,7 +373,7 @@ class CostModel:
             out[phase] = (sent.reshape(n, chunks), recv.reshape(n, chunks))
         return out
 
-    def _relay_rounds(self, r: Routes, masks, hop: np.ndarray, nbytes: np.ndarray, backward: bool) -> np.ndarray:
+    def _relay_rounds(self, r: Routes, code, hop: np.ndarray, nbytes: np.ndarray, backward: bool) -> np.ndarray:
         """``(N, J)`` end times of ``J`` relay phase columns moving ``nbytes[i, j]`` on route row ``i``,
         sent in hop rounds (forward 0..H, backward H..0; module docstring): each round's port time is
         the phase formula over its bytes, started when the worker and its round's senders are done.
@@ -385,7 +384,7 @@ class CostModel:
         for h in (range(top, -1, -1) if backward else range(top + 1)):
             sel = hop == h
             src, dst = r.src[sel], r.dst[sel]
-            sent, recv = self._phase_bytes(src, dst, [m[sel] for m in masks], nbytes[sel])
+            sent, recv = self._phase_bytes(src, dst, code[sel], nbytes[sel])
             bw_ms, lat_ms, _ = self._phase_ms(sent.reshape(k, n * J), recv.reshape(k, n * J))
             port = (bw_ms + lat_ms).reshape(n, J)
             start = t.copy()
@@ -393,11 +392,13 @@ class CostModel:
             t = np.where(port > 0, start + port, t)
         return t
 
-    def _phases(self, plan: Plan, schedules: list[ChunkSchedule]):
+    def _phases(self, plan: Plan, schedules: list[ChunkSchedule], chunked_only: bool = False):
         """Price the four phases: unchunked totals and ``(N, M)`` per-chunk times.
 
         Returns ``(sent, recv, link, serial, per_chunk)``: ``(C, N)`` bytes sent / received and
-        per-class time summed over phases, ``(N,)`` serial comm time, and ``{phase: (N, M)}``.
+        per-class time summed over phases, ``(N,)`` serial comm time, and ``{phase: (N, M)}``;
+        with ``chunked_only`` only ``per_chunk`` is priced (the rest ``None``): what the overlap term
+        and so :meth:`total_ms` need.
         """
         n, k, M = self.topology.num_workers, len(LINK_CLASSES), schedules[0].chunks if schedules else 1
         sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
@@ -405,23 +406,31 @@ class CostModel:
         per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
         hops = self._relay_hops(plan, schedules, per_pool)
         for phase, r in self._routes(plan, schedules, per_pool).items():
-            masks = self._class_masks(r.src, r.dst)  # once per phase, shared by its chunks
-            sent, recv = self._phase_bytes(r.src, r.dst, masks, r.nbytes.sum(axis=1))
-            bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
-            phase_ms = bw_ms + lat_ms
-            sent_tot += sent
-            recv_tot += recv
-            link_tot += per_class
+            code = self._link_codes(r.src, r.dst)  # once per phase, shared by its chunks
+            if not chunked_only:
+                sent, recv = self._phase_bytes(r.src, r.dst, code, r.nbytes.sum(axis=1))
+                bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
+                phase_ms = bw_ms + lat_ms
+                sent_tot += sent
+                recv_tot += recv
+                link_tot += per_class
             # each chunk moves its own bytes and pays its own latency: (worker, chunk) as columns
-            sent_m, recv_m = self._phase_bytes(r.src, r.dst, masks, r.nbytes)
+            sent_m, recv_m = self._phase_bytes(r.src, r.dst, code, r.nbytes)
             bw_m, lat_m, _ = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
             per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
             if phase in hops:  # relay rounds replace the byte sum of the chunk they run in
                 backward = phase == BWD_RETURN
                 col = M - 1 if backward else 0
+                if chunked_only:
+                    per_chunk[phase][:, col] = self._relay_rounds(r, code, hops[phase], r.nbytes[:, col:col + 1],
+                                                                  backward)[:, 0]
+                    continue
                 both = np.stack([r.nbytes[:, col], r.nbytes.sum(axis=1)], axis=1)
-                per_chunk[phase][:, col], phase_ms = self._relay_rounds(r, masks, hops[phase], both, backward).T
-            serial += phase_ms
+                per_chunk[phase][:, col], phase_ms = self._relay_rounds(r, code, hops[phase], both, backward).T
+            if not chunked_only:
+                serial += phase_ms
+        if chunked_only:
+            return None, None, None, None, per_chunk
         return sent_tot, recv_tot, link_tot, serial, per_chunk
 
     def _apply_speed(self, fwd, bwd, speed, n: int):
@@ -453,19 +462,10 @@ class CostModel:
         """
         chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
         n = self.topology.num_workers
-        schedules = self._schedules(plan, chunks)
-        flops, fwd_c, bwd_c = self._compute(plan, schedules)
-        fwd_c, bwd_c = self._apply_speed(fwd_c, bwd_c, speed, n)
+        flops, fwd, bwd, exposed, (sent, recv, link, comm, _) = self._terms(plan, chunks, speed, chunked_only=False)
         pool_of = np.full(n, -1, dtype=np.int64)
         for pi, pool in enumerate(plan.pools):
             pool_of[self.topology.check_ids(list(pool.workers))] = pi
-        sent, recv, link, comm, per_chunk = self._phases(plan, schedules)
-        events = pipeline_events(chunks)  # the runtime's loop, priced event by event
-        # (N,) times: every chunk is 1/M of the worker's compute; (N, M): each chunk its own
-        chunk_f, chunk_b = (fwd_c / chunks, bwd_c / chunks) if fwd_c.ndim == 1 else (fwd_c, bwd_c)
-        exposed = (pipelined_exposed(events, chunk_f, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
-                   + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
-        fwd, bwd = (fwd_c, bwd_c) if fwd_c.ndim == 1 else (fwd_c.sum(axis=1), bwd_c.sum(axis=1))
         workers = max(int((pool_of >= 0).sum()), 1)
         bound = self.flops_ms(float(flops.sum()) / workers)
         compute = fwd + bwd
@@ -477,3 +477,27 @@ class CostModel:
             link_ms={c: link[i] for i, c in enumerate(LINK_CLASSES)},
             comm_ms=comm, exposed_comm_serial_ms=comm, exposed_comm_ms=exposed,
             total_ms=compute + exposed, balance_bound_ms=bound)
+
+    def total_ms(self, plan: Plan, pipeline_chunks: int | None = None, speed=None) -> np.ndarray:
+        """``(N,)`` :attr:`PlanCost.total_ms` of ``plan``, equal to ``price(plan, ...).total_ms``, pricing
+        only what it needs (compute and the per-chunk phases; no per-class or serial totals): what
+        a planner comparing candidate plans calls. Arguments and errors as :meth:`price`."""
+        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        _, fwd, bwd, exposed, _ = self._terms(plan, chunks, speed, chunked_only=True)
+        return fwd + bwd + exposed
+
+    def _terms(self, plan: Plan, chunks: int, speed, chunked_only: bool):
+        """``(flops, fwd, bwd, exposed, phases)``: forward FLOPs, forward and backward compute and
+        exposed communication per worker (``(N,)`` each) and :meth:`_phases`' result."""
+        schedules = self._schedules(plan, chunks)
+        flops, fwd_c, bwd_c = self._compute(plan, schedules)
+        fwd_c, bwd_c = self._apply_speed(fwd_c, bwd_c, speed, self.topology.num_workers)
+        phases = self._phases(plan, schedules, chunked_only)
+        per_chunk = phases[-1]
+        events = pipeline_events(chunks)  # the runtime's loop, priced event by event
+        # (N,) times: every chunk is 1/M of the worker's compute; (N, M): each chunk its own
+        chunk_f, chunk_b = (fwd_c / chunks, bwd_c / chunks) if fwd_c.ndim == 1 else (fwd_c, bwd_c)
+        exposed = (pipelined_exposed(events, chunk_f, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
+                   + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
+        fwd, bwd = (fwd_c, bwd_c) if fwd_c.ndim == 1 else (fwd_c.sum(axis=1), bwd_c.sum(axis=1))
+        return flops, fwd, bwd, exposed, phases

@@ -48,7 +48,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from libra.arrays import expand_counts
+from libra.arrays import expand_counts, sorted_unique
 from libra.config import TapConfig
 from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTable, pool_index
 from libra.plan.layout import tile_flops
@@ -209,7 +209,7 @@ def _equal_area_bounds(seq: SequenceLayout, a: int, b: int, n: int) -> np.ndarra
     ends = np.arange(a + 1, b + 1)
     area = range_areas(seq.sample_offsets, np.full(len(ends), a), ends).astype(np.float64)
     cuts = ends[np.minimum(np.searchsorted(area, area[-1] * np.arange(1, n) / n), len(ends) - 1)]
-    return np.unique(np.concatenate(([a], np.clip(cuts, a + 1, b), [b])))
+    return sorted_unique(np.concatenate(([a], np.clip(cuts, a + 1, b), [b])))
 
 
 def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n_workers: int,

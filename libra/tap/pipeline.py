@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libra.arrays import row_ids
+from libra.arrays import pack_keys, row_ids, sorted_unique
 from libra.plan import HEADS, KV, O, Q, TransferTable
 from libra.workload import AttentionShape
 
@@ -101,8 +101,7 @@ class ChunkSchedule:
         self.shape, self.chunks = shape, check_chunks(chunks)
         self.events = pipeline_events(self.chunks)
         hs, he = np.asarray(head_start, np.int64).reshape(-1), np.asarray(head_end, np.int64).reshape(-1)
-        first, _ = row_ids([hs, he])  # the distinct head ranges, in order
-        ranges = np.stack([hs[first], he[first]], axis=1)
+        ranges = _distinct_ranges(hs, he)
         self._check_widths(ranges[:, 1] - ranges[:, 0])
         self.kv_first, self.kv_last = self._kv_chunks(ranges)
 
@@ -213,6 +212,18 @@ class ChunkSchedule:
         """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""
         return phase_routes(transfers, self.chunks, lambda table, rows, kind, backward:
                             self._chunk_bytes(table, rows, backward))
+
+
+def _distinct_ranges(head_start: np.ndarray, head_end: np.ndarray) -> np.ndarray:
+    """``(R, 2)`` the distinct ``[head_start, head_end)`` pairs in lexicographic order (one sort of
+    packed keys: a pool has thousands of tiles and a handful of head ranges)."""
+    key = pack_keys([head_start, head_end])
+    if key is None or not len(key):
+        first, _ = row_ids([head_start, head_end])
+        return np.stack([head_start[first], head_end[first]], axis=1)
+    lo, span = int(head_end.min()), int(head_end.max()) - int(head_end.min()) + 1
+    u = sorted_unique(key)
+    return np.stack([u // span + int(head_start.min()), u % span + lo], axis=1)
 
 
 def phase_routes(transfers: TransferTable, chunks: int, chunk_bytes) -> dict[str, Routes]:

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra.arrays import sorted_unique
 from libra.config import TapConfig
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
 from libra.tap.kernels import compiled
@@ -82,7 +83,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     if len(tiles):
         if not 0 <= int(tiles.seq.min()) <= int(tiles.seq.max()) < len(sequences):
             raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
-        home = np.unique(tiles.q_home)
+        home = sorted_unique(tiles.q_home)
         missing = home[w[np.minimum(np.searchsorted(w, home), len(w) - 1)] != home]
         if len(missing):
             raise ValueError(f"Q-home worker {int(missing[0])} is not a pool worker {w.tolist()}")
@@ -102,7 +103,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
             i = int(bad[0])
             raise ValueError(f"tile {i} (tokens [{tiles.q_start[i]}, {tiles.q_end[i]}) of sequence {tiles.seq[i]}) "
                              f"must lie in one holder range held by its q_home {tiles.q_home[i]}")
-    holders = np.unique(np.concatenate([seq.holder_worker for seq in sequences])) if sequences else w[:0]
+    holders = sorted_unique(np.concatenate([seq.holder_worker for seq in sequences])) if sequences else w[:0]
     extra = holders[w[np.minimum(np.searchsorted(w, holders), len(w) - 1)] != holders]
     if len(extra):
         raise ValueError(f"worker {int(extra[0])} holds sequence tokens but is not a pool worker {w.tolist()}")
@@ -306,7 +307,7 @@ def _segment_costs(tiles, sequences, wsorted, shape, kv_lo, lw):
     costs = []
     for s_idx, seq in enumerate(sequences):
         rows = np.nonzero(tiles.seq == s_idx)[0]
-        cuts = np.unique(np.concatenate(([0, seq.num_tokens], seq.holder_start, seq.holder_end,
+        cuts = sorted_unique(np.concatenate(([0, seq.num_tokens], seq.holder_start, seq.holder_end,
                                          kv_lo[rows], tiles.q_end[rows])))
         seg0[rows] = np.searchsorted(cuts, kv_lo[rows])
         seg1[rows] = np.searchsorted(cuts, tiles.q_end[rows])

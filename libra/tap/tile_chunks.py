@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from libra.arrays import expand_counts, row_ids
+from libra.arrays import expand_counts, row_ids, sorted_unique
 from libra.plan import KV, TILES, Q, TransferTable, kv_need_start
 from libra.tap.pipeline import (
     ChunkSchedule,
@@ -101,14 +101,12 @@ def _step_function(gid, start, end, value, M: int, last: bool):
     """Per group, the union of ``[start, end)`` cut where the min (``last``: max) ``value`` of the
     intervals covering a token changes. Returns ``(gid, start, end, value)`` sorted by group, start."""
     span = int(end.max()) + 1
-    pts = np.unique(np.concatenate([gid * span + start, gid * span + end]))
+    pts = sorted_unique(np.concatenate([gid * span + start, gid * span + end]))
     lo, hi = np.searchsorted(pts, gid * span + start), np.searchsorted(pts, gid * span + end)
     best = np.full(len(pts), -1, dtype=np.int64)
     for c in (range(M) if last else range(M - 1, -1, -1)):  # later c overwrite: min first / max last
         sel = value == c
-        count = np.zeros(len(pts) + 1, dtype=np.int64)
-        np.add.at(count, lo[sel], 1)
-        np.add.at(count, hi[sel], -1)
+        count = np.bincount(lo[sel], minlength=len(pts) + 1) - np.bincount(hi[sel], minlength=len(pts) + 1)
         best[np.cumsum(count)[:-1] > 0] = c
     seg = np.nonzero(best[:-1] >= 0)[0]  # elementary segment i = [pts[i], pts[i+1])
     seg = seg[pts[seg] // span == pts[seg + 1] // span]
