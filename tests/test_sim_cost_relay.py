@@ -21,6 +21,7 @@ SHAPE = AttentionShape(num_q_heads=8, num_kv_heads=1, head_dim=8, dtype_bytes=2)
 PAR = ParallelConfig(dp=1, cp=4, gbs=1, seq_len=8)
 BW, LAT = 100.0, 0.5  # NVLink bytes per ms and latency of the toy profile
 QB, KVB = q_bytes(8, 2, 8), kv_bytes(8, 1, 8)  # a tile's Q (2 query heads) and its KV payload
+B = KVB // 8  # K + V bytes of one token of the payload
 
 
 def toy_profile():
@@ -37,8 +38,9 @@ def toy_profile():
 
 def fan_out_plan(chunks: int, relayed: bool, chunking: str = "heads") -> Plan:
     """One 8-token sample held by worker 0; tile i (rows 0-8, query heads [2i, 2i+2)) runs on worker i,
-    so the holder sends Q and the one KV head (a KV payload) to each of workers 1, 2, 3. Relayed:
-    hop 0 holder -> 1, hop 1: 1 -> 2, hop 2: 1 -> 3 (:func:`relay_transfers`)."""
+    so the holder sends Q and the one KV head (a KV payload) to each of workers 1, 2, 3. Relayed
+    (:func:`relay_transfers`): hop 0 scatters tokens [0, 2), [2, 5), [5, 8) to workers 1, 2, 3; in hop
+    1 each sends its piece to the other two."""
     seq = SequenceLayout(0, 0, [8], [0], [8], [0])
     dest = np.arange(4)
     tiles = TileTable(seq=[0] * 4, q_start=[0] * 4, q_end=[8] * 4, head_start=2 * dest, head_end=2 * dest + 2,
@@ -66,11 +68,14 @@ def _per_chunk(model, plan):
     return serial, per_chunk
 
 
-def test_relay_tree_is_the_documented_one():
+def test_relay_broadcast_is_the_documented_one():
     x = fan_out_plan(1, relayed=True).pools[0].transfers
     kv = x.kind == KV
-    assert list(zip(x.src[kv].tolist(), x.dst[kv].tolist(), x.hop[kv].tolist())) == [(0, 1, 0), (1, 2, 1), (1, 3, 2)]
-    assert (x.hop[~kv] == 0).all()
+    got = list(zip(x.src[kv].tolist(), x.dst[kv].tolist(), x.tok_start[kv].tolist(), x.tok_end[kv].tolist(),
+                   x.hop[kv].tolist()))
+    assert got == [(0, 1, 0, 2, 0), (0, 2, 2, 5, 0), (0, 3, 5, 8, 0),
+                   (1, 2, 0, 2, 1), (1, 3, 0, 2, 1), (2, 1, 2, 5, 1), (2, 3, 2, 5, 1), (3, 1, 5, 8, 1), (3, 2, 5, 8, 1)]
+    assert (x.hop[~kv] == 0).all() and x.nbytes[kv].tolist() == [B * n for n in (2, 3, 3, 2, 2, 3, 3, 3, 3)]
 
 
 @pytest.mark.parametrize("chunks", [1, 2])
@@ -81,23 +86,23 @@ def test_fan_out_hand_computed(model, chunks):
     # direct: the holder's port moves 3 Q pieces and 3 KV payloads, one latency
     assert direct[FWD_DISPATCH][0, 0] == pytest.approx((3 * q + 3 * KVB) / BW + LAT)
     assert direct[BWD_RETURN][0, -1] == pytest.approx((3 * q + 3 * KVB) / BW + LAT)
-    # relayed, forward chunk 0: hop 0 holder -> 1 (with all Q), hop 1: 1 -> 2, hop 2: 1 -> 3; worker 1
-    # forwards in each hop, and workers 2 and 3 wait for it
-    fwd = [(3 * q + KVB) / BW + LAT, (q + 3 * KVB) / BW + 3 * LAT,
-           (q + 2 * KVB) / BW + 2 * LAT, (q + 3 * KVB) / BW + 3 * LAT]
+    # relayed, forward chunk 0: hop 0 the holder sends the Q pieces and the payload once (2 + 3 + 3
+    # tokens); hop 1 every member sends 2 copies of its piece and receives the other two pieces
+    # (port: 6 tokens on workers 1-3), starting when its senders finished hop 0 (worker 1 waits for 2, 3)
+    fwd = [(3 * q + 8 * B) / BW + LAT] + [(q + 9 * B) / BW + 2 * LAT] * 3
     assert relay[FWD_DISPATCH][:, 0] == pytest.approx(fwd)
-    # backward chunk M-1, deepest hop first: 3 -> 1, then 2 -> 1, then 1 -> holder with the dQ, which
-    # the holder waits for: the reduction is serial here (3 payloads on worker 1's port)
-    bwd = [(3 * q + 3 * KVB) / BW + 3 * LAT, (q + 3 * KVB) / BW + 3 * LAT,
-           (q + KVB) / BW + 2 * LAT, (q + KVB) / BW + 2 * LAT]
+    # backward chunk M-1: hop 1's dK/dV go back first (6 tokens on each member's port), then hop 0 to
+    # the holder with the dQ, which the holder waits for
+    bwd = [(3 * q + 14 * B) / BW + 2 * LAT, (q + 8 * B) / BW + 2 * LAT,
+           (q + 9 * B) / BW + 2 * LAT, (q + 9 * B) / BW + 2 * LAT]
     assert relay[BWD_RETURN][:, -1] == pytest.approx(bwd)
     assert max(fwd) < direct[FWD_DISPATCH][0, 0]
     # the chunks without KV are priced as before
     for phase in direct:
         cols = [m for m in range(chunks) if (phase, m) not in ((FWD_DISPATCH, 0), (BWD_RETURN, chunks - 1))]
         np.testing.assert_array_equal(relay[phase][:, cols], direct[phase][:, cols])
-    # the serial figure runs the same rounds over whole rows: 4 relayed-phase rounds + 2 direct phases
-    relayed = [(3 * QB + KVB) / BW + LAT, (3 * QB + 3 * KVB) / BW + 3 * LAT]  # forward, backward
+    # the serial figure runs the same rounds over whole rows: 2 relayed phases + 2 direct phases
+    relayed = [(3 * QB + KVB) / BW + LAT, (3 * QB + KVB + 6 * B) / BW + 2 * LAT]  # forward, backward
     assert serial[0] == pytest.approx(sum(relayed) + 2 * (3 * QB / BW + LAT))
 
 
@@ -113,12 +118,13 @@ def _sent_recv(cost):
 
 def _src_shift(direct: Plan, relayed: Plan, n: int) -> np.ndarray:
     """Per worker, bytes of the KV rows it sends after relaying minus before: each row's src sends
-    it forward and receives its dK/dV backward, so sent and received both move by this."""
+    it forward and receives its dK/dV backward, so sent and received both move by this (every
+    destination receives the same KV bytes either way)."""
     out = np.zeros(n)
     for a, b in zip(direct.pools, relayed.pools):
-        kv = a.transfers.kind == KV
-        nb = a.transfers.nbytes[kv].astype(np.float64)
-        out += np.bincount(b.transfers.src[kv], nb, n) - np.bincount(a.transfers.src[kv], nb, n)
+        for sign, x in ((-1.0, a.transfers), (1.0, b.transfers)):
+            kv = x.kind == KV
+            out += sign * np.bincount(x.src[kv], x.nbytes[kv].astype(np.float64), n)
     return out
 
 
@@ -134,7 +140,7 @@ def _check_bytes_moved(model, direct: Plan, relayed: Plan, chunks=None):
 def test_relays_only_move_sends_from_holders(model):
     direct, relayed = fan_out_plan(2, relayed=False), fan_out_plan(2, relayed=True)
     _check_bytes_moved(model, direct, relayed)
-    assert _src_shift(direct, relayed, 4).tolist() == [-2 * KVB, 2 * KVB, 0, 0]
+    assert _src_shift(direct, relayed, 4).tolist() == [-2 * KVB, 4 * B, 6 * B, 6 * B]  # each member: 2 copies of its piece
 
 
 def test_relay_in_tile_chunked_pool_is_rejected(model):
@@ -164,7 +170,7 @@ def test_real_plan_relayed(real, kv_heads, chunks):
     shape = make_shape(32, kv_heads, 128)
     plan = replace(make_planner("libra", setting).plan_window(window, setting.par(), shape)[0], pipeline_chunks=chunks)
     relayed = _relayed(plan, chunks).validate()
-    assert max(int(p.transfers.hop.max()) for p in relayed.pools) >= 2
+    assert max(int(p.transfers.hop.max()) for p in relayed.pools) == 1
     cost = _check_bytes_moved(model, plan, relayed)
     assert np.all(np.isfinite(cost.exposed_comm_ms)) and np.all(cost.exposed_comm_ms >= 0)
     if chunks == 1:

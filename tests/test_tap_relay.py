@@ -1,4 +1,4 @@
-"""KV relays (libra.tap.relay): the doubling tree, the Plan checks of relay rows, the chunking rule."""
+"""KV relays (libra.tap.relay): the scatter + all-gather, the Plan checks of relay rows, the chunking rule."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from dist_utils import long_tail_lengths
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libra.plan import KV, TILES, PlanValidationError, Q, TransferTable
 from libra.runtime.program import compile_worker
@@ -18,21 +20,58 @@ def _table(rows):
     return TransferTable(**{c: np.array([r[i] for r in rows]) for i, c in enumerate(cols)})
 
 
-def test_relay_tree_on_nested_prefixes():
-    """Holder 0 fans one payload out to 4 destinations needing nested prefixes: it sends once, to the
-    widest need, and every member that has the payload forwards it, doubling the set each hop."""
+def test_broadcast_on_nested_prefixes():
+    """Holder 0 fans one payload out to 4 destinations needing nested prefixes [0, 4), [0, 8),
+    [0, 12), [0, 16): it scatters pieces of 4 tokens (hop 0), and each member sends its piece to the
+    members that need it (hop 1)."""
     x = _table([(KV, 0, 1, 0, 0, 4, 0, 1, 16), (KV, 0, 2, 0, 0, 8, 0, 1, 32), (Q, 0, 3, 0, 0, 4, 0, 1, 8),
                 (KV, 0, 3, 0, 0, 12, 0, 1, 48), (KV, 0, 4, 0, 0, 16, 0, 1, 64)])
     r = relay_transfers(x, np.array([True]))
-    # members by decreasing need: dst 4 (hop 0 from the holder), dst 3 (hop 1 from 4), then hop 2:
-    # dst 2 from 4 and dst 1 from 3
-    assert r.src.tolist() == [3, 4, 0, 4, 0]
-    assert r.hop.tolist() == [2, 2, 0, 1, 0]
-    assert r.dst.tolist() == x.dst.tolist() and r.nbytes.tolist() == x.nbytes.tolist()
-    nine = _table([(KV, 0, d, 0, 0, 4, 0, 1, 16) for d in range(1, 10)])
+    rows = list(zip(r.kind.tolist(), r.src.tolist(), r.dst.tolist(), r.tok_start.tolist(), r.tok_end.tolist(),
+                    r.nbytes.tolist(), r.hop.tolist()))
+    assert rows == [(Q, 0, 3, 0, 4, 8, 0),  # the direct row stays first
+                    (KV, 0, 1, 0, 4, 16, 0), (KV, 0, 2, 4, 8, 16, 0), (KV, 0, 3, 8, 12, 16, 0),
+                    (KV, 0, 4, 12, 16, 16, 0),
+                    (KV, 1, 2, 0, 4, 16, 1), (KV, 1, 3, 0, 4, 16, 1), (KV, 1, 4, 0, 4, 16, 1),
+                    (KV, 2, 3, 4, 8, 16, 1), (KV, 2, 4, 4, 8, 16, 1), (KV, 3, 4, 8, 12, 16, 1)]
+    nine = _table([(KV, 0, d, 0, 0, 9, 0, 1, 36) for d in range(1, 10)])
     r = relay_transfers(nine, np.array([True]))
-    assert (r.src == 0).sum() == 1 and r.hop.max() == 4  # 1 + ceil(log2 9) hops, the holder sends once
-    assert r.hop.tolist() == [0, 1, 2, 2, 3, 3, 3, 3, 4]
+    assert (r.src == 0).sum() == 9 and r.nbytes[r.src == 0].sum() == 36  # the payload once, in 9 pieces
+    assert r.hop.max() == 1 and (r.hop == 1).sum() == 72
+    assert np.bincount(r.src[r.hop == 1], weights=r.nbytes[r.hop == 1]).tolist()[1:] == [32.0] * 9
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 12), st.integers(1, 40)), min_size=1, max_size=14))
+def test_broadcast_delivers_each_need_exactly(rows):
+    """Random payload groups (holder h holds tokens from 50 h; one KV head): every destination
+    receives exactly the tokens it needs, once; every relay forwards tokens its sender received in
+    hop 0; each holder sends its payload's widest need once."""
+    seen, table = set(), []
+    for holder, dst, length in rows:
+        if dst != holder and (holder, dst) not in seen:
+            seen.add((holder, dst))
+            table.append((KV, holder, dst, 0, 50 * holder, 50 * holder + length, 0, 1, 4 * length))
+    if not table:
+        return
+    r = relay_transfers(_table(table), np.array([True]))
+    assert set(r.hop.tolist()) <= {0, 1} and np.all(r.src != r.dst)
+    assert np.array_equal(r.nbytes, 4 * (r.tok_end - r.tok_start))
+    for dst in {t[2] for t in table}:
+        got = np.zeros(300, np.int64)
+        for i in np.nonzero(r.dst == dst)[0]:
+            got[r.tok_start[i]:r.tok_end[i]] += 1
+        want = np.zeros(300, np.int64)
+        for t in table:
+            if t[2] == dst:
+                want[t[4]:t[5]] = 1
+        assert np.array_equal(got, want)
+    for i in np.nonzero(r.hop == 1)[0]:  # the forwarder got those tokens in hop 0
+        fed = (r.hop == 0) & (r.dst == r.src[i]) & (r.tok_start <= r.tok_start[i]) & (r.tok_end >= r.tok_end[i])
+        assert fed.any()
+    for holder in {t[1] for t in table}:
+        mine = (r.src == holder) & (r.hop == 0) & (r.tok_start >= 50 * holder) & (r.tok_end <= 50 * holder + 50)
+        assert (r.tok_end - r.tok_start)[mine].sum() == max(t[5] - t[4] for t in table if t[1] == holder)
 
 
 def test_ineligible_heads_and_other_payloads_stay_direct():
@@ -48,7 +87,7 @@ def test_no_hop_column_keeps_digests_and_json():
     assert "hop" not in x.to_dict()
     assert TransferTable.from_dict(x.to_dict()).hop.tolist() == [0]
     r = relay_transfers(_table([(KV, 0, 1, 0, 0, 4, 0, 1, 16), (KV, 0, 2, 0, 0, 4, 0, 1, 16)]), np.array([True]))
-    assert r.to_dict()["hop"] == [0, 1] and TransferTable.from_dict(r.to_dict()).hop.tolist() == [0, 1]
+    assert r.to_dict()["hop"] == [0, 0, 1, 1] and TransferTable.from_dict(r.to_dict()).hop.tolist() == [0, 0, 1, 1]
 
 
 def _relayed_plan():

@@ -204,7 +204,7 @@ def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
 
 RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
 """The phases whose KV rows may relay (:mod:`libra.tap.relay`): the forward KV fetch and the
-backward dK/dV return along the reversed tree."""
+backward dK/dV return along the reversed relay rows."""
 
 
 def _by_chunk(dest, chunk, t, n: int, M: int) -> np.ndarray:

@@ -67,7 +67,7 @@ plan), Alg. 2 on estimated kernel time (``libra-kt``'s), and on kernel-time weig
 finer head split of :func:`fine_head_split`, placed by Alg. 2 (``fine``), by
 :func:`place_retaining` (``fine-retain``), or by :func:`place_retaining` pricing each byte by
 the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``); the last placement with
-its KV fan-out sent along relay trees under the paper's head chunks (``fine-retain-link-relay``,
+its KV fan-out relayed (a scatter and an all-gather) under the paper's head chunks (``fine-retain-link-relay``,
 :mod:`libra.tap.relay`)."""
 
 DEFAULT_CANDIDATES = ("alg2-flops", "fine-retain-link", "fine-retain-link-relay")
