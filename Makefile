@@ -58,8 +58,8 @@ fig12-real: $(STAMP)  ## Figure 12 on the two public length corpora (FlexSP Wiki
 	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_prolong.json --methods all --out results/straggler-prolong $(RESULTS)
 
 tune-real: $(STAMP)  ## tune's layout search at 1M on the two public corpora (the paper's P=8 is not their best)
-	$(BENCH) tune --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --settings 1m --pool-sizes 2,4,8,16 --head-splits 2 --windows 4 --no-progress --out results/tune-wikipedia-1m $(RESULTS)
-	$(BENCH) tune --workload $(WORKLOADS)/distca_dist_prolong.json --settings 1m --pool-sizes 2,4,8,16 --head-splits 2 --windows 4 --no-progress --out results/tune-prolong-1m $(RESULTS)
+	$(BENCH) tune --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --settings 1m --pool-sizes 2,4,8,16 --head-splits 2 --chunk-counts 4,8 --windows 4 --no-progress --out results/tune-wikipedia-1m $(RESULTS)
+	$(BENCH) tune --workload $(WORKLOADS)/distca_dist_prolong.json --settings 1m --pool-sizes 2,4,8,16 --head-splits 2 --chunk-counts 4,8 --windows 4 --no-progress --out results/tune-prolong-1m $(RESULTS)
 
 fig12-nojitter: $(STAMP)  ## Figure 12 with device jitter off: what the jitter model contributes
 	$(BENCH) straggler --workload libra-prod --no-jitter --out results/straggler-nojitter $(RESULTS)

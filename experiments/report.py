@@ -182,7 +182,7 @@ COMMANDS = {
     "fig12-real": "libra-bench straggler --workload ../shared/workloads/{file} --out results/straggler-{name} "
                   "(make fig12-real)",
     "fig12-tuned": "libra-bench tune --workload ../shared/workloads/{file} --settings {s} --pool-sizes 2,4,8,16 "
-                   "--head-splits 2 --windows 4 --out results/tune-{name}-{s} (make tune-real)",
+                   "--head-splits 2 --chunk-counts 4,8 --windows 4 --out results/tune-{name}-{s} (make tune-real)",
     "fig12-nojitter": "libra-bench straggler --workload libra-prod --no-jitter --out results/straggler-nojitter "
                       "(make fig12-nojitter)",
     "fig13": "libra-bench dp-scaling --workload libra-prod --out results/dp-scaling (make fig13)",
@@ -603,15 +603,21 @@ def tuned_row(sources, s: str, file: str, name: str) -> Row:
     rec = t[t["recommended"]].iloc[0] if t["recommended"].any() else t.iloc[0]
     best = t[t["method"] == "libra"].sort_values("mean_ms").iloc[0]
     paper = t[(t["pool_size"] == tap.pool_size) & (t["head_split"] == tap.head_split)
-              & (t["block_size"] == tap.block_size)].set_index("method")
-    at_paper = (f"; at the paper's layout (P={tap.pool_size}, H={tap.head_split}, B={tap.block_size}) "
+              & (t["block_size"] == tap.block_size) & (t["pipeline_chunks"] == tap.pipeline_chunks)].set_index("method")
+    several_m = t["pipeline_chunks"].nunique() > 1  # tune --chunk-counts: name each candidate's M
+
+    def m_of(x) -> str:
+        return f", M={x['pipeline_chunks']}" if several_m else ""
+
+    at_paper = (f"; at the paper's layout (P={tap.pool_size}, H={tap.head_split}, B={tap.block_size}"
+                f"{m_of({'pipeline_chunks': tap.pipeline_chunks})}) "
                 + ", ".join(f"{m} {paper.loc[m, 'speedup']:.2f}x" for m in ("libra-adaptive", "libra")
                             if m in paper.index)) if len(paper) else ""
     pbr = f", pool-balanced ratio {rec['pool_balanced_ratio']:.2f}" if "pool_balanced_ratio" in t else ""
     r.source = src
-    r.ours = (f"tune picks {rec['method']} P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}: "
-              f"{rec['speedup']:.2f}x{pbr}; best libra {best['speedup']:.2f}x (P={best['pool_size']}, "
-              f"B={best['block_size']}){at_paper}")
+    r.ours = (f"tune picks {rec['method']} P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}"
+              f"{m_of(rec)}: {rec['speedup']:.2f}x{pbr}; best libra {best['speedup']:.2f}x (P={best['pool_size']}, "
+              f"B={best['block_size']}{m_of(best)}){at_paper}")
     r.pairs = [(float(best["speedup"]), p["mean"], "rel")]
     return r
 

@@ -9,6 +9,8 @@ profile and the parallel layout (``--dp --cp --seq-len --gbs``, or one of the pa
 * pool size P: divisors of DP (``--pool-sizes`` to restrict);
 * head split H: powers of two up to 8 dividing ``hq`` with ``M | hq/H`` (``--head-splits``);
 * block size B: ``S/CP, S/(2 CP), ... , S/(16 CP)``, at least 1024 tokens (``--block-sizes``);
+* Pipeliner chunks M: ``--pipeline-chunks`` alone, or each of ``--chunk-counts`` (an extension:
+  the paper uses M = 4), every (H, M) with ``M | hq/H``;
 
 simulates each with every planner of ``--methods`` -- by default the full Libra planner (VRSP + TAP +
 Pipeliner with ``M`` chunks, ``--pipeline-chunks``; soft load target ``--tau``; both TapConfig's defaults
@@ -23,7 +25,7 @@ Recommendation rule (:func:`recommend`): the lowest mean straggler (``--objectiv
 ``--tie-tolerance`` (default 1%) of the best are ties, broken by smaller P (fewer replicas exchange
 data, less inter-node traffic and a smaller pool to plan), then the planner (``libra`` before
 ``libra-adaptive``: cheaper to plan), then fewer tiles per packed sequence (cheaper placement), then
-the lower worst step, then smaller H and B. If even the recommendation
+the lower worst step, then smaller H and B, then smaller M. If even the recommendation
 is slower than Ulysses the command says so.
 
 Spread over windows: each candidate's speedup over Ulysses is also computed per GBS window (Ulysses'
@@ -108,18 +110,21 @@ def default_block_sizes(tokens_per_rank: int) -> tuple[int, ...]:
 
 
 def candidate_grid(par: ParallelConfig, shape, tap: TapConfig, pool_sizes=None, head_splits=None,
-                   block_sizes=None) -> list[tuple[int, int, int]]:
-    """All (P, H, B) to simulate, each checked by :func:`libra.config.check_layout` with the other
-    fields (``M``, tau, ...) of ``tap``.
+                   block_sizes=None, chunk_counts=None) -> list[tuple[int, int, int, int]]:
+    """All (P, H, B, M) to simulate, each checked by :func:`libra.config.check_layout` with the other
+    fields (tau, ...) of ``tap``. M is ``tap.pipeline_chunks`` unless ``chunk_counts`` lists several;
+    an (H, M) pair with ``M`` not dividing ``hq/H`` is skipped, but every H and every M must pair
+    with at least one of the other.
 
     Raises:
         ValueError: an explicitly given value breaking a layout rule (the message names it), or no
             valid candidate at all.
     """
-    chunks = tap.pipeline_chunks
+    ms = tuple(chunk_counts) if chunk_counts else (tap.pipeline_chunks,)
+    hq = shape.num_q_heads
     per_rank = par.tokens_per_rank  # raises for CP not dividing S
     ps = tuple(pool_sizes) if pool_sizes else default_pool_sizes(par.dp)
-    hs = tuple(head_splits) if head_splits else default_head_splits(shape.num_q_heads, chunks)
+    hs = tuple(head_splits) if head_splits else tuple(dict.fromkeys(h for m in ms for h in default_head_splits(hq, m)))
     bs = tuple(block_sizes) if block_sizes else default_block_sizes(per_rank)
     for p in ps:
         if par.dp % p:
@@ -128,18 +133,25 @@ def candidate_grid(par: ParallelConfig, shape, tap: TapConfig, pool_sizes=None, 
         if per_rank % b:
             raise ValueError(f"block size B={b} must divide S/CP={per_rank} (S={par.seq_len}, CP={par.cp})")
     for h in hs:
-        if shape.num_q_heads % h:
-            raise ValueError(f"head split H={h} must divide --q-heads={shape.num_q_heads}")
-        if (shape.num_q_heads // h) % chunks:
-            raise ValueError(f"Pipeliner chunks M={chunks} must divide hq/H={shape.num_q_heads // h} "
-                             f"(hq={shape.num_q_heads}, H={h}); lower --pipeline-chunks or H")
+        if hq % h:
+            raise ValueError(f"head split H={h} must divide --q-heads={hq}")
+        if all((hq // h) % m for m in ms):
+            raise ValueError(f"Pipeliner chunks M={_listed(ms)} must divide hq/H={hq // h} "
+                             f"(hq={hq}, H={h}); lower --pipeline-chunks or H")
     if not hs:
-        raise ValueError(f"no head split H <= {MAX_HEAD_SPLIT} satisfies H | hq={shape.num_q_heads} and "
-                         f"M={chunks} | hq/H; lower --pipeline-chunks")
-    grid = [(p, h, b) for p in ps for h in hs for b in bs]
-    for p, h, b in grid:
-        check_layout(par, replace(tap, pool_size=p, block_size=b, head_split=h), shape)
+        raise ValueError(f"no head split H <= {MAX_HEAD_SPLIT} satisfies H | hq={hq} and "
+                         f"M={_listed(ms)} | hq/H; lower --pipeline-chunks")
+    for m in ms:
+        if all((hq // h) % m for h in hs):
+            raise ValueError(f"Pipeliner chunks M={m} divides hq/H for no head split H of {list(hs)} (hq={hq})")
+    grid = [(p, h, b, m) for p in ps for h in hs for b in bs for m in ms if (hq // h) % m == 0]
+    for p, h, b, m in grid:
+        check_layout(par, replace(tap, pool_size=p, block_size=b, head_split=h, pipeline_chunks=m), shape)
     return grid
+
+
+def _listed(values) -> str:
+    return str(values[0]) if len(values) == 1 else "any of " + ",".join(map(str, values))
 
 
 OBJECTIVES = ("mean", "max")
@@ -152,7 +164,8 @@ def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str =
     Rule: the lowest ``<objective>_ms`` wins; every candidate within ``best * (1 + tie_tolerance)``
     ties and the tie goes to the smaller ``pool_size``, then the planner earlier in
     :data:`TUNE_METHODS`, then fewer ``tiles_per_sequence``, then the lower other metric
-    (``max_ms`` for ``mean``), then smaller ``head_split`` and ``block_size``.
+    (``max_ms`` for ``mean``), then smaller ``head_split``, ``block_size`` and ``pipeline_chunks``
+    (fewer kernel launches and messages).
 
     Raises:
         ValueError: empty table, unknown objective, NaN values, or a negative tolerance.
@@ -171,7 +184,8 @@ def recommend(table: pd.DataFrame, tie_tolerance: float = 0.01, objective: str =
     methods = ties["method"] if "method" in ties else pd.Series("libra", index=ties.index)
     planner_rank = methods.map(lambda m: TUNE_METHODS.index(m) if m in TUNE_METHODS else len(TUNE_METHODS))
     order = ties.assign(planner_rank=planner_rank).sort_values(
-        ["pool_size", "planner_rank", "tiles_per_sequence", other, "head_split", "block_size"], kind="mergesort")
+        ["pool_size", "planner_rank", "tiles_per_sequence", other, "head_split", "block_size",
+         *(["pipeline_chunks"] if "pipeline_chunks" in ties else [])], kind="mergesort")
     return order.index[0]
 
 
@@ -227,14 +241,15 @@ def rank_candidates(steps: pd.DataFrame, par: ParallelConfig, tap: TapConfig, ti
     u_max = u_windows["max"].mean()
     rows, per_window = [], []
     cands = steps[steps["method"] != "ulysses"]
-    for (m, p, h, b), g in cands.groupby(["method", "pool_size", "head_split", "block_size"], sort=False):
+    for (m, p, h, b, chunks), g in cands.groupby(["method", "pool_size", "head_split", "block_size", "pipeline_chunks"],
+                                                sort=False):
         all_bytes = g["bytes_nvlink"] + g["bytes_roce"] + g["bytes_inter_supernode"]
         mean_ms = g["straggler_ms"].mean()
         max_ms = g.groupby("window")["straggler_ms"].max().mean()
         spread, windows = window_speedups(u_windows, g)
         per_window.append(windows)
         rows.append({"method": m, "pool_size": int(p), "head_split": int(h), "block_size": int(b),
-                     "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
+                     "pipeline_chunks": int(chunks), "tau": tap.tau,
                      "tiles_per_sequence": tiles_per_sequence(par.seq_len, b, h), "mean_ms": mean_ms,
                      "max_ms": max_ms, "speedup": u_mean / mean_ms, "max_speedup": u_max / max_ms,
                      "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
@@ -266,8 +281,8 @@ def windows_behind_best(per_window: list[pd.DataFrame], col: str) -> list[int]:
 def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapConfig, windows: int, seed: int,
              tie_tolerance: float = 0.01, objective: str = "mean", out=None, force=False, quiet=False,
              name: str = "tune", methods=TUNE_METHODS):
-    """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B) in ``tap``) with every planner of
-    ``methods``; returns (ranked table, steps, run).
+    """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B, M) in ``tap``) with every planner
+    of ``methods``; returns (ranked table, steps, run).
 
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
@@ -279,7 +294,9 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
               "par": {"dp": par.dp, "cp": par.cp, "gbs": par.gbs, "seq_len": par.seq_len},
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes],
               "methods": list(methods), "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
-              "candidates": [list(c) for c in grid],
+              "candidates": [list(c) for c in grid],  # (P, H, B, M)
+              **({"chunk_counts": sorted({c[3] for c in grid})} if {c[3] for c in grid} != {tap.pipeline_chunks}
+                 else {}),
               "windows": windows, "seed": seed, "tie_tolerance": tie_tolerance,
               "objective": objective}
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
@@ -288,16 +305,16 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     label = Path(workload).name if Path(workload).exists() else workload
 
     def point(key):
-        method, p, h, b, w = key
+        method, p, h, b, chunks, w = key
         opts = {} if method == "ulysses" else options_from_tap(
-            method, replace(tap, pool_size=p, head_split=h, block_size=b), profile)
+            method, replace(tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks), profile)
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
-                 "window": w, **r.to_row(), **step_ratios(r)} for r in steps]
+                 "pipeline_chunks": chunks, "window": w, **r.to_row(), **step_ratios(r)} for r in steps]
 
-    keys = [["ulysses", 0, 0, 0, w] for w in range(windows)]
-    keys += [[m, p, h, b, w] for m in methods for p, h, b in grid for w in range(windows)]
+    keys = [["ulysses", 0, 0, 0, 0, w] for w in range(windows)]
+    keys += [[m, p, h, b, c, w] for m in methods for p, h, b, c in grid for w in range(windows)]
     steps = pd.DataFrame(run.map(keys, point, desc="tune"))
     return rank_candidates(steps, par, tap, tie_tolerance, objective), steps, run
 
@@ -311,8 +328,9 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
 
     setup_style()
     t = table.copy()
-    t["candidate"] = [f"{m} P{p} H{h} B{b}" for m, p, h, b in
-                      zip(t["method"], t["pool_size"], t["head_split"], t["block_size"])]
+    several_m = t["pipeline_chunks"].nunique() > 1
+    t["candidate"] = [f"{m} P{p} H{h} B{b}" + (f" M{c}" if several_m else "") for m, p, h, b, c in
+                      zip(t["method"], t["pool_size"], t["head_split"], t["block_size"], t["pipeline_chunks"])]
     t["P"] = t["pool_size"].astype(str)
     p_order = [str(p) for p in sorted(set(t["pool_size"]))]
     head = t.head(top)
@@ -342,7 +360,7 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
 
 SPREAD = "spread"
 """Label of the per-window speedup column (mean [min, max] over windows; its header names the metric)."""
-NARROW = ("rank", "method", "P", "H", "B", "tiles/seq", "mean ms", "speedup", SPREAD, "comm GB/step", "/ bound",
+NARROW = ("rank", "method", "P", "H", "B", "M", "tiles/seq", "mean ms", "speedup", SPREAD, "comm GB/step", "/ bound",
           "pool bal.", "")
 """Columns of the printed ranking without ``--wide``."""
 
@@ -445,12 +463,12 @@ def tune_layout(settings_: str | None, dp, cp, seq_len, gbs) -> ParallelConfig:
     return ParallelConfig(**(base | {k: v for k, v in flags.items() if v is not None}))
 
 
-def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float, chunks: int) -> None:
+def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float) -> None:
     """Print Ulysses' reference, the recommendation and its rule, the spread verdict and the legend."""
     rec = table[table["recommended"]].iloc[0]
     click.echo(f"Ulysses on the same windows: mean straggler {rec['ulysses_mean_ms']:.1f} ms, "
                f"worst step {rec['ulysses_max_ms']:.1f} ms.")
-    click.echo(f"Recommended: {rec['method']} with P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={chunks} "
+    click.echo(f"Recommended: {rec['method']} with P={rec['pool_size']}, H={rec['head_split']}, B={rec['block_size']}, M={rec['pipeline_chunks']} "
                f"({rec['tiles_per_sequence']} tiles per packed sequence): predicted mean straggler "
                f"{rec['mean_ms']:.1f} ms ({rec['speedup']:.2f}x over Ulysses), worst step {rec['max_ms']:.1f} ms "
                f"({rec['max_speedup']:.2f}x), {rec['comm_gb_per_step']:.1f} GB moved per step.")
@@ -482,6 +500,9 @@ def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float, chun
 @click.option("--block-sizes", type=IntListType(), default=None,
               help="Comma list of B, e.g. 4K,8K (default: S/CP halved up to 4 times, >= 1024).")
 @tap_options("tau", "pipeline_chunks")
+@click.option("--chunk-counts", type=IntListType(), default=None,
+              help="Comma list of Pipeliner chunks M to search as well, e.g. 4,8 (default: --pipeline-chunks "
+                   "alone; the paper uses M = 4).")
 @click.option("--tie-tolerance", type=float, default=0.01, show_default=True,
               help="Candidates within this fraction of the best mean straggler count as ties.")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="mean", show_default=True,
@@ -491,10 +512,10 @@ def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float, chun
               help="Comma list of TAP planners to tune (libra-adaptive plans with --profile).")
 @click.option("--wide", is_flag=True, help="Print every column of the ranking (default: the narrow table).")
 def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, settings_,
-         dp, cp, seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, tie_tolerance, objective,
-         top, methods, wide):
-    """Search Libra's (P, H, B) for your workload and cluster (--dp --cp --seq-len --gbs, or --settings
-    256k|1m) and recommend one configuration."""
+         dp, cp, seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, chunk_counts, tie_tolerance,
+         objective, top, methods, wide):
+    """Search Libra's (P, H, B) -- and M with --chunk-counts -- for your workload and cluster (--dp --cp
+    --seq-len --gbs, or --settings 256k|1m) and recommend one configuration."""
     check_counts(windows, seed)
     if top < 1:
         raise click.BadParameter(f"must be >= 1, got {top}", param_hint="--top")
@@ -505,13 +526,13 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
         par = tune_layout(settings_, dp, cp, seq_len, gbs)
         shape = make_shape(q_heads, kv_heads, head_dim)
         tap = TapConfig(tau=tau, pipeline_chunks=pipeline_chunks)  # (P, H, B) come from each candidate
-        grid = candidate_grid(par, shape, tap, pool_sizes, head_splits, block_sizes)
+        grid = candidate_grid(par, shape, tap, pool_sizes, head_splits, block_sizes, chunk_counts)
         n_windows = 1 if quick else windows
         method_list = parse_list(methods, tuple(dict.fromkeys(TAP_METHODS + OPTIONAL_METHODS)), "method")
-        click.echo(f"simulating Ulysses + {len(grid)} (P, H, B) candidates x {', '.join(method_list)} "
+        click.echo(f"simulating Ulysses + {len(grid)} (P, H, B, M) candidates x {', '.join(method_list)} "
                    f"x {n_windows} window(s) "
                    f"(DP {par.dp}, CP {par.cp}, S {par.seq_len}, GBS {par.gbs}, GA {par.ga}; hq {q_heads}, "
-                   f"h_kv {kv_heads}, d {head_dim}; M {tap.pipeline_chunks}, tau {tap.tau}) ...")
+                   f"h_kv {kv_heads}, d {head_dim}; M {_listed(sorted({c[3] for c in grid}))}, tau {tap.tau}) ...")
         t0 = time.perf_counter()
         table, steps, run = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
                                      objective, out=out, force=force, quiet=no_progress, methods=method_list)
@@ -524,6 +545,6 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
                        extra={"profile": prof.to_dict(), "recommendation": recommendation,
                               "within_noise_ranks": within_noise(table, objective)})
     _print_table(table, top, prof.name, objective, wide)
-    echo_summary(table, objective, tie_tolerance, tap.pipeline_chunks)
+    echo_summary(table, objective, tie_tolerance)
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}, "
                f"{run.out_dir / (run.name + '_steps.csv')}, {paths['run']}")

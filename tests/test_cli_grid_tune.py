@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from experiments.cli import main
 from experiments.tune import (
+    candidate_grid,
     default_block_sizes,
     default_head_splits,
     default_pool_sizes,
@@ -123,6 +124,8 @@ def test_tune_quick_ranks_and_recommends(tmp_path):
     (["--block-sizes", "3000"], "block size B=3000 must divide S/CP=8192"),
     (["--head-splits", "3"], "head split H=3 must divide --q-heads=32"),
     (["--head-splits", "4", "--pipeline-chunks", "16"], "M=16 must divide hq/H=8"),
+    (["--head-splits", "4", "--chunk-counts", "16,32"], "M=any of 16,32 must divide hq/H=8"),
+    (["--head-splits", "1,8", "--chunk-counts", "4,64"], "M=64 divides hq/H for no head split H of [1, 8]"),
     (["--gbs", "6"], "GBS=6 must be a multiple of DP=4"),
     (["--cp", "3"], "CP=3 must divide the sequence length"),
     (["--kv-heads", "5"], "must divide num_q_heads"),
@@ -173,3 +176,30 @@ def test_default_candidate_axes():
     assert default_block_sizes(32768) == (32768, 16384, 8192, 4096, 2048)
     assert default_block_sizes(3000) == (3000, 1500)  # integral halvings >= 1024 only
     assert default_block_sizes(512) == (512,)
+
+
+def test_candidate_grid_with_chunk_counts():
+    """--chunk-counts: every (H, M) with M | hq/H, M innermost; a single M is the old (P, H, B) grid."""
+    from libra.config import ParallelConfig  # noqa: PLC0415
+    from libra.workload import AttentionShape  # noqa: PLC0415
+
+    par, shape = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=16384), AttentionShape(32, 4, 128)
+    grid = candidate_grid(par, shape, TapConfig(), (2,), (2, 8), (8192,), (4, 8))
+    assert grid == [(2, 2, 8192, 4), (2, 2, 8192, 8), (2, 8, 8192, 4)]  # hq/H = 4 at H = 8: no M = 8
+    assert candidate_grid(par, shape, TapConfig(), (2,), (2,), (8192,)) == [(2, 2, 8192, 4)]
+    default_h = {h for _, h, _, m in candidate_grid(par, shape, TapConfig(), (2,), None, (8192,), (8, 16))}
+    assert default_h == {1, 2, 4}  # H = 8 leaves hq/H = 4, which neither M divides
+
+
+def test_tune_searches_chunk_counts(tmp_path):
+    r = invoke(TUNE + ["--head-splits", "2", "--block-sizes", "8192", "--chunk-counts", "2,4", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    t = pd.read_csv(tmp_path / "tune.csv")
+    assert len(t) == 8 and set(t["pipeline_chunks"]) == {2, 4}  # 2 P x 2 M x 2 planners
+    steps = pd.read_csv(tmp_path / "tune_steps.csv")
+    for (p, m), g in steps[steps["method"] == "libra"].groupby(["pool_size", "pipeline_chunks"]):
+        row = t[(t["method"] == "libra") & (t["pool_size"] == p) & (t["pipeline_chunks"] == m)].iloc[0]
+        assert row["mean_ms"] == pytest.approx(g["straggler_ms"].mean())
+    assert json.loads((tmp_path / "run.json").read_text())["config"]["chunk_counts"] == [2, 4]
+    rec = t[t["recommended"]].iloc[0]
+    assert f"B={rec['block_size']}, M={rec['pipeline_chunks']}" in r.output and "(P, H, B, M) candidates" in r.output

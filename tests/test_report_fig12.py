@@ -133,12 +133,17 @@ def test_the_vrsp_trim_note_only_calls_a_number_inconsistent_when_it_is():
     assert "matches its own Fig. 4" in note(0.48) and "inconsistent" not in note(0.48)
 
 
-def tune_run(folder, workload="../shared/workloads/flexsp_wikipedia.txt.gz", scale=1.0):
-    """A 1M tune run: libra-adaptive best at P=4, libra best at P=4 B=4096; the paper's layout P=8, H=2, B=8192."""
-    rows = [("libra-adaptive", 4, 2, 8192, 100.0, 3.0, True, 1.3), ("libra-adaptive", 8, 2, 8192, 120.0, 2.5, False, 1.8),
-            ("libra", 4, 2, 4096, 150.0, 2.0, False, 1.7), ("libra", 8, 2, 8192, 200.0, 1.5, False, 2.7)]
-    t = pd.DataFrame(rows, columns=["method", "pool_size", "head_split", "block_size", "mean_ms", "speedup",
-                                    "recommended", "pool_balanced_ratio"])
+def tune_run(folder, workload="../shared/workloads/flexsp_wikipedia.txt.gz", scale=1.0, chunk_counts=False):
+    """A 1M tune run: libra-adaptive best at P=4, libra best at P=4 B=4096; the paper's layout P=8, H=2, B=8192
+    (M = 4). ``chunk_counts``: also M = 8 candidates (tune --chunk-counts 4,8), libra-adaptive best at M = 8."""
+    rows = [("libra-adaptive", 4, 2, 8192, 4, 100.0, 3.0, True, 1.3), ("libra-adaptive", 8, 2, 8192, 4, 120.0, 2.5, False, 1.8),
+            ("libra", 4, 2, 4096, 4, 150.0, 2.0, False, 1.7), ("libra", 8, 2, 8192, 4, 200.0, 1.5, False, 2.7)]
+    if chunk_counts:
+        rows[0] = rows[0][:7] + (False, 1.3)
+        rows += [("libra-adaptive", 4, 2, 8192, 8, 95.0, 3.2, True, 1.25), ("libra-adaptive", 8, 2, 8192, 8, 110.0, 2.7, False, 1.7),
+                 ("libra", 8, 2, 8192, 8, 190.0, 1.6, False, 2.6)]
+    t = pd.DataFrame(rows, columns=["method", "pool_size", "head_split", "block_size", "pipeline_chunks", "mean_ms",
+                                    "speedup", "recommended", "pool_balanced_ratio"])
     t["speedup"] *= scale
     cfg = {"workload": workload, "windows": 4, "par": {"dp": 16, "cp": 16, "gbs": 32, "seq_len": 1048576},
            "methods": ["libra", "libra-adaptive"]}
@@ -165,4 +170,10 @@ def test_fig12_tuned_layout_rows_from_tune_runs(tmp_path):
     assert "`results/tune-wikipedia-1m`" in wiki and "instead of the paper's" in wiki
     prolong = rows[("Fig. 12 (distca_dist_prolong.json), tuned layout", "1M", "Libra mean-str")]
     assert "not run" in prolong and "(make tune-real)" in prolong
+    # tune --chunk-counts 4,8: each layout names its M, and the paper's layout is read at the paper's M = 4
+    tune_run(root / "tune-wikipedia-1m", chunk_counts=True)
+    rows = rows_of(generate(root, tmp_path / "R.md")[0].read_text())
+    wiki = rows[("Fig. 12 (flexsp_wikipedia.txt.gz), tuned layout", "1M", "Libra mean-str")]
+    assert "tune picks libra-adaptive P=4, H=2, B=8192, M=8: 3.20x" in wiki and "(P=4, B=4096, M=4)" in wiki
+    assert "at the paper's layout (P=8, H=2, B=8192, M=4) libra-adaptive 2.50x, libra 1.50x" in wiki
     assert ("Fig. 12 (flexsp_wikipedia.txt.gz), tuned layout", "256K", "Libra mean-str") not in rows
