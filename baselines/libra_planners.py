@@ -25,6 +25,7 @@ of the TAP layout and its defaults. A variant pins the TapConfig fields it fixes
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 import numpy as np
@@ -35,7 +36,15 @@ from libra.plan import CHUNKINGS, HEADS, Plan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, CHUNKING_OF, DEFAULT_CANDIDATES, RELAYED, candidate_pools
+from libra.tap.adaptive import (
+    CANDIDATES,
+    CHUNKING_OF,
+    DEFAULT_CANDIDATES,
+    HEAVY_TILE_LIMITS,
+    RELAYED,
+    base_candidate,
+    candidate_pools,
+)
 from libra.tap.planner import plan_pool
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
@@ -281,6 +290,8 @@ class LibraAdaptiveConfig(LibraKtConfig):
         chunkings: the Pipeliner chunkings (:data:`libra.plan.CHUNKINGS`) every candidate is priced
             with, the fastest pair kept (one name pins it); default None: each candidate with its own
             (:data:`libra.tap.adaptive.CHUNKING_OF`).
+        heavy_tile_limits: the fine candidates' heavy-tile cuts, each as a fraction of a worker's
+            mean load (:data:`libra.tap.adaptive.HEAVY_TILE_LIMITS`; one value pins it).
 
     Raises:
         ValueError: an empty or unknown candidate or chunking list, and :class:`LibraKtConfig`'s errors.
@@ -288,6 +299,7 @@ class LibraAdaptiveConfig(LibraKtConfig):
 
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     chunkings: tuple[str, ...] | None = None
+    heavy_tile_limits: tuple[float, ...] = HEAVY_TILE_LIMITS
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -300,6 +312,11 @@ class LibraAdaptiveConfig(LibraKtConfig):
             if not names or unknown:
                 raise ValueError(f"libra-adaptive {field_name} must be a non-empty subset of {allowed}, got {names!r}")
             object.__setattr__(self, field_name, names)  # frozen: normalise a str or list once
+        limits = self.heavy_tile_limits
+        limits = (limits,) if isinstance(limits, (int, float)) else tuple(limits)
+        if not limits or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in limits):
+            raise ValueError(f"libra-adaptive heavy_tile_limits must be positive finite fractions, got {limits!r}")
+        object.__setattr__(self, "heavy_tile_limits", tuple(float(x) for x in limits))
         if self.chunkings and HEADS not in self.chunkings and set(self.candidates) <= RELAYED:
             raise ValueError(f"libra-adaptive candidates {list(self.candidates)} relay KV, which runs under head "
                              f"chunks only; chunkings {list(self.chunkings)} leave no candidate to run")
@@ -331,7 +348,8 @@ class LibraAdaptivePlanner(LibraKtPlanner):
         """See :meth:`TapPlanner.pool_planner`: an :class:`_AdaptivePools` on the profile's cost model."""
         profile = load_profile(self.config.profile)
         plan_one = _AdaptivePools(profile, par, self.window_tap(par), shape, self.config)
-        return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates)}
+        return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
+                          "heavy_tile_limits": list(self.config.heavy_tile_limits)}
 
     def finish(self, plans: list[Plan], plan_one) -> list[Plan]:
         """Each Plan's ``meta["adaptive_choice"]``: the candidate each of its pools took."""
@@ -355,12 +373,14 @@ class _AdaptivePools:
 
     def __call__(self, k: int, sequences, workers):
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
-                                self.config.candidates, link_cost=self.cost.topology.byte_cost)
+                                self.config.candidates, link_cost=self.cost.topology.byte_cost,
+                                limits=self.config.heavy_tile_limits)
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
         # (KV relays run under head chunks only: libra.tap.relay.check_relays)
         options = [(n, replace(p, chunking=c)) for n, p in found.items()
-                   for c in (self.config.chunkings or (CHUNKING_OF[n],)) if c == HEADS or not p.transfers.hop.any()]
+                   for c in (self.config.chunkings or (CHUNKING_OF[base_candidate(n)],))
+                   if c == HEADS or not p.transfers.hop.any()]
         if not options:
             raise ValueError(f"libra-adaptive: no candidate of {list(found)} runs under chunkings "
                              f"{list(self.config.chunkings)} (KV relays need head chunks)")

@@ -27,6 +27,7 @@ from libra.tap.adaptive import (
     CANDIDATES,
     CHUNKING_OF,
     _retained,
+    base_candidate,
     candidate_pools,
     fine_head_split,
     retention_order,
@@ -109,7 +110,7 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
         assert len(plan.meta["adaptive_choice"]) == len(plan.pools)
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
             name, _, how = choice.partition("+")
-            assert name in CANDIDATES and (how or "heads") == pool.chunking
+            assert base_candidate(name) in CANDIDATES and (how or "heads") == pool.chunking
     assert (_price_steps(adaptive, profile, par) <= _price_steps(libra, profile, par) * (1 + 1e-12)).all()
     again = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
     assert [p.digest() for p in adaptive] == [p.digest() for p in again]
@@ -137,7 +138,7 @@ def test_chunking_choice_is_priced_and_can_be_pinned():
     default = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
     for plan in default:
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
-            assert pool.chunking == CHUNKING_OF[choice.partition("+")[0]]
+            assert pool.chunking == CHUNKING_OF[base_candidate(choice.partition("+")[0])]
     both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles")).plan_window(window, par, SHAPE)
     for plan in both:
         for pool in plan.pools:
@@ -233,3 +234,31 @@ def test_adaptive_plans_with_split_tiles_validate():
     assert np.any((fine.tiles.q_end - fine.tiles.q_start) % tap.block_size != 0)
     for pool in found.values():
         Plan("libra-adaptive", 0, SHAPE, cp=2, pipeline_chunks=tap.pipeline_chunks, pools=(pool,)).validate()
+
+
+def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
+    """Each later heavy-tile limit that cuts some tile adds the fine candidates as ``name@limit``,
+    cut finer; a limit that cuts nothing adds nothing; every candidate validates; the planner's
+    ``heavy_tile_limits`` pins one and is checked."""
+    from libra.tap.adaptive import DEFAULT_CANDIDATES  # noqa: PLC0415
+
+    par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
+    seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
+    profile = load_profile("h100-roce-v1")
+    tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2)
+    link = Topology(profile, par).byte_cost
+    found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
+                            link_cost=link, limits=(1.0, 0.5, 1e6))
+    assert list(found) == ["alg2-flops", "fine-retain-link", "fine-retain-link-relay",
+                           "fine-retain-link@0.5", "fine-retain-link-relay@0.5"]  # 1e6 cuts nothing
+    assert len(found["fine-retain-link@0.5"].tiles) > len(found["fine-retain-link"].tiles)
+    assert base_candidate("fine-retain-link-relay@0.5") == "fine-retain-link-relay"
+    for pool in found.values():
+        Plan("libra-adaptive", 0, SHAPE, cp=2, pipeline_chunks=tap.pipeline_chunks, pools=(pool,)).validate()
+    one = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
+                          link_cost=link, limits=(1.0,))
+    assert list(one) == list(found)[:3] and all(one[n].digest() == found[n].digest() for n in one)
+    assert get_planner("libra-adaptive", heavy_tile_limits=0.75).config.heavy_tile_limits == (0.75,)
+    for bad in ((), (0.0,), (float("nan"),), ("x",)):
+        with pytest.raises(ValueError, match="heavy_tile_limits"):
+            get_planner("libra-adaptive", heavy_tile_limits=bad)

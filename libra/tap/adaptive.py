@@ -13,7 +13,7 @@ tile set and order cause, not the data:
   all of them, and it gives a worker tiles of mixed head widths, which the runtime's one kernel
   call per Pipeliner chunk does not take. A one-KV-head tile can still outweigh a worker's mean
   load at the end of a long sample: :func:`split_heavy_tiles` cuts those by tokens instead
-  (:data:`HEAVY_TILE_LIMIT`), which keeps every tile's head width.
+  (:data:`HEAVY_TILE_LIMITS`), which keeps every tile's head width.
 * **Moving the wrong tiles.** Alg. 2 takes tiles heaviest first, so a Q-home fills with its heavy
   tiles and its light ones -- short-sample tiles whose Q and O cost as many bytes as a heavy
   tile's but carry a hundredth of the work -- are displaced last, to whichever worker has room.
@@ -111,9 +111,30 @@ def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
     return max(fine, tap.head_split)
 
 
+HEAVY_TILE_LIMITS = (1.0, 0.75, 0.5)
+"""Fractions of a worker's mean load above which a fine tile is cut into token ranges of equal
+causal work (:func:`split_heavy_tiles`): such a tile fills a worker alone and, at the end of a long
+sample, overfills it (Alg. 2's fallback). Every piece fetches the sample's KV prefix again, so a
+finer cut trades placement balance for bytes, and which wins depends on the pool:
+:func:`candidate_pools` builds the fine candidates with the first limit and again with each later
+one that cuts some tile, and the planner prices them all. Measured with ``straggler``'s pricing
+(jitter on, the default candidates):
+
+* one limit, 4 windows: 1.0 took Wikipedia 1M from 2.56x to 2.64x over Ulysses and ProLong 1M from
+  3.25x to 3.29x (256K and libra-prod unchanged: no tile that heavy); 0.8 gave 2.62x / 3.27x and
+  0.5 2.49x / 3.10x;
+* with the scatter + all-gather relays, 2 windows: 0.75 alone took ProLong 1M from 2.93x to 3.03x but
+  Wikipedia 1M from 3.20x to 3.05x; choosing per pool among 1.0, 0.75 and 0.5 gave ProLong 1M
+  3.08x, and Wikipedia 1M, both corpora at 256K and libra-prod kept their 1.0 figures."""
+
+FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
+"""The :data:`CANDIDATES` on one-KV-head tiles (:func:`fine_head_split`), cut at each heavy-tile limit."""
+
+
 def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     tap: TapConfig, shape: AttentionShape, kernel,
-                    names: Sequence[str] = CANDIDATES, link_cost=None) -> dict[str, PoolPlan]:
+                    names: Sequence[str] = CANDIDATES, link_cost=None,
+                    limits: Sequence[float] = HEAVY_TILE_LIMITS) -> dict[str, PoolPlan]:
     """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
 
     Args:
@@ -123,9 +144,13 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         names: the candidates to build (a subset of :data:`CANDIDATES`).
         link_cost: the byte cost between workers of :data:`LINK_PRICED` candidates
             (``place_tiles(link_cost=...)``, e.g. :meth:`libra.sim.topology.Topology.byte_cost`).
+        limits: the heavy-tile limits (:data:`HEAVY_TILE_LIMITS`): the fine candidates are built
+            with the first, and again with each later one that cuts some tile, named
+            ``name@limit`` (:func:`base_candidate` gives ``name`` back).
 
     Returns:
-        ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order.
+        ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
+        limits' fine candidates.
 
     Raises:
         ValueError: a :data:`LINK_PRICED` candidate without ``link_cost``.
@@ -141,20 +166,36 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         out["alg2-kernel-time"] = plan_pool(index_in_group, sequences, workers,
                                             replace(tap, load_estimate="kernel-time"), shape, kernel=kernel,
                                             layout_checked=True)
+    fine = [n for n in names if n in FINE]
+    if not fine:
+        return out
+    index = pool_index(sequences)
+    tiles = make_tiles(sequences, tap.block_size, fine_head_split(tap, shape), shape, index=index)
+    load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
+    mean = float(load.sum()) / len(workers)
+    for i, limit in enumerate(limits):
+        heavy = np.any(load > limit * mean)  # tiles that would fill (or overfill) a worker alone
+        if i and not heavy:
+            continue  # no tile to cut: the first limit's plans again
+        cut, cut_load = tiles, load
+        if heavy:
+            cut = split_heavy_tiles(tiles, sequences, shape, load, limit * mean)
+            cut_load = kernel_time_weights(cut, sequences, shape, kernel, tap.pipeline_chunks, index=index)
+        suffix = f"@{limit:g}" if i else ""
+        for name, pool in _fine_pools(index_in_group, sequences, workers, tap, shape, cut, cut_load, index,
+                                      fine, link_cost).items():
+            out[name + suffix] = pool
+    return out
+
+
+def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, index, names, link_cost):
+    """The :data:`FINE` candidates ``names`` on the fine ``tiles`` (with their ``load``)."""
     placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tau=tap.tau, weights=load, index=index),
                "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index),
                "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
                                                            link_cost)}
     relay = "fine-retain-link-relay" in names
-    if not relay and not any(n in names for n in placers):
-        return out
-    index = pool_index(sequences)
-    tiles = make_tiles(sequences, tap.block_size, fine_head_split(tap, shape), shape, index=index)
-    load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
-    limit = HEAVY_TILE_LIMIT * float(load.sum()) / len(workers)
-    if np.any(load > limit):  # tiles that would fill (or overfill) a worker alone: cut by tokens
-        tiles = split_heavy_tiles(tiles, sequences, shape, load, limit)
-        load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
+    out = {}
     for name in (n for n in placers if n in names or (relay and n == "fine-retain-link")):
         placed = placers[name]()
         out[name] = PoolPlan(pool_index=index_in_group, workers=tuple(workers), sequences=sequences, tiles=placed[0],
@@ -166,13 +207,9 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
     return out
 
 
-HEAVY_TILE_LIMIT = 1.0
-"""A fine tile whose estimated kernel time exceeds this fraction of a worker's mean load is cut
-into token ranges of equal causal work (:func:`split_heavy_tiles`): such a tile fills a worker alone
-and, at the end of a long sample, overfills it (Alg. 2's fallback). Measured with ``straggler``'s
-pricing (4 windows, jitter on, the default candidates): 1.0 took Wikipedia 1M from 2.56x to 2.64x
-over Ulysses and ProLong 1M from 3.25x to 3.29x (256K and libra-prod unchanged: no tile that heavy);
-0.8 gave 2.62x / 3.27x and 0.5 2.49x / 3.10x (every piece fetches the same KV prefix again)."""
+def base_candidate(name: str) -> str:
+    """The :data:`CANDIDATES` name of a :func:`candidate_pools` key (``name@limit`` -> ``name``)."""
+    return name.partition("@")[0]
 
 
 def split_heavy_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], shape: AttentionShape,
