@@ -237,8 +237,8 @@ def test_adaptive_plans_with_split_tiles_validate():
 
 
 def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
-    """Each later heavy-tile limit that cuts some tile adds the fine candidates as ``name@limit``,
-    cut finer; a limit that cuts nothing adds nothing; every candidate validates; the planner's
+    """Each later heavy-tile limit that cuts some tile adds the relayed candidate (else every fine
+    one) as ``name@limit``, cut finer; a limit that cuts nothing adds nothing; every candidate validates; the planner's
     ``heavy_tile_limits`` pins one and is checked."""
     from libra.tap.adaptive import DEFAULT_CANDIDATES  # noqa: PLC0415
 
@@ -250,8 +250,11 @@ def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
     found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
                             link_cost=link, limits=(1.0, 0.5, 1e6))
     assert list(found) == ["alg2-flops", "fine-retain-link", "fine-retain-link-relay",
-                           "fine-retain-link@0.5", "fine-retain-link-relay@0.5"]  # 1e6 cuts nothing
-    assert len(found["fine-retain-link@0.5"].tiles) > len(found["fine-retain-link"].tiles)
+                           "fine-retain-link-relay@0.5"]  # finer cuts: the relayed plan; 1e6 cuts nothing
+    assert len(found["fine-retain-link-relay@0.5"].tiles) > len(found["fine-retain-link-relay"].tiles)
+    plain = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, ("fine-retain-link",),
+                            link_cost=link, limits=(1.0, 0.5))
+    assert list(plain) == ["fine-retain-link", "fine-retain-link@0.5"]  # no relayed plan asked: every fine one
     assert base_candidate("fine-retain-link-relay@0.5") == "fine-retain-link-relay"
     for pool in found.values():
         Plan("libra-adaptive", 0, SHAPE, cp=2, pipeline_chunks=tap.pipeline_chunks, pools=(pool,)).validate()

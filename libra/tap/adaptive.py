@@ -116,16 +116,20 @@ HEAVY_TILE_LIMITS = (1.0, 0.75, 0.5)
 causal work (:func:`split_heavy_tiles`): such a tile fills a worker alone and, at the end of a long
 sample, overfills it (Alg. 2's fallback). Every piece fetches the sample's KV prefix again, so a
 finer cut trades placement balance for bytes, and which wins depends on the pool:
-:func:`candidate_pools` builds the fine candidates with the first limit and again with each later
-one that cuts some tile, and the planner prices them all. Measured with ``straggler``'s pricing
-(jitter on, the default candidates):
+:func:`candidate_pools` builds the fine candidates with the first limit and, for each later one that
+cuts some tile, the relayed candidate cut that finer (more pieces of one prefix means more
+destinations, which the relay's scatter + all-gather serves), and the planner prices them all.
+Measured with ``straggler``'s pricing (jitter on, the default candidates):
 
 * one limit, 4 windows: 1.0 took Wikipedia 1M from 2.56x to 2.64x over Ulysses and ProLong 1M from
   3.25x to 3.29x (256K and libra-prod unchanged: no tile that heavy); 0.8 gave 2.62x / 3.27x and
   0.5 2.49x / 3.10x;
 * with the scatter + all-gather relays, 2 windows: 0.75 alone took ProLong 1M from 2.93x to 3.03x but
   Wikipedia 1M from 3.20x to 3.05x; choosing per pool among 1.0, 0.75 and 0.5 gave ProLong 1M
-  3.08x, and Wikipedia 1M, both corpora at 256K and libra-prod kept their 1.0 figures."""
+  3.08x (every pool that took a finer cut took it relayed; building only the relayed plan at the
+  finer cuts gave the same 3.08x), and Wikipedia 1M, both corpora at 256K and libra-prod kept their
+  1.0 figures. The price is planning: on ProLong 1M a pool takes about 2x as long (two more
+  placements and pricings where a tile is heavy; libra-prod has none that heavy)."""
 
 FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 """The :data:`CANDIDATES` on one-KV-head tiles (:func:`fine_head_split`), cut at each heavy-tile limit."""
@@ -145,8 +149,9 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         link_cost: the byte cost between workers of :data:`LINK_PRICED` candidates
             (``place_tiles(link_cost=...)``, e.g. :meth:`libra.sim.topology.Topology.byte_cost`).
         limits: the heavy-tile limits (:data:`HEAVY_TILE_LIMITS`): the fine candidates are built
-            with the first, and again with each later one that cuts some tile, named
-            ``name@limit`` (:func:`base_candidate` gives ``name`` back).
+            with the first; each later limit that cuts some tile adds the relayed one (or, without
+            it among ``names``, every fine one) cut that finer, named ``name@limit``
+            (:func:`base_candidate` gives ``name`` back).
 
     Returns:
         ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
@@ -182,8 +187,9 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
             cut = split_heavy_tiles(tiles, sequences, shape, load, limit * mean)
             cut_load = kernel_time_weights(cut, sequences, shape, kernel, tap.pipeline_chunks, index=index)
         suffix = f"@{limit:g}" if i else ""
+        finer = [n for n in fine if n in RELAYED] or fine  # finer cuts: the relayed plan (HEAVY_TILE_LIMITS)
         for name, pool in _fine_pools(index_in_group, sequences, workers, tap, shape, cut, cut_load, index,
-                                      fine, link_cost).items():
+                                      finer if i else fine, link_cost).items():
             out[name + suffix] = pool
     return out
 
