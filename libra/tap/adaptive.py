@@ -111,7 +111,7 @@ def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
     return max(fine, tap.head_split)
 
 
-HEAVY_TILE_LIMITS = (1.0, 0.75, 0.5)
+HEAVY_TILE_LIMITS = (1.0, 0.75)
 """Fractions of a worker's mean load above which a fine tile is cut into token ranges of equal
 causal work (:func:`split_heavy_tiles`): such a tile fills a worker alone and, at the end of a long
 sample, overfills it (Alg. 2's fallback). Every piece fetches the sample's KV prefix again, so a
@@ -125,11 +125,14 @@ Measured with ``straggler``'s pricing (jitter on, the default candidates):
   3.25x to 3.29x (256K and libra-prod unchanged: no tile that heavy); 0.8 gave 2.62x / 3.27x and
   0.5 2.49x / 3.10x;
 * with the scatter + all-gather relays, 2 windows: 0.75 alone took ProLong 1M from 2.93x to 3.03x but
-  Wikipedia 1M from 3.20x to 3.05x; choosing per pool among 1.0, 0.75 and 0.5 gave ProLong 1M
-  3.08x (every pool that took a finer cut took it relayed; building only the relayed plan at the
-  finer cuts gave the same 3.08x), and Wikipedia 1M, both corpora at 256K and libra-prod kept their
-  1.0 figures. The price is planning: on ProLong 1M a pool takes about 2x as long (two more
-  placements and pricings where a tile is heavy; libra-prod has none that heavy)."""
+  Wikipedia 1M from 3.20x to 3.05x; choosing per pool between 1.0 and 0.75 gave ProLong 1M 3.03x,
+  and among 1.0, 0.75 and 0.5 3.08x (every pool that took a finer cut took it relayed; building only
+  the relayed plan at the finer cuts gave the same 3.08x); Wikipedia 1M, both corpora at 256K and
+  libra-prod kept their 1.0 figures either way.
+* the price is planning time where a tile is heavy (libra-prod has none that heavy), median per
+  pool at 1M: ProLong 29 ms with 1.0 alone, 43 ms with (1.0, 0.75), 52 ms with (1.0, 0.75, 0.5);
+  Wikipedia 40, 53 and 112 ms (its giant sample's finer pieces make large relay groups). The
+  default stops at 0.75; ``heavy_tile_limits`` adds 0.5."""
 
 FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 """The :data:`CANDIDATES` on one-KV-head tiles (:func:`fine_head_split`), cut at each heavy-tile limit."""
