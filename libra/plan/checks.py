@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from libra.arrays import sorted_unique
+from libra.arrays import expand_counts, sorted_unique
 from libra.plan.layout import kv_need_start, tile_flops
 from libra.plan.tables import KV, O, PlanMismatchError, PlanValidationError, Q
 from libra.workload import AttentionShape, kv_bytes, q_bytes
@@ -243,20 +243,27 @@ def _check_kv(pool: PoolPlan, shape: AttentionShape) -> None:
 
 def _check_relays(pool: PoolPlan, rows_k: np.ndarray, relays: np.ndarray) -> None:
     """Every KV relay row (hop ``h > 0``, ``src`` not the holder) forwards KV its ``src`` receives in
-    one row of a smaller hop."""
+    one row of a smaller hop. Vectorised over (relay, row its ``src`` receives in that sequence)
+    pairs: a broadcast relays thousands of rows."""
     if not len(relays):
         return
     x = pool.transfers
-    received = _groups(x.dst[rows_k], x.seq[rows_k])
-    for i in relays.tolist():
-        cand = rows_k[received.get((int(x.src[i]), int(x.seq[i])), np.zeros(0, np.int64))]
-        cover = ((x.hop[cand] < x.hop[i]) & (x.tok_start[cand] <= x.tok_start[i]) & (x.tok_end[cand] >= x.tok_end[i])
-                 & (x.head_start[cand] <= x.head_start[i]) & (x.head_end[cand] >= x.head_end[i]))
-        if not cover.any():
-            _fail(pool, f"KV relay transfer {i} (hop {int(x.hop[i])}) forwards tokens [{x.tok_start[i]}, "
-                        f"{x.tok_end[i]}) x KV heads [{x.head_start[i]}, {x.head_end[i]}) of sequence "
-                        f"{int(x.seq[i])} from worker {int(x.src[i])}, which neither holds them nor receives "
-                        f"them in an earlier hop")
+    got = rows_k[np.lexsort((x.seq[rows_k], x.dst[rows_k]))]  # received KV rows by (worker, sequence)
+    key_got = x.dst[got].astype(np.int64) * (int(x.seq.max()) + 1) + x.seq[got]
+    key_rel = x.src[relays].astype(np.int64) * (int(x.seq.max()) + 1) + x.seq[relays]
+    lo, hi = np.searchsorted(key_got, key_rel, side="left"), np.searchsorted(key_got, key_rel, side="right")
+    pair, k = expand_counts(hi - lo)
+    i, c = relays[pair], got[lo[pair] + k]
+    cover = ((x.hop[c] < x.hop[i]) & (x.tok_start[c] <= x.tok_start[i]) & (x.tok_end[c] >= x.tok_end[i])
+             & (x.head_start[c] <= x.head_start[i]) & (x.head_end[c] >= x.head_end[i]))
+    fed = np.zeros(len(relays), dtype=bool)
+    fed[pair[cover]] = True
+    if not fed.all():
+        i = int(relays[np.argmin(fed)])
+        _fail(pool, f"KV relay transfer {i} (hop {int(x.hop[i])}) forwards tokens [{x.tok_start[i]}, "
+                    f"{x.tok_end[i]}) x KV heads [{x.head_start[i]}, {x.head_end[i]}) of sequence "
+                    f"{int(x.seq[i])} from worker {int(x.src[i])}, which neither holds them nor receives "
+                    f"them in an earlier hop")
 
 
 def check_pool(pool: PoolPlan, shape: AttentionShape) -> None:

@@ -407,28 +407,24 @@ class CostModel:
         hops = self._relay_hops(plan, schedules, per_pool)
         for phase, r in self._routes(plan, schedules, per_pool).items():
             code = self._link_codes(r.src, r.dst)  # once per phase, shared by its chunks
-            if not chunked_only:
-                sent, recv = self._phase_bytes(r.src, r.dst, code, r.nbytes.sum(axis=1))
-                bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
-                phase_ms = bw_ms + lat_ms
-                sent_tot += sent
-                recv_tot += recv
-                link_tot += per_class
             # each chunk moves its own bytes and pays its own latency: (worker, chunk) as columns
             sent_m, recv_m = self._phase_bytes(r.src, r.dst, code, r.nbytes)
             bw_m, lat_m, _ = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
             per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
-            if phase in hops:  # relay rounds replace the byte sum of the chunk they run in
-                backward = phase == BWD_RETURN
-                col = M - 1 if backward else 0
-                if chunked_only:
-                    per_chunk[phase][:, col] = self._relay_rounds(r, code, hops[phase], r.nbytes[:, col:col + 1],
-                                                                  backward)[:, 0]
-                    continue
-                both = np.stack([r.nbytes[:, col], r.nbytes.sum(axis=1)], axis=1)
-                per_chunk[phase][:, col], phase_ms = self._relay_rounds(r, code, hops[phase], both, backward).T
-            if not chunked_only:
-                serial += phase_ms
+            rounds = None
+            if phase in hops:  # relay rounds replace the byte sum of the chunk they run in (and the phase's)
+                col = M - 1 if phase == BWD_RETURN else 0
+                cols = [r.nbytes[:, col]] + ([] if chunked_only else [r.nbytes.sum(axis=1)])
+                rounds = self._relay_rounds(r, code, hops[phase], np.stack(cols, axis=1), phase == BWD_RETURN)
+                per_chunk[phase][:, col] = rounds[:, 0]
+            if chunked_only:
+                continue
+            sent, recv = self._phase_bytes(r.src, r.dst, code, r.nbytes.sum(axis=1))
+            bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
+            sent_tot += sent
+            recv_tot += recv
+            link_tot += per_class
+            serial += bw_ms + lat_ms if rounds is None else rounds[:, 1]
         if chunked_only:
             return None, None, None, None, per_chunk
         return sent_tot, recv_tot, link_tot, serial, per_chunk

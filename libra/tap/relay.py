@@ -103,7 +103,7 @@ def relay_transfers(transfers: TransferTable, eligible: np.ndarray) -> TransferT
     if not len(rows):
         return x
     # members: by group (in order of the group's first row), then last token, then worker id
-    order = np.lexsort((x.dst[rows], x.tok_end[rows], np.argsort(np.argsort(first_row))[gid]))
+    order = np.lexsort((x.dst[rows], x.tok_end[rows], first_row[gid]))
     members, gid = rows[order], gid[order]
     first = np.nonzero(np.r_[True, gid[1:] != gid[:-1]])[0]
     group, k = expand_counts(np.diff(np.r_[first, len(members)]))  # k: 0-based member of its group
