@@ -182,7 +182,8 @@ def test_async_planner_process_mode_is_deterministic():
 
 
 def test_pipeliner_issues_next_dispatch_before_computing(monkeypatch):
-    """One libra_attention call executes the program's ChunkSchedule.events in order (Libra sec. 4.4)."""
+    """One libra_attention call executes the program's ChunkSchedule.events in order (Libra sec. 4.4),
+    chunk m's return and chunk m + 2's dispatch started as one group."""
     import torch
 
     from libra.runtime.attention import LibraAttention
@@ -194,8 +195,8 @@ def test_pipeliner_issues_next_dispatch_before_computing(monkeypatch):
     pool = plan.pools[0]
     prog = compile_worker(pool, shape, pool.workers[0], 4)
     events = []
-    monkeypatch.setattr(Exchanger, "start", lambda self, msg, send, recv, phase, chunk:
-                        events.append((f"issue_{phase}", chunk)) or [])
+    monkeypatch.setattr(Exchanger, "start_group", lambda self, exchanges:
+                        events.append(("issue", tuple((phase, chunk) for *_, phase, chunk in exchanges))) or [])
     backend = get_backend("cpu-flash")
     # the packed execution (as on a GPU): one backend call per chunk, so each call marks a compute
     # event (with views a one-worker pool is closed: one call over all heads, libra.runtime.calls)
@@ -213,8 +214,10 @@ def test_pipeliner_issues_next_dispatch_before_computing(monkeypatch):
     q = torch.randn(n, shape.num_q_heads, shape.head_dim, dtype=torch.float64)
     k = torch.randn(n, shape.num_kv_heads, shape.head_dim, dtype=torch.float64)
     attn(q, k, torch.randn_like(k))
-    expected = [({"issue_dispatch": "issue_fwd_dispatch", "issue_return": "issue_fwd_return"}[e], i)
-                if e.startswith("issue") else (e, i)
-                for e, i in prog.schedule.events if e in ("issue_dispatch", "compute", "issue_return")]
-    assert expected[:3] == [("issue_fwd_dispatch", 0), ("issue_fwd_dispatch", 1), ("compute", 0)]
+    groups = {"issue_dispatch": lambda i: (("fwd_dispatch", i),), "issue_return": lambda i: (("fwd_return", i),),
+              "issue_exchange": lambda i: (("fwd_return", i), ("fwd_dispatch", i + 2))}
+    expected = [("issue", groups[e](i)) if e in groups else (e, i)
+                for e, i in prog.schedule.events if e in (*groups, "compute")]
+    assert expected[:3] == [("issue", (("fwd_dispatch", 0),)), ("issue", (("fwd_dispatch", 1),)), ("compute", 0)]
+    assert ("issue", (("fwd_return", 1), ("fwd_dispatch", 3))) in expected
     assert events == expected

@@ -106,6 +106,35 @@ def test_pipeliner_overlap_hand_computed(model):
     assert model.price(toy_plan(chunks=2), pipeline_chunks=1).exposed_comm_ms[4] == pytest.approx(81.92)
 
 
+def test_exchange_groups_a_return_with_the_dispatch_two_chunks_on(model):
+    """Chunk m's return and chunk m + 2's dispatch are one exchange, priced on their summed bytes."""
+    seq = SequenceLayout.contiguous(0, 0, [16], cp=2)
+    # tile A: rows 0-8 at home (worker 0); tile B: rows 8-16, all 4 heads, worker 1 -> worker 2 (RoCE)
+    tiles = TileTable(seq=[0, 0], q_start=[0, 8], q_end=[8, 16], head_start=[0, 0], head_end=[4, 4],
+                      q_home=[0, 1], dest=[0, 2], flops=[4 * 36 * 4 * 8, 4 * 100 * 4 * 8])
+    qb, kvb = q_bytes(8, 4, 8), kv_bytes(8, 2, 8)  # 512 bytes each
+    rows = [(Q, 1, 2, 8, 16, 0, 4, qb), (KV, 0, 2, 0, 8, 0, 2, kvb), (KV, 1, 2, 8, 16, 0, 2, kvb),
+            (O, 2, 1, 8, 16, 0, 4, qb)]
+    cols = list(zip(*rows))
+    transfers = TransferTable(kind=cols[0], src=cols[1], dst=cols[2], seq=[0] * 4, tok_start=cols[3],
+                              tok_end=cols[4], head_start=cols[5], head_end=cols[6], nbytes=cols[7])
+    plan = Plan("hand", 0, SHAPE, cp=2, pipeline_chunks=4,
+                pools=(PoolPlan(0, tuple(range(8)), (seq,), tiles, transfers),))
+    c = model.price(plan)
+    # worker 1 (Q-home of tile B, computes nothing; RoCE 50 B/ms). M = 4: one query head per chunk;
+    # KV head 0 goes with chunk 0 (its dK/dV back after chunk 1), KV head 1 with chunk 2 (after 3).
+    # forward: D0 = (128 Q + 256 KV) / 50 = 7.68, D1 = 2.56; return 128 O each: 2.56
+    #   exchange 0 = R0 + D2: sends 384, receives 128 -> 7.68 (back to back: 10.24)
+    #   exchange 1 = R1 + D3: 128 each way -> 2.56
+    #   D0 -> 7.68, D1 -> 10.24, X0 -> 17.92, X1 -> 20.48, R2 -> 23.04, R3 -> 25.6
+    # backward: dO 128 per chunk: 2.56; R0 = 2.56 (dQ), R1 = (128 dQ + 256 dK/dV) / 50 = 7.68, R2, R3 alike
+    #   X0 = R0 + D2: 128 each way -> 2.56; X1 = R1 + D3: receives 384, sends 128 -> 7.68
+    #   D0 -> 2.56, D1 -> 5.12, X0 -> 7.68, X1 -> 15.36, R2 -> 17.92, R3 -> 25.6
+    assert c.exposed_comm_ms[1] == pytest.approx(25.6 + 25.6, rel=1e-9)
+    # with no overlap at all the four phases take (1024 + 512 + 512 + 1024) / 50
+    assert c.comm_ms[1] == pytest.approx(61.44, rel=1e-9)
+
+
 def _exposed(compute, dispatch, ret, chunks):
     """Whole-pass times split evenly over ``chunks`` and walked through the Pipeliner's events."""
     d = np.full((1, chunks), dispatch / chunks)
@@ -122,6 +151,13 @@ def test_overlap_formula_when_compute_covers_transfers():
     assert _exposed(0.0, 8.0, 4.0, 4) == pytest.approx([12.0])
     with pytest.raises(ValueError, match="positive integer"):
         pipeline_events(0)
+
+
+def test_exchange_time_replaces_the_back_to_back_pair():
+    d, r = np.full((1, 4), 2.0), np.full((1, 4), 1.0)
+    # transfer-bound (no compute): back to back every byte is exposed; an exchange of 2 instead of 3
+    assert pipelined_exposed(pipeline_events(4), np.array([0.0]), d, r) == pytest.approx([12.0])
+    assert pipelined_exposed(pipeline_events(4), np.array([0.0]), d, r, np.full((1, 4), 2.0)) == pytest.approx([10.0])
 
 
 def test_uneven_chunks_price_each_chunk_own_bytes():

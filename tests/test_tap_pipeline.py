@@ -24,9 +24,15 @@ def test_head_chunks_and_events():
     assert sched.heads_per_call([16, 16]).tolist() == [4, 4]
     assert pipeline_events(1) == (("issue_dispatch", 0), ("wait_dispatch", 0), ("compute", 0),
                                   ("issue_return", 0), ("wait_return", 0))
-    # the runtime's order: chunk m+1's dispatch is issued before chunk m's wait
+    # the runtime's order: chunk m+1's dispatch is issued before chunk m's wait; chunk m's return
+    # goes with chunk m+2's dispatch (one exchange) while there is one
     assert sched.events[:5] == (("issue_dispatch", 0), ("issue_dispatch", 1), ("wait_dispatch", 0),
-                                ("compute", 0), ("issue_return", 0))
+                                ("compute", 0), ("issue_exchange", 0))
+    assert [e for e in sched.events if e[0].startswith("issue")] == [
+        ("issue_dispatch", 0), ("issue_dispatch", 1), ("issue_exchange", 0), ("issue_exchange", 1),
+        ("issue_return", 2), ("issue_return", 3)]
+    assert [e[0] for e in pipeline_events(2) if e[0].startswith("issue")] == [
+        "issue_dispatch", "issue_dispatch", "issue_return", "issue_return"]
     assert [e for e in sched.events if e[0] == "compute"] == [("compute", m) for m in range(4)]
     assert sched.events[-4:] == tuple(("wait_return", m) for m in range(4))
 

@@ -9,8 +9,9 @@ KV fetches and are summed at their holders.
 TAP Pipeliner (Libra sec. 4.4): each pass executes the events of the pool's
 :class:`~libra.tap.pipeline.ChunkSchedule` in order -- the list the cost model prices. With ``M``
 head chunks, chunk ``i + 1``'s dispatch is in flight while chunk ``i`` computes, and chunk ``i``'s
-return is issued right after it, so it overlaps chunk ``i + 1``'s compute; only chunk 0's dispatch
-and chunk ``M - 1``'s return are exposed. ``M = 1`` is the non-overlapped execution. A plan with KV
+return is issued right after it, together with chunk ``i + 2``'s dispatch as one group (an
+exchange), so both overlap chunk ``i + 1``'s compute; only chunk 0's dispatch and chunk ``M - 1``'s
+return are exposed. ``M = 1`` is the non-overlapped execution. A plan with KV
 relays (:mod:`libra.tap.relay`) runs its hop rounds inside exactly those two exposed transfers: hops
 ``1..H`` right after chunk 0's dispatch (each forwards what earlier rounds delivered) and hops
 ``H..1`` of dK/dV right before chunk ``M - 1``'s return (each relay sums its children's in first),
@@ -69,6 +70,7 @@ from libra.tap.pipeline import (
     FWD_DISPATCH,
     FWD_RETURN,
     ISSUE_DISPATCH,
+    ISSUE_EXCHANGE,
     ISSUE_RETURN,
     WAIT_DISPATCH,
     WAIT_RETURN,
@@ -189,6 +191,11 @@ class LibraAttention:
                     self._relay_returns(stores, meter)
                     wait_s += time.perf_counter() - tw
                 returns[m] = ex.issue(messages[ret][m], stores, stores[Q], ret, m, meter)
+                if after_return is not None:
+                    after_return(m)
+            elif ev == ISSUE_EXCHANGE:  # chunk m's return and chunk m + 2's dispatch, one group
+                returns[m], pending[m + 2] = ex.issue_group(
+                    [(messages[ret][m], ret, m), (messages[disp][m + 2], disp, m + 2)], stores, stores[Q], meter)
                 if after_return is not None:
                     after_return(m)
             elif ev == WAIT_RETURN:

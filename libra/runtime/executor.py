@@ -130,43 +130,69 @@ class Exchanger:
         self.group, self.mode = group, mode
 
     def start(self, msg: Message, send: torch.Tensor, recv: torch.Tensor, phase: str, chunk: int) -> list:
-        g, me = self.group, self.group.rank
-        what = f"{phase} exchange of Pipeliner chunk {chunk}"
+        return self.start_group([(msg, send, recv, phase, chunk)])
+
+    def start_group(self, exchanges) -> list:
+        """Start ``(msg, send, recv, phase, chunk)`` exchanges together; returns their work handles.
+
+        ``p2p``: one ``batch_isend_irecv`` over all of them (one NCCL group: its transfers progress
+        concurrently; ops to one peer keep their order, the same on both sides). ``a2a``: one
+        ``all_to_all_single`` each, in order.
+        """
+        g = self.group
+        what = " and ".join(f"{phase} exchange of Pipeliner chunk {chunk}" for _, _, _, phase, chunk in exchanges)
         try:
             if self.mode == "a2a":
                 if g.size == 1:
                     return []
                 return [dist.all_to_all_single(recv, send, output_split_sizes=msg.recv_rows.tolist(),
                                                input_split_sizes=msg.send_rows.tolist(), group=g.group,
-                                               async_op=True)]
-            tag = PHASES.index(phase) * 100_000 + chunk
-            ops = []
-            s_off = np.concatenate(([0], np.cumsum(msg.send_rows)))
-            r_off = np.concatenate(([0], np.cumsum(msg.recv_rows)))
-            for p in range(g.size):
-                if p == me:
-                    continue
-                if msg.recv_rows[p]:
-                    ops.append(dist.P2POp(dist.irecv, recv[r_off[p]:r_off[p + 1]], g.ranks[p], g.group, tag))
-            for p in range(g.size):
-                if p != me and msg.send_rows[p]:
-                    ops.append(dist.P2POp(dist.isend, send[s_off[p]:s_off[p + 1]], g.ranks[p], g.group, tag))
+                                               async_op=True) for msg, send, recv, _, _ in exchanges]
+            ops = [op for ex in exchanges for op in self._p2p_ops(*ex)]
             return dist.batch_isend_irecv(ops) if ops else []
         except RuntimeError as exc:
             raise CollectiveTimeoutError(f"worker {g.worker}: starting {what} failed: {exc}") from exc
 
+    def _p2p_ops(self, msg: Message, send: torch.Tensor, recv: torch.Tensor, phase: str, chunk: int) -> list:
+        """One exchange's receives, then its sends, peers in pool-rank order; its tag is distinct per
+        (phase, chunk), so exchanges in flight together never cross-match."""
+        g, me = self.group, self.group.rank
+        tag = PHASES.index(phase) * 100_000 + chunk
+        ops = []
+        s_off = np.concatenate(([0], np.cumsum(msg.send_rows)))
+        r_off = np.concatenate(([0], np.cumsum(msg.recv_rows)))
+        for p in range(g.size):
+            if p != me and msg.recv_rows[p]:
+                ops.append(dist.P2POp(dist.irecv, recv[r_off[p]:r_off[p + 1]], g.ranks[p], g.group, tag))
+        for p in range(g.size):
+            if p != me and msg.send_rows[p]:
+                ops.append(dist.P2POp(dist.isend, send[s_off[p]:s_off[p + 1]], g.ranks[p], g.group, tag))
+        return ops
+
     def issue(self, msg: Message, stores: dict, like: torch.Tensor, phase: str, chunk: int,
               meter: MemoryMeter) -> Handle:
         """Pack ``msg`` from ``stores`` and start it; returns the in-flight handle."""
+        return self.issue_group([(msg, phase, chunk)], stores, like, meter)[0]
+
+    def issue_group(self, exchanges, stores: dict, like: torch.Tensor, meter: MemoryMeter) -> list[Handle]:
+        """Pack every ``(msg, phase, chunk)`` from ``stores`` and start them as one group
+        (:meth:`start_group`); one handle each, all waiting on the group's work."""
         d = like.shape[-1]
-        send = pack(like.new_empty(msg.n_send, d), msg.pack, stores)
-        recv = like.new_empty(msg.n_recv, d)
-        meter.alloc(send, recv)
-        return Handle(send, recv, self.start(msg, send, recv, phase, chunk), f"{phase} exchange of chunk {chunk}")
+        bufs = []
+        for msg, phase, chunk in exchanges:
+            send = pack(like.new_empty(msg.n_send, d), msg.pack, stores)
+            recv = like.new_empty(msg.n_recv, d)
+            meter.alloc(send, recv)
+            bufs.append((msg, send, recv, phase, chunk))
+        works = self.start_group(bufs)
+        return [Handle(send, recv, works, f"{phase} exchange of chunk {chunk}") for _, send, recv, phase, chunk in bufs]
 
     def finish(self, h: Handle, meter: MemoryMeter) -> torch.Tensor:
-        """Wait (bounded by the group timeout), free the send buffer, return the receive buffer."""
+        """Wait (bounded by the group timeout), free the send buffer, return the receive buffer
+        (a grouped handle waits for its whole group, once: its handles share one works list, emptied
+        here, because a gloo work must not be waited on twice)."""
         wait_all(h.works, self.group, h.what)
+        h.works.clear()
         meter.free(h.send)
         h.send = None
         return h.recv

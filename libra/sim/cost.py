@@ -23,8 +23,10 @@ Terms are named and summed (vidur style):
   own dispatch and return bytes (:meth:`ChunkSchedule.phase_routes`: Q by query-head chunk, KV with
   the first chunk that reads each KV head, dK/dV after the last). Each chunk pays its phase
   latency where it carries traffic. Compute runs on one stream, transfers on one FIFO comm stream.
-  When compute covers transfers only chunk 0's dispatch and chunk M-1's return are exposed; with
-  ``M = 1`` it equals the serial figure.
+  Chunk ``m``'s return and chunk ``m + 2``'s dispatch form one exchange (``ISSUE_EXCHANGE``: one
+  group whose transfers progress together), priced by the phase formula over the two's summed bytes
+  per port and class. When compute covers transfers only chunk 0's dispatch and chunk M-1's return
+  are exposed; with ``M = 1`` it equals the serial figure.
 * KV relays (issue 11, :mod:`libra.tap.relay`; beyond the paper): a KV row with ``hop = h > 0``
   forwards KV its ``src`` received in an earlier hop. The runtime sends the hops as sequential
   rounds inside chunk 0's forward dispatch (hop 0, 1, ..., H) and chunk ``M - 1``'s backward return
@@ -57,6 +59,7 @@ from libra.tap.pipeline import (
     FWD_DISPATCH,
     FWD_RETURN,
     ISSUE_DISPATCH,
+    ISSUE_EXCHANGE,
     ISSUE_RETURN,
     PHASES,
     WAIT_DISPATCH,
@@ -164,7 +167,7 @@ class PlanCost:
                 "pooling": ratio(pool_mean, step_mean), "kernel": ratio(step_mean, self.balance_bound_ms)}
 
 
-def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
+def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarray:
     """Exposed communication of one pass under the Pipeliner, per worker (Libra sec. 4.4).
 
     Walks the schedule's events with a host clock: an issue is non-blocking and queues the transfer
@@ -176,6 +179,8 @@ def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
         events: :attr:`libra.tap.pipeline.ChunkSchedule.events`.
         compute: ``(N,)`` compute time of every chunk, or ``(N, M)`` each chunk's own.
         dispatch, ret: ``(N, M)`` time of each chunk's dispatch and return transfers.
+        exchange: ``(N, M)``: column ``m`` the time of chunk ``m``'s return and chunk ``m + 2``'s
+            dispatch issued as one group (``ISSUE_EXCHANGE``); default the two back to back.
 
     Returns:
         ``(N,)`` end of the pass minus its compute.
@@ -196,10 +201,18 @@ def pipelined_exposed(events, compute, dispatch, ret) -> np.ndarray:
         elif ev == ISSUE_RETURN:
             comm_free = np.maximum(comm_free, compute_free) + ret[:, m]
             returned[m] = comm_free
+        elif ev == ISSUE_EXCHANGE:
+            t = ret[:, m] + dispatch[:, m + 2] if exchange is None else exchange[:, m]
+            comm_free = np.maximum(comm_free, compute_free) + t
+            returned[m] = arrived[m + 2] = comm_free
         elif ev == WAIT_RETURN:
             host = np.maximum(host, returned[m])
     busy = compute.sum(axis=1) if compute.ndim == 2 else chunks * compute
     return np.maximum.reduce([host, comm_free, compute_free]) - busy
+
+
+EXCHANGES = {FWD_RETURN: FWD_DISPATCH, BWD_RETURN: BWD_DISPATCH}
+"""Each pass's return phase and the dispatch phase its exchanges carry (``ISSUE_EXCHANGE``)."""
 
 
 RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
@@ -396,19 +409,19 @@ class CostModel:
         """Price the four phases: unchunked totals and ``(N, M)`` per-chunk times.
 
         Returns ``(sent, recv, link, serial, per_chunk)``: ``(C, N)`` bytes sent / received and
-        per-class time summed over phases, ``(N,)`` serial comm time, and ``{phase: (N, M)}``;
-        with ``chunked_only`` only ``per_chunk`` is priced (the rest ``None``): what the overlap term
+        per-class time summed over phases, ``(N,)`` serial comm time, and ``{phase: (N, M)}`` plus
+        the exchanges' times (:meth:`_exchanges`); with ``chunked_only`` only ``per_chunk`` is priced (the rest ``None``): what the overlap term
         and so :meth:`total_ms` need.
         """
         n, k, M = self.topology.num_workers, len(LINK_CLASSES), schedules[0].chunks if schedules else 1
         sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
-        serial, per_chunk = np.zeros(n), {}
+        serial, per_chunk, chunk_bytes = np.zeros(n), {}, {}
         per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
         hops = self._relay_hops(plan, schedules, per_pool)
         for phase, r in self._routes(plan, schedules, per_pool).items():
             code = self._link_codes(r.src, r.dst)  # once per phase, shared by its chunks
             # each chunk moves its own bytes and pays its own latency: (worker, chunk) as columns
-            sent_m, recv_m = self._phase_bytes(r.src, r.dst, code, r.nbytes)
+            sent_m, recv_m = chunk_bytes[phase] = self._phase_bytes(r.src, r.dst, code, r.nbytes)
             bw_m, lat_m, _ = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
             per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
             rounds = None
@@ -425,9 +438,26 @@ class CostModel:
             recv_tot += recv
             link_tot += per_class
             serial += bw_ms + lat_ms if rounds is None else rounds[:, 1]
+        per_chunk.update(self._exchanges(chunk_bytes, M))
         if chunked_only:
             return None, None, None, None, per_chunk
         return sent_tot, recv_tot, link_tot, serial, per_chunk
+
+    def _exchanges(self, chunk_bytes: dict, M: int) -> dict:
+        """``{(return phase, "exchange"): (N, M)}``: column ``m < M - 2`` the time of chunk ``m``'s
+        return and chunk ``m + 2``'s dispatch as one group (:data:`EXCHANGES`): the phase formula
+        over their summed bytes per port and class; empty for ``M <= 2`` (no exchange)."""
+        if M <= 2:
+            return {}
+        n, k, out = self.topology.num_workers, len(LINK_CLASSES), {}
+        for ret, disp in EXCHANGES.items():
+            (sr, rr), (sd, rd) = chunk_bytes[ret], chunk_bytes[disp]
+            sent, recv = sr[:, :, :M - 2] + sd[:, :, 2:], rr[:, :, :M - 2] + rd[:, :, 2:]
+            bw, lat, _ = self._phase_ms(sent.reshape(k, n * (M - 2)), recv.reshape(k, n * (M - 2)))
+            t = np.zeros((n, M))
+            t[:, :M - 2] = (bw + lat).reshape(n, M - 2)
+            out[(ret, "exchange")] = t
+        return out
 
     def _apply_speed(self, fwd, bwd, speed, n: int):
         """Compute times divided by the per-worker ``speed`` multipliers; backward filled in as
@@ -493,7 +523,9 @@ class CostModel:
         events = pipeline_events(chunks)  # the runtime's loop, priced event by event
         # (N,) times: every chunk is 1/M of the worker's compute; (N, M): each chunk its own
         chunk_f, chunk_b = (fwd_c / chunks, bwd_c / chunks) if fwd_c.ndim == 1 else (fwd_c, bwd_c)
-        exposed = (pipelined_exposed(events, chunk_f, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN])
-                   + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN]))
+        exposed = (pipelined_exposed(events, chunk_f, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN],
+                                     per_chunk.get((FWD_RETURN, "exchange")))
+                   + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN],
+                                       per_chunk.get((BWD_RETURN, "exchange"))))
         fwd, bwd = (fwd_c, bwd_c) if fwd_c.ndim == 1 else (fwd_c.sum(axis=1), bwd_c.sum(axis=1))
         return flops, fwd, bwd, exposed, phases

@@ -19,13 +19,23 @@ Event order. The runtime issues chunk ``m + 1``'s dispatch *before* it waits for
 stream both orders put the same transfers in the same sequence, so the cost model prices them
 alike; measured on 2 gloo CPU ranks (8 q / 2 kv heads, d = 64, M = 4, one 8K-token sample against
 32 x 256, one process per core), forward + backward took 4.49 s with this order and 4.55 s with
-the paper's (medians of 5). The list is::
+the paper's (medians of 5).
 
-    issue_dispatch 0
-    for m in 0..M-1: issue_dispatch m+1 (if any), wait_dispatch m, compute m, issue_return m
+Chunk ``m``'s return and chunk ``m + 2``'s dispatch are issued back to back (right after chunk
+``m``'s compute), so they are one *exchange*: one ``batch_isend_irecv`` group, whose sends and
+receives NCCL progresses concurrently (NCCL user guide, point-to-point: "calls within a group can be
+seen as progressing independently"). They mostly run in opposite directions -- a Q-home sends the
+next Q and receives outputs, a destination receives the next Q and sends outputs -- so the exchange
+takes each port's summed bytes, not the return's time plus the dispatch's (an extension of Libra
+sec. 4.4; the cost model prices the exchange from its bytes). The list is::
+
+    issue_dispatch 0, issue_dispatch 1 (M > 1)
+    for m in 0..M-1: wait_dispatch m, compute m,
+                     issue_exchange m (return m + dispatch m+2) if m + 2 < M else issue_return m
     wait_return 0..M-1
 
-``M = 1`` degenerates to dispatch, compute, return with nothing overlapped.
+``M = 1`` degenerates to dispatch, compute, return with nothing overlapped; ``M = 2`` has no
+exchange.
 """
 
 from __future__ import annotations
@@ -42,9 +52,10 @@ FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN = "fwd_dispatch", "fwd_return
 PHASES = (FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN)
 """The four communication phases of one layer's core attention (Libra sec. 4.3.3)."""
 
-ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN = (
-    "issue_dispatch", "wait_dispatch", "compute", "issue_return", "wait_return")
-EVENTS = (ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, WAIT_RETURN)
+ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, ISSUE_EXCHANGE, WAIT_RETURN = (
+    "issue_dispatch", "wait_dispatch", "compute", "issue_return", "issue_exchange", "wait_return")
+EVENTS = (ISSUE_DISPATCH, WAIT_DISPATCH, COMPUTE, ISSUE_RETURN, ISSUE_EXCHANGE, WAIT_RETURN)
+"""``(ISSUE_EXCHANGE, m)`` issues chunk ``m``'s return and chunk ``m + 2``'s dispatch as one group."""
 
 # the transfer kinds of each phase; backward phases read TransferTable.backward() (dO along Q, dQ
 # along O, dK/dV along the reversed KV fetches)
@@ -61,11 +72,9 @@ def check_chunks(chunks) -> int:
 def pipeline_events(chunks: int) -> tuple[tuple[str, int], ...]:
     """The ordered Pipeliner events for ``chunks`` chunks (module docstring)."""
     M = check_chunks(chunks)
-    events = [(ISSUE_DISPATCH, 0)]
+    events = [(ISSUE_DISPATCH, m) for m in range(min(M, 2))]
     for m in range(M):
-        if m + 1 < M:
-            events.append((ISSUE_DISPATCH, m + 1))
-        events += [(WAIT_DISPATCH, m), (COMPUTE, m), (ISSUE_RETURN, m)]
+        events += [(WAIT_DISPATCH, m), (COMPUTE, m), (ISSUE_EXCHANGE if m + 2 < M else ISSUE_RETURN, m)]
     return tuple(events + [(WAIT_RETURN, m) for m in range(M)])
 
 
