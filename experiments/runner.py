@@ -364,7 +364,14 @@ def _install_point_fn(fn: Callable) -> None:
 
 
 def _call_point(key):
-    return _POINT_FN(key)
+    return _timed(_POINT_FN, key)
+
+
+def _timed(fn: Callable, key) -> tuple[list[dict], float]:
+    """``(fn(key), seconds it took)``, timed in the process that computes the point."""
+    t0 = time.perf_counter()
+    rows = fn(key)
+    return rows, time.perf_counter() - t0
 
 
 class ExperimentRun:
@@ -420,6 +427,7 @@ class ExperimentRun:
         self.started = time.time()
         self.reused = 0
         self.computed = 0
+        self.point_seconds: list[tuple[object, float]] = []  # (key, seconds) of each point computed
         if force and self.points_dir.exists():
             shutil.rmtree(self.points_dir, ignore_errors=True)
 
@@ -469,7 +477,8 @@ class ExperimentRun:
                 self.reused += len(keys) - len(todo)
                 if len(todo) < len(keys):
                     bar.advance(len(keys) - len(todo))
-                for i, got in self._compute([keys[i] for i in todo], todo, fn):
+                for i, (got, seconds) in self._compute([keys[i] for i in todo], todo, fn):
+                    self.point_seconds.append((keys[i], seconds))
                     self.record(keys[i], got)
                     self.computed += 1
                     found[i] = got
@@ -484,13 +493,14 @@ class ExperimentRun:
         return rows
 
     def _compute(self, keys: list, index: list[int], fn: Callable):
-        """Yield ``(index, fn(key))`` for the points to compute, in key order: in this process, or
-        with ``--jobs N`` in N forked processes (each point is a pure function of its key, so the
-        rows are the same; only side effects of ``fn`` on the parent's state are lost)."""
+        """Yield ``(index, (fn(key), seconds))`` for the points to compute, in key order: in this
+        process, or with ``--jobs N`` in N forked processes (each point is a pure function of its key,
+        so the rows are the same; only side effects of ``fn`` on the parent's state are lost, which is
+        why each point's compute time comes back with its rows)."""
         jobs = min(self.jobs, len(keys))
         if jobs <= 1:
             for i, key in zip(index, keys):
-                yield i, fn(key)
+                yield i, _timed(fn, key)
             return
         ctx = multiprocessing.get_context("fork")
         with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx, initializer=_install_point_fn,

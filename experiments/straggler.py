@@ -123,7 +123,6 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
               "planner_options": options}
     run = ExperimentRun("straggler", config, out_dir=out, force=force, quiet=quiet)
     cache: dict = {}
-    timings: dict = {}
     label = Path(workload).name if Path(workload).exists() else workload
 
     def context(setting_name):
@@ -136,16 +135,17 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
         planner = get_planner(method, **run_options(method, st, profile, wlb_rejoin))
-        t0 = time.perf_counter()
         steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w),
                                 jitter=jitter, flops_pool_size=st.tap.pool_size)
-        timings[(setting_name, method)] = timings.get((setting_name, method), 0.0) + time.perf_counter() - t0
         return [step_row(r, label, setting_name, w) for r in steps]
 
     keys = [[s, m, w] for s in settings for m in methods for w in range(windows)]
     df = pd.DataFrame(run.map(keys, point, desc="straggler"))
     lead = ["workload", "setting", "method", "window", "step", "straggler_ms", "compute_ms", "comm_exposed_ms"]
     df = df[lead + [c for c in df.columns if c not in lead]]
+    timings: dict = {}  # computed points' seconds (timed where they ran, --jobs workers included)
+    for (setting_name, method, _), seconds in run.point_seconds:
+        timings[(setting_name, method)] = timings.get((setting_name, method), 0.0) + seconds
     return df, summarize(df, paper_settings(workload, chosen, shape)), run, timings
 
 
