@@ -102,6 +102,10 @@ def test_fig12_rows_carry_limits_context_and_real_corpora(tmp_path):
     prolong = rows[("Fig. 12 (distca_dist_prolong.json)", "256K", "Libra mean-str")]
     assert "not run: `libra-bench straggler --workload ../shared/workloads/distca_dist_prolong.json" in prolong
     assert "(make fig12-real)" in prolong
+    held = rows[("Fig. 12 (distca_dist_wlbllm_synthetic.json, held out)", "256K", "Libra mean-str")]
+    assert "not run: `libra-bench straggler --workload ../shared/workloads/distca_dist_wlbllm_synthetic.json" in held
+    assert "(make fig12-heldout)" in held
+    assert not any(k[0].startswith("Fig. 12 (distca_dist_wlbllm_synthetic.json") and "tuned" in k[0] for k in rows)
     fig4 = rows[("Fig. 4", "256K", "production-ord")]
     assert "calibrated to these Fig. 4 numbers" in fig4 and "by construction" in fig4
 
@@ -121,7 +125,7 @@ def test_fig12_rows_of_a_run_without_the_new_columns(tmp_path):
     md = generate(root, tmp_path / "R.md")[0].read_text()
     speed = rows_of(md)[("Fig. 12", "256K", "Libra mean-str")]
     assert "jitter-off run `results/straggler-nojitter` covers other windows" in speed and "jitter off: Libra" not in speed
-    assert md.count("not run: `libra-bench straggler --workload ../shared/workloads/") == 4  # 2 corpora x 2 settings
+    assert md.count("not run: `libra-bench straggler --workload ../shared/workloads/") == 6  # 3 corpora x 2 settings
 
 
 def test_the_vrsp_trim_note_only_calls_a_number_inconsistent_when_it_is():
