@@ -204,18 +204,28 @@ class ChunkSchedule:
         """``(len(rows), M)`` bytes of each row per chunk (:meth:`row_heads`' split, vectorised)."""
         M = self.chunks
         hs, he = tr.head_start[rows].astype(np.int64), tr.head_end[rows].astype(np.int64)
-        nb = tr.nbytes[rows].astype(np.float64)
-        width = np.maximum(he - hs, 1)
+        nb = tr.nbytes[rows].astype(np.float64)[:, None]
         is_kv = tr.kind[rows] == KV
         if not is_kv.all():
             self._check_widths((he - hs)[~is_kv])
-        owner = self.kv_last if backward else self.kv_first
+            if not is_kv.any():  # Q / O rows (phase_routes asks one kind at a time): 1/M per chunk
+                return nb * np.full((1, M), 1.0 / M)
         # KV: heads per chunk from a cumulative one-hot count over the KV heads
-        cum = np.zeros((len(owner) + 1, M))
-        cum[1:] = np.cumsum(np.eye(M)[owner], axis=0)
-        kv_heads = cum[np.minimum(he, len(owner))] - cum[np.minimum(hs, len(owner))]
-        share = np.where(is_kv[:, None], kv_heads / width[:, None], 1.0 / M)
-        return nb[:, None] * share
+        cum = self._kv_cum(backward)
+        hkv = len(cum) - 1
+        share = (cum[np.minimum(he, hkv)] - cum[np.minimum(hs, hkv)]) / np.maximum(he - hs, 1)[:, None]
+        return nb * (share if is_kv.all() else np.where(is_kv[:, None], share, 1.0 / M))
+
+    def _kv_cum(self, backward: bool) -> np.ndarray:
+        """``(hkv + 1, M)``: per chunk, how many of the first ``k`` KV heads travel with it (built once)."""
+        key = "_cum_bwd" if backward else "_cum_fwd"
+        cum = self.__dict__.get(key)
+        if cum is None:
+            owner = self.kv_last if backward else self.kv_first
+            cum = np.zeros((len(owner) + 1, self.chunks))
+            cum[1:] = np.cumsum(np.eye(self.chunks)[owner], axis=0)
+            self.__dict__[key] = cum
+        return cum
 
     def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
         """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""

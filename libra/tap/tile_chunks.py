@@ -232,8 +232,9 @@ class TileChunkSchedule:
         """``(len(rows), M)`` bytes of rows ``rows`` (all of ``kind``) per chunk."""
         row, h0, h1, t0, t1, c = self._pieces_all(kind, backward)
         area = (table.tok_end[row] - table.tok_start[row]).astype(np.float64) * (table.head_end[row] - table.head_start[row])
-        share = np.zeros((len(table), self.chunks))
-        np.add.at(share, (row, c), (t1 - t0) * (h1 - h0) / np.maximum(area, 1.0))
+        # one bincount over (row, chunk) bins: each bin sums its pieces in order, as np.add.at would
+        share = np.bincount(row * self.chunks + c, weights=(t1 - t0) * (h1 - h0) / np.maximum(area, 1.0),
+                            minlength=len(table) * self.chunks).reshape(len(table), self.chunks)
         return table.nbytes[rows].astype(np.float64)[:, None] * share[rows]
 
 
