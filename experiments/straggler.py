@@ -23,6 +23,9 @@ is):
 * ``comm_factor x placement_factor x pooling_factor x kernel_factor = bound_ratio`` exactly
   (:meth:`libra.sim.cost.PlanCost.loss_factors`; "mean worker compute" is over every worker of
   the plan's pools, the workers ``balance_bound_ms`` divides by).
+* ``placement_plan_factor x placement_device_factor = placement_factor``
+  (:meth:`libra.sim.cost.PlanCost.placement_split`): the imbalance the plan leaves at speed 1,
+  and how much the step's device speed draw moves it (1 with ``--no-jitter``).
 
 ``straggler_summary.csv`` gives each factor, ``pool_balanced_ratio = comm x placement`` and
 ``bound_ratio_gmean`` as geometric means over steps (so the product stays exact:
@@ -165,6 +168,8 @@ def step_ratios(r) -> dict:
 
 FACTORS = ("comm_factor", "placement_factor", "pooling_factor", "kernel_factor")
 """The loss decomposition's factors, straggler side first (their product is ``bound_ratio``)."""
+PLACEMENT_SPLIT = ("placement_plan_factor", "placement_device_factor")
+"""``placement_factor`` split into the plan's own imbalance and the device speed draw's share."""
 
 
 def gmean(values) -> float:
@@ -183,7 +188,7 @@ def _col(g: pd.DataFrame, name: str, how) -> float:
 def loss_decomposition(g: pd.DataFrame) -> dict:
     """Geometric-mean factors, their products and the FLOPs-only limit of one group of steps (a
     (setting, method) here, a candidate layout in ``tune``)."""
-    out = {f: _col(g, f, gmean) for f in FACTORS}
+    out = {f: _col(g, f, gmean) for f in FACTORS + PLACEMENT_SPLIT}
     out["pool_balanced_ratio"] = out["comm_factor"] * out["placement_factor"]
     out["bound_ratio_gmean"] = gmean(g["bound_ratio"])
     out["flops_ulysses_ms"] = _col(g, "flops_ulysses_ms", lambda c: float(c.mean()))
@@ -385,3 +390,6 @@ def echo_tables(summary: pd.DataFrame) -> None:
     click.echo(format_table(summary, ["setting", "method", "mean_speedup", "pool_balanced_ratio", *FACTORS,
                                       "bound_ratio_gmean", "flops_ulysses_ms", "flops_libra_ms",
                                       "flops_limit_speedup"], "{:.3f}"))
+    click.echo("\nplacement_factor = plan x device: the plan's own imbalance at speed 1 and the share of the "
+               "step's device speed draw (1 without jitter), geometric means over steps")
+    click.echo(format_table(summary, ["setting", "method", "placement_factor", *PLACEMENT_SPLIT], "{:.3f}"))

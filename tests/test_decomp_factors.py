@@ -42,6 +42,10 @@ def test_factors_multiply_to_the_bound_ratio_on_every_step(model, name, jitter):
         product = r.comm_factor * r.placement_factor * r.pooling_factor * r.kernel_factor
         assert product == pytest.approx(r.straggler_ms / r.balance_bound_ms, rel=1e-12)
         assert r.comm_factor >= 1.0 - 1e-12          # exposed communication only adds
+        # placement = the plan's own imbalance x the device speed draw's share (1 without jitter)
+        assert r.placement_plan_factor * r.placement_device_factor == pytest.approx(r.placement_factor, rel=1e-12)
+        if not jitter:
+            assert r.placement_device_factor == 1.0
         # each factor is the ratio its name says, recomputed here from the priced plan
         cost = model.price(plan, speed=None) if not jitter else None
         if cost is not None:

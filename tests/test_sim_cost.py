@@ -169,6 +169,20 @@ def test_uneven_chunks_price_each_chunk_own_bytes():
     assert pipelined_exposed(pipeline_events(4), np.array([25.0]), np.full((1, 4), 2.0), r) == pytest.approx([2.0])
 
 
+def test_placement_split_into_plan_and_device_speed(model):
+    plain = model.price(toy_plan()).placement_split()
+    assert plain["device"] == 1.0
+    # straggler w4 computes 19.2 ms of its pool's 52.224 over 8 workers at speed 1
+    assert plain["plan"] == pytest.approx(19.2 / (52.224 / 8), rel=1e-9)
+    speed = np.ones(8)
+    speed[4] = 0.8  # the straggler runs slower: its compute 24 ms, the pool mean (52.224 + 4.8) / 8
+    c = model.price(toy_plan(), speed=speed)
+    split = c.placement_split()
+    assert split["plan"] == pytest.approx(plain["plan"], rel=1e-12)
+    assert split["device"] == pytest.approx((24.0 / ((52.224 + 4.8) / 8)) / plain["plan"], rel=1e-9)
+    assert split["plan"] * split["device"] == pytest.approx(c.loss_factors()["placement"], rel=1e-12)
+
+
 def test_speed_divides_compute(model):
     speed = np.ones(8)
     speed[2] = 0.5

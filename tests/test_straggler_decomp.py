@@ -38,6 +38,8 @@ def test_every_step_carries_bounds_and_factors_whose_product_is_the_bound_ratio(
     assert (kt["flops_libra_ms"] >= kt["balance_bound_ms"] * (1 - 1e-9)).all()
     assert (df.groupby(["window", "step"])[["flops_ulysses_ms", "flops_libra_ms"]].nunique() == 1).all().all()
     assert (df["kernel_factor"] >= 1 - 1e-12).all()                 # jitter off: no GPU beats the best rate
+    assert (df["placement_device_factor"] == 1.0).all()              # ... and the plan is all of placement
+    assert np.allclose(df["placement_plan_factor"], df["placement_factor"], rtol=1e-12)
 
 
 def test_summary_and_record(nojitter):

@@ -92,6 +92,7 @@ class PlanCost:
         total_ms: ``compute_ms + exposed_comm_ms``.
         balance_bound_ms: the plan's total fwd+bwd attention compute spread evenly over its
             workers at the kernel's best rate (Libra's perfect-balance limit for this step).
+        speed: the ``(N,)`` per-worker speed multipliers compute was divided by (None: all 1).
     """
 
     @property
@@ -121,6 +122,7 @@ class PlanCost:
     exposed_comm_ms: np.ndarray
     total_ms: np.ndarray
     balance_bound_ms: float
+    speed: np.ndarray | None = None
 
     @property
     def straggler_worker(self) -> int:
@@ -165,6 +167,23 @@ class PlanCost:
 
         return {"comm": ratio(self.straggler_ms, comp), "placement": ratio(comp, pool_mean),
                 "pooling": ratio(pool_mean, step_mean), "kernel": ratio(step_mean, self.balance_bound_ms)}
+
+    def placement_split(self) -> dict[str, float]:
+        """Split the ``placement`` factor of :meth:`loss_factors` into what the plan and what the
+        devices' speeds contribute, exactly (their product is ``placement``):
+
+        * ``plan``: the straggler worker's compute at speed 1 over its pool's mean compute at speed
+          1 -- the imbalance the plan itself leaves (tiles, Alg. 2's slack);
+        * ``device``: ``placement / plan`` -- how much the step's speed draw (Libra sec. 3.2) moves
+          it; 1 without jitter, above 1 when the straggler is a slower than average GPU.
+        """
+        placement = self.loss_factors()["placement"]
+        w = self.straggler_worker
+        base = self.compute_ms if self.speed is None else self.compute_ms * self.speed
+        in_pool = self.pool == self.pool[w]
+        pool_mean = float(base[in_pool].mean()) if self.pool[w] >= 0 else 0.0
+        plan = float(base[w]) / pool_mean if pool_mean > 0 else float("nan")
+        return {"plan": plan, "device": placement / plan if plan > 0 else float("nan")}
 
 
 def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarray:
@@ -502,7 +521,8 @@ class CostModel:
             bytes_recv={c: recv[i] for i, c in enumerate(LINK_CLASSES)},
             link_ms={c: link[i] for i, c in enumerate(LINK_CLASSES)},
             comm_ms=comm, exposed_comm_serial_ms=comm, exposed_comm_ms=exposed,
-            total_ms=compute + exposed, balance_bound_ms=bound)
+            total_ms=compute + exposed, balance_bound_ms=bound,
+            speed=None if speed is None else np.asarray(speed, dtype=np.float64))
 
     def total_ms(self, plan: Plan, pipeline_chunks: int | None = None, speed=None) -> np.ndarray:
         """``(N,)`` :attr:`PlanCost.total_ms` of ``plan``, equal to ``price(plan, ...).total_ms``, pricing

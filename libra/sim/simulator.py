@@ -42,6 +42,8 @@ class StepResult:
         pipeline_chunks: M the step was priced with.
         comm_factor, placement_factor, pooling_factor, kernel_factor: the step's
             :meth:`PlanCost.loss_factors`; their product is ``straggler_ms / balance_bound_ms``.
+        placement_plan_factor, placement_device_factor: :meth:`PlanCost.placement_split` (their
+            product is ``placement_factor``): the plan's own imbalance and the speed draw's share.
         flops_ulysses_ms, flops_libra_ms: the window's FLOPs-only stragglers at this GA index
             (:func:`flops_stragglers`, same unit as ``balance_bound_ms``); NaN unless the caller
             gave :func:`simulate_window` a ``flops_pool_size``. They depend on the window, not
@@ -67,6 +69,8 @@ class StepResult:
     placement_factor: float
     pooling_factor: float
     kernel_factor: float
+    placement_plan_factor: float = float("nan")
+    placement_device_factor: float = float("nan")
     flops_ulysses_ms: float = float("nan")
     flops_libra_ms: float = float("nan")
 
@@ -79,7 +83,7 @@ def step_result(cost: PlanCost) -> StepResult:
     w = cost.straggler_worker
     active = cost.pool >= 0
     totals = cost.total_bytes()
-    f = cost.loss_factors()
+    f, split = cost.loss_factors(), cost.placement_split()
     return StepResult(
         method=cost.method, step=cost.ga_index, straggler_ms=cost.straggler_ms, straggler_worker=w,
         straggler_pool=int(cost.pool[w]), compute_ms=float(cost.compute_ms[w]),
@@ -89,7 +93,7 @@ def step_result(cost: PlanCost) -> StepResult:
         bytes_nvlink=totals["nvlink"], bytes_roce=totals["roce"],
         bytes_inter_supernode=totals["inter_supernode"], pipeline_chunks=cost.pipeline_chunks,
         comm_factor=f["comm"], placement_factor=f["placement"], pooling_factor=f["pooling"],
-        kernel_factor=f["kernel"])
+        kernel_factor=f["kernel"], placement_plan_factor=split["plan"], placement_device_factor=split["device"])
 
 
 def flops_stragglers(window, par: ParallelConfig, shape: AttentionShape, pool_size: int,
