@@ -129,9 +129,6 @@ class Exchanger:
             raise ValueError(f"comm mode must be one of {COMM_MODES}, got {mode!r}")
         self.group, self.mode = group, mode
 
-    def start(self, msg: Message, send: torch.Tensor, recv: torch.Tensor, phase: str, chunk: int) -> list:
-        return self.start_group([(msg, send, recv, phase, chunk)])
-
     def start_group(self, exchanges) -> list:
         """Start ``(msg, send, recv, phase, chunk)`` exchanges together; returns their work handles.
 

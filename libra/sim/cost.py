@@ -158,8 +158,7 @@ class PlanCost:
         """
         w = self.straggler_worker
         comp = float(self.compute_ms[w])
-        in_pool = self.pool == self.pool[w]
-        pool_mean = float(self.compute_ms[in_pool].mean()) if self.pool[w] >= 0 else 0.0
+        pool_mean = self._straggler_pool_mean(self.compute_ms)
         step_mean = self.balanced_compute_ms
 
         def ratio(a: float, b: float) -> float:
@@ -178,12 +177,15 @@ class PlanCost:
           it; 1 without jitter, above 1 when the straggler is a slower than average GPU.
         """
         placement = self.loss_factors()["placement"]
-        w = self.straggler_worker
         base = self.compute_ms if self.speed is None else self.compute_ms * self.speed
-        in_pool = self.pool == self.pool[w]
-        pool_mean = float(base[in_pool].mean()) if self.pool[w] >= 0 else 0.0
-        plan = float(base[w]) / pool_mean if pool_mean > 0 else float("nan")
+        pool_mean = self._straggler_pool_mean(base)
+        plan = float(base[self.straggler_worker]) / pool_mean if pool_mean > 0 else float("nan")
         return {"plan": plan, "device": placement / plan if plan > 0 else float("nan")}
+
+    def _straggler_pool_mean(self, values: np.ndarray) -> float:
+        """Mean of ``values`` over the straggler worker's pool (0 when it is in no pool)."""
+        w = self.straggler_worker
+        return float(values[self.pool == self.pool[w]].mean()) if self.pool[w] >= 0 else 0.0
 
 
 def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarray:
@@ -429,8 +431,8 @@ class CostModel:
 
         Returns ``(sent, recv, link, serial, per_chunk)``: ``(C, N)`` bytes sent / received and
         per-class time summed over phases, ``(N,)`` serial comm time, and ``{phase: (N, M)}`` plus
-        the exchanges' times (:meth:`_exchanges`); with ``chunked_only`` only ``per_chunk`` is priced (the rest ``None``): what the overlap term
-        and so :meth:`total_ms` need.
+        the exchanges' times (:meth:`_exchanges`); with ``chunked_only`` only ``per_chunk`` is
+        priced (the rest ``None``): what the overlap term and so :meth:`total_ms` need.
         """
         n, k, M = self.topology.num_workers, len(LINK_CLASSES), schedules[0].chunks if schedules else 1
         sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))

@@ -113,6 +113,15 @@ class ChunkSchedule:
         ranges = _distinct_ranges(hs, he)
         self._check_widths(ranges[:, 1] - ranges[:, 0])
         self.kv_first, self.kv_last = self._kv_chunks(ranges)
+        # per chunk, how many of the first k KV heads travel with it (forward) / return after it
+        self._kv_cum = {backward: self._cumulative(owner) for backward, owner in
+                        ((False, self.kv_first), (True, self.kv_last))}
+
+    def _cumulative(self, owner: np.ndarray) -> np.ndarray:
+        """``(hkv + 1, M)`` cumulative one-hot counts of the KV heads' chunks ``owner``."""
+        cum = np.zeros((len(owner) + 1, self.chunks))
+        cum[1:] = np.cumsum(np.eye(self.chunks)[owner], axis=0)
+        return cum
 
     @classmethod
     def for_pool(cls, pool, shape: AttentionShape, chunks: int) -> ChunkSchedule:
@@ -211,21 +220,10 @@ class ChunkSchedule:
             if not is_kv.any():  # Q / O rows (phase_routes asks one kind at a time): 1/M per chunk
                 return nb * np.full((1, M), 1.0 / M)
         # KV: heads per chunk from a cumulative one-hot count over the KV heads
-        cum = self._kv_cum(backward)
+        cum = self._kv_cum[bool(backward)]
         hkv = len(cum) - 1
         share = (cum[np.minimum(he, hkv)] - cum[np.minimum(hs, hkv)]) / np.maximum(he - hs, 1)[:, None]
         return nb * (share if is_kv.all() else np.where(is_kv[:, None], share, 1.0 / M))
-
-    def _kv_cum(self, backward: bool) -> np.ndarray:
-        """``(hkv + 1, M)``: per chunk, how many of the first ``k`` KV heads travel with it (built once)."""
-        key = "_cum_bwd" if backward else "_cum_fwd"
-        cum = self.__dict__.get(key)
-        if cum is None:
-            owner = self.kv_last if backward else self.kv_first
-            cum = np.zeros((len(owner) + 1, self.chunks))
-            cum[1:] = np.cumsum(np.eye(self.chunks)[owner], axis=0)
-            self.__dict__[key] = cum
-        return cum
 
     def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
         """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""
