@@ -13,6 +13,9 @@ all four; :func:`experiments.sim_common.custom_setting`), with the head shape of
 * ``tap``: :func:`libra.tap.planner.plan_pool` for one pool of one microbatch group (SH-tiles,
   Algorithm 2 placement and exchange planning), over every VRSP pool of the window; the rows
   ``tap.tiles``, ``tap.placement`` and ``tap.exchange`` time its three parts separately;
+  ``tap@<method>`` times another TAP planner's per-pool call (``--methods``), and
+  ``tap@<method>.<part>`` the parts a planner names (:func:`method_parts`; ``libra-adaptive``:
+  ``candidates``, building every candidate plan, and ``pricing``, choosing among them);
 * ``compile``: :func:`libra.runtime.program.compile_worker` for one worker -- the planner-side call
   (run by :class:`~libra.runtime.async_planner.AsyncPlanner` with ``compile_for``) whose program
   ``forward``/``backward`` execute with no further index construction -- over ``--compile-workers``
@@ -224,6 +227,14 @@ def step_path_fns(program, world) -> dict:
             "prepare.digest": partial(check_plan_agreement, program.digest, solo)}
 
 
+def method_parts(planners: dict, k: int, seqs, workers) -> dict:
+    """``{"tap@<method>.<part>": call}`` for every per-pool planner of ``planners`` that names the
+    parts of its call (a ``stages(k, sequences, workers)`` method, e.g. ``libra-adaptive``'s
+    candidates and their pricing), each part timed alone."""
+    return {f"{tap_stage(m)}.{part}": call for m, fn in planners.items() if hasattr(fn, "stages")
+            for part, call in fn.stages(k, seqs, workers).items()}
+
+
 def tap_stage(method: str) -> str:
     """The stage name of ``method``'s per-pool planning: ``tap`` for ``libra`` (the paper's TAP),
     ``tap@<method>`` for another TAP planner timed beside it (``--methods``)."""
@@ -277,6 +288,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
                                          comm_aware=tap.comm_aware),
                 "tap.exchange": partial(build_transfers, seqs, placed, shape),
                 **{tap_stage(m): partial(fn, k, seqs, workers) for m, fn in others.items()},
+                **method_parts(others, k, seqs, workers),
             }
             for stage, fn in parts.items():
                 rows += [{"setting": setting.name, "window": index, "stage": stage, "ms": ms}
@@ -442,10 +454,15 @@ def echo_timings(s: Setting, sub: pd.DataFrame, paper: bool, placer: str, method
     parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
                       ("tap.tiles", "tap.placement", "tap.exchange"))
     click.echo(f"    TAP parts (median ms): {parts}")
+    tap = sub.loc["tap"].median_ms
     for m in methods[1:]:
         r = sub.loc[tap_stage(m)]
         click.echo(f"  TAP per pool, {m} (placer {placer}): median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms "
-                   f" = {r.median_ms / sub.loc['tap'].median_ms:.2f}x libra's")
+                   f" = {r.median_ms / tap:.2f}x libra's")
+        parts = [st for st in sub.index if st.startswith(tap_stage(m) + ".")]
+        if parts:
+            click.echo("    parts (median ms, x libra's TAP): " + ", ".join(
+                f"{st.rsplit('.', 1)[1]} {sub.loc[st].median_ms:.3f} ({sub.loc[st].median_ms / tap:.1f}x)" for st in parts))
     parts = ", ".join(f"{st.split('.')[1]} {sub.loc[st].median_ms:.3f}" for st in
                       ("prepare.unpickle", "prepare.runner", "prepare.digest"))
     click.echo(f"    prepare parts (median ms): {parts}")

@@ -116,6 +116,32 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
     assert [p.digest() for p in adaptive] == [p.digest() for p in again]
 
 
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), cp=st.sampled_from([1, 2]), chunkings=st.sampled_from([None, ("heads", "tiles")]))
+def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
+    """``choose`` drops candidates by their compute bound, in ``price_order``; it must keep exactly
+    the option that pricing every one picks (the fastest, ties: the earlier)."""
+    from baselines.libra_planners import PRICE_FIRST, _pool_straggler, price_order
+
+    par = ParallelConfig(dp=2, cp=cp, gbs=2, seq_len=128 * cp)
+    seqs, workers = _pool(seed, cp=cp)
+    profile = load_profile("h100-roce-v1")
+    planner = get_planner("libra-adaptive", **OPTS, profile=profile, candidates=CANDIDATES, chunkings=chunkings,
+                          heavy_tile_limits=(1.0, 0.5, 0.25))
+    pools = planner.pool_planner(par, SHAPE)[0]
+    options = pools.options(0, seqs, workers)
+    priced = [_pool_straggler(pools.cost, p, par, SHAPE, pools.tap) for _, p in options]
+    want = min(range(len(options)), key=lambda i: priced[i])
+    name, pool = pools.choose(options)
+    assert (name, pool.chunking) == (options[want][0], options[want][1].chunking)
+    assert pool is options[want][1]
+    order = price_order([n for n, _ in options])
+    assert sorted(order) == list(range(len(options)))
+    firsts = [options[i][0] for i in order if options[i][0] in PRICE_FIRST]
+    assert firsts == sorted(firsts, key=PRICE_FIRST.index)  # PRICE_FIRST in its order, before the rest
+    assert all(options[i][0] in PRICE_FIRST for i in order[:len(firsts)])
+
+
 def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
     par = ParallelConfig(dp=2, cp=2, gbs=2, seq_len=512)
     window = make_window(2, 512, 3)

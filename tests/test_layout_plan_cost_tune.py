@@ -167,3 +167,18 @@ def test_windows_behind_best_is_a_paired_count():
     table = _ranked([(1.2, 1.6), (1.1, 1.5), (1.3, 1.5)]).assign(windows_behind_rank1=[0, 3, 1])
     assert "rank 1 is ahead of rank 2 on every one of the 3 windows" in noise_line(table)
     assert np.isfinite(table["speedup_window_mean"]).all()
+
+
+def test_plan_cost_times_another_planner_and_its_parts(tmp_path):
+    """``--methods libra,libra-adaptive``: its per-pool call as ``tap@libra-adaptive`` and the parts
+    it names (candidates, pricing) as rows of their own, printed against libra's TAP."""
+    out = tmp_path / "pc"
+    r = invoke(["plan-cost", "--quick", "--no-progress", "--dp", "4", "--cp", "2", "--seq-len", "32K", "--gbs", "8",
+                "--pool-size", "2", "--block-size", "4K", "--methods", "libra,libra-adaptive", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(out / "plan-cost.csv").set_index("stage")
+    parts = ["tap@libra-adaptive", "tap@libra-adaptive.candidates", "tap@libra-adaptive.pricing"]
+    assert set(parts) <= set(df.index) and (df.loc[parts, "median_ms"] > 0).all()
+    assert (df.loc[parts, "repeats"] == df.loc["tap", "repeats"]).all()  # every pool, every repeat
+    assert "TAP per pool, libra-adaptive" in r.output and "x libra's" in r.output
+    assert "parts (median ms, x libra's TAP): candidates" in r.output and "pricing" in r.output

@@ -193,5 +193,13 @@ def test_total_ms_is_price_total(real, variant, kv_heads, chunks):
     elif variant == "tiles":
         plan = replace(plan, pools=tuple(replace(p, chunking="tiles") for p in plan.pools))
     speed = np.random.default_rng(3).uniform(0.8, 1.2, model.topology.num_workers)
-    want = model.price(plan, speed=speed).total_ms
+    priced = model.price(plan, speed=speed)
+    want = priced.total_ms
     assert np.array_equal(model.total_ms(plan, speed=speed), want)
+    # straggler_ms: the same straggler, or with a cutoff below the compute bound that bound (> cutoff,
+    # <= the straggler) and no communication priced
+    assert model.straggler_ms(plan, speed=speed) == want.max()
+    bound = priced.compute_ms.max()
+    assert bound < want.max()
+    assert model.straggler_ms(plan, speed=speed, cutoff=bound * 0.999) == bound
+    assert model.straggler_ms(plan, speed=speed, cutoff=bound) == want.max()  # not above: priced in full

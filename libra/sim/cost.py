@@ -241,6 +241,11 @@ RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
 backward dK/dV return along the reversed relay rows."""
 
 
+def _per_worker(t: np.ndarray) -> np.ndarray:
+    """``(N,)`` compute per worker from ``(N,)`` or per-chunk ``(N, M)`` times."""
+    return t if t.ndim == 1 else t.sum(axis=1)
+
+
 def _by_chunk(dest, chunk, t, n: int, M: int) -> np.ndarray:
     """``(n, M)`` sums of segment times ``t`` per worker and chunk; chunk -1 spreads over all M."""
     out = np.zeros((n, M))
@@ -534,12 +539,39 @@ class CostModel:
         _, fwd, bwd, exposed, _ = self._terms(plan, chunks, speed, chunked_only=True)
         return fwd + bwd + exposed
 
-    def _terms(self, plan: Plan, chunks: int, speed, chunked_only: bool):
-        """``(flops, fwd, bwd, exposed, phases)``: forward FLOPs, forward and backward compute and
-        exposed communication per worker (``(N,)`` each) and :meth:`_phases`' result."""
+    def straggler_ms(self, plan: Plan, pipeline_chunks: int | None = None, speed=None,
+                     cutoff: float = float("inf")) -> float:
+        """``max(total_ms(plan, ...))``, the priced straggler -- or, as soon as some worker's compute
+        alone exceeds ``cutoff``, that compute (a lower bound of the straggler, itself above
+        ``cutoff``), without pricing any communication: what a planner comparing candidate plans
+        against the best so far needs (branch and bound: a plan whose bound exceeds the best
+        cannot win). Arguments and errors as :meth:`price`."""
+        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        schedules, _, fwd_c, bwd_c = self._compute_terms(plan, chunks, speed)
+        compute = _per_worker(fwd_c) + _per_worker(bwd_c)  # total_ms adds exposed comm >= 0 to this
+        if len(compute) and float(compute.max()) > cutoff:
+            return float(compute.max())
+        _, _, exposed, _ = self._exposed_terms(plan, schedules, chunks, fwd_c, bwd_c, chunked_only=True)
+        return float((compute + exposed).max()) if len(compute) else 0.0
+
+    def _compute_terms(self, plan: Plan, chunks: int, speed):
+        """``(schedules, flops, fwd, bwd)``: the pools' Pipeliners and :meth:`_compute`'s terms at
+        ``speed`` (``(N,)`` or per chunk ``(N, M)``; backward filled in)."""
         schedules = self._schedules(plan, chunks)
         flops, fwd_c, bwd_c = self._compute(plan, schedules)
         fwd_c, bwd_c = self._apply_speed(fwd_c, bwd_c, speed, self.topology.num_workers)
+        return schedules, flops, fwd_c, bwd_c
+
+    def _terms(self, plan: Plan, chunks: int, speed, chunked_only: bool):
+        """``(flops, fwd, bwd, exposed, phases)``: forward FLOPs, forward and backward compute and
+        exposed communication per worker (``(N,)`` each) and :meth:`_phases`' result."""
+        schedules, flops, fwd_c, bwd_c = self._compute_terms(plan, chunks, speed)
+        fwd, bwd, exposed, phases = self._exposed_terms(plan, schedules, chunks, fwd_c, bwd_c, chunked_only)
+        return flops, fwd, bwd, exposed, phases
+
+    def _exposed_terms(self, plan: Plan, schedules, chunks: int, fwd_c, bwd_c, chunked_only: bool):
+        """``(fwd, bwd, exposed, phases)``: compute per worker and the exposed communication of the
+        Pipeliner's events over :meth:`_phases`' per-chunk times."""
         phases = self._phases(plan, schedules, chunked_only)
         per_chunk = phases[-1]
         events = pipeline_events(chunks)  # the runtime's loop, priced event by event
@@ -549,5 +581,4 @@ class CostModel:
                                      per_chunk.get((FWD_RETURN, "exchange")))
                    + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN],
                                        per_chunk.get((BWD_RETURN, "exchange"))))
-        fwd, bwd = (fwd_c, bwd_c) if fwd_c.ndim == 1 else (fwd_c.sum(axis=1), bwd_c.sum(axis=1))
-        return flops, fwd, bwd, exposed, phases
+        return _per_worker(fwd_c), _per_worker(bwd_c), exposed, phases
