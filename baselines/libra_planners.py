@@ -426,7 +426,8 @@ PRICE_FIRST = ("fine-retain-link-relay", "fine-retain-link")
 """The candidates ``libra-adaptive`` prices first (:func:`price_order`), most often fastest first:
 of 640 pools (8 windows of libra-prod, Wikipedia, ProLong and the held-out WLB-LLM synthetic
 corpus, 256K and 1M, each priced alone without jitter), the relayed plan won 410 (11 of them cut at
-the finer heavy-tile limit), the plain link-priced one 229 and the paper's plan 1. Pricing the likely winner first lets the bound drop the others."""
+the finer heavy-tile limit), the plain link-priced one 229 and the paper's plan 1. Pricing the
+likely winner first lets the bound drop the others."""
 
 
 def price_order(names) -> list[int]:
