@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra.arrays import lexsort
+
 
 class BufKey(NamedTuple):
     """A runtime buffer: a local tensor (``chunk = -1``) or one Pipeliner chunk's buffer."""
@@ -243,7 +245,7 @@ def layout(peer: np.ndarray, group: np.ndarray, rows: np.ndarray, size: np.ndarr
 
     Returns ``(offset per piece, rows per peer)``.
     """
-    order = np.lexsort((np.arange(len(peer)), rows, group, peer))
+    order = lexsort((np.arange(len(peer)), rows, group, peer))
     off = np.zeros(len(peer), dtype=np.int64)
     off[order] = np.cumsum(size[order]) - size[order]
     return off, np.bincount(peer, weights=size, minlength=n_peers).astype(np.int64)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from libra.arrays import lexsort
 from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
 from libra.runtime.blocks import (
     DK,
@@ -320,7 +321,7 @@ def _work_list(pool: PoolPlan, me: int, sched) -> dict:
     # head range first, then sample: a chunk's segments of one head range over consecutive local
     # samples read consecutive rows of the local q/k/v, so a CPU backend runs them as one call on
     # views (libra.runtime.calls) instead of one call per sample
-    order = np.lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"], cols["chunk"]))
+    order = lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"], cols["chunk"]))
     c = {k: v[order] for k, v in cols.items()}
     cont = np.zeros(len(order), dtype=bool)
     same = [c[k][1:] == c[k][:-1] for k in ("chunk", "seq", "s0", "hs", "he")]

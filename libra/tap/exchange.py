@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libra.arrays import expand_counts, pack_keys
+from libra.arrays import expand_counts, pack_keys, stable_sort
 from libra.plan import (
     KV,
     O,
@@ -178,22 +178,6 @@ def _radix(tiles: TileTable, idx: PoolIndex, n_seq: int) -> _Radix | None:
     return r
 
 
-def _sort(key: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(order, key[order])`` for non-negative ``key < bound``, ties in index order.
-
-    The row index rides in the key's low bits, so one SIMD ``np.sort`` of int64 replaces the slower
-    ``argsort`` (then ``argsort(kind="stable")`` when there is no room for the index).
-    """
-    bits = max(int(len(key) - 1).bit_length(), 1)
-    if bound * 2.0**bits >= 2.0**63:
-        order = np.argsort(key, kind="stable")
-        return order, key[order]
-    packed = key << bits
-    packed |= np.arange(len(key))
-    packed.sort()
-    return packed & ((1 << bits) - 1), packed >> bits
-
-
 def _runs(key_sorted: np.ndarray, end_key_sorted: np.ndarray) -> np.ndarray:
     """Start positions of the merged runs: ``key[i]`` above the running max of earlier end keys."""
     run_end = np.maximum.accumulate(end_key_sorted)
@@ -220,7 +204,7 @@ def _q_rows(tiles: TileTable, shape: AttentionShape, r: _Radix, n_seq: int) -> t
     key += tiles.head_end
     key *= r.t
     key += tiles.q_start
-    order, key = _sort(key[away], float(r.w) ** 2 * n_seq * float(r.h) ** 2 * r.t)
+    order, key = stable_sort(key[away], float(r.w) ** 2 * n_seq * float(r.h) ** 2 * r.t)
     t = away[order]
     end = tiles.q_end[t]
     first = _runs(key, key + (end - tiles.q_start[t]))
@@ -251,7 +235,7 @@ def _kv_union(dst, atom, lo, hi, n_atoms: int, t1: int, w: int):
     key += atom
     key *= t1
     key += lo
-    order, key = _sort(key, float(t1) * n_atoms * w)
+    order, key = stable_sort(key, float(t1) * n_atoms * w)
     hi_s = hi[order]
     first = _runs(key, key + (hi_s - lo[order]))
     pick = order[first]
@@ -291,7 +275,7 @@ def _kv_rows(tiles: TileTable, shape: AttentionShape, idx: PoolIndex, r: _Radix)
     key += length
     key *= n_atoms + 1
     key += atom
-    order, key = _sort(key, float(r.w) ** 2 * t1 * span * (n_atoms + 1))
+    order, key = stable_sort(key, float(r.w) ** 2 * t1 * span * (n_atoms + 1))
     new = np.empty(len(order), dtype=bool)
     new[:1] = True
     np.not_equal(key[1:] - key[:-1], 1, out=new[1:])

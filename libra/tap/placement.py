@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from libra.arrays import sorted_unique
+from libra.arrays import lexsort, sorted_unique
 from libra.config import TapConfig
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
 from libra.tap.kernels import compiled
@@ -391,7 +391,7 @@ def is_block_partition(tiles: TileTable) -> bool:
     """True when, per sequence, any two tiles' token ranges are identical or disjoint (SH-tiles)."""
     if len(tiles) < 2:
         return True
-    o = np.lexsort((tiles.q_end, tiles.q_start, tiles.seq))
+    o = lexsort((tiles.q_end, tiles.q_start, tiles.seq))
     seq, qs, qe = tiles.seq[o], tiles.q_start[o], tiles.q_end[o]
     same = (qs[1:] == qs[:-1]) & (qe[1:] == qe[:-1])
     return bool(np.all((seq[1:] != seq[:-1]) | same | (qe[:-1] <= qs[1:])))

@@ -40,7 +40,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from libra.arrays import expand_counts, row_ids
+from libra.arrays import expand_counts, lexsort, row_ids
 from libra.plan import HEADS, KV, PlanValidationError, PoolPlan, TransferTable
 from libra.tap.pipeline import ChunkSchedule
 
@@ -103,7 +103,7 @@ def relay_transfers(transfers: TransferTable, eligible: np.ndarray) -> TransferT
     if not len(rows):
         return x
     # members: by group (in order of the group's first row), then last token, then worker id
-    order = np.lexsort((x.dst[rows], x.tok_end[rows], first_row[gid]))
+    order = lexsort((x.dst[rows], x.tok_end[rows], first_row[gid]))
     members, gid = rows[order], gid[order]
     first = np.nonzero(np.r_[True, gid[1:] != gid[:-1]])[0]
     group, k = expand_counts(np.diff(np.r_[first, len(members)]))  # k: 0-based member of its group
@@ -133,7 +133,7 @@ def _broadcast_rows(x: TransferTable, members, group, first, start, end, need) -
     t1 = np.concatenate([end[own], np.minimum(end[pk], need[pj])])
     hop = np.concatenate([np.zeros(int(own.sum()), np.int64), np.ones(len(pk), np.int64)])
     sender = np.concatenate([np.nonzero(own)[0], pk])
-    order = np.lexsort((np.concatenate([np.zeros(int(own.sum()), np.int64), pj]), sender, hop, group[sender]))
+    order = lexsort((np.concatenate([np.zeros(int(own.sum()), np.int64), pj]), sender, hop, group[sender]))
     recv, src, t0, t1, hop = recv[order], src[order], t0[order], t1[order], hop[order]
     per_token = x.nbytes[recv] // (x.tok_end[recv] - x.tok_start[recv])  # K + V bytes of one token, its heads
     direct = np.ones(len(x), dtype=bool)

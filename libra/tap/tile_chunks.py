@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from libra.arrays import expand_counts, row_ids, sorted_unique
+from libra.arrays import expand_counts, lexsort, row_ids, sorted_unique
 from libra.plan import KV, TILES, Q, TransferTable, kv_need_start
 from libra.tap.pipeline import (
     ChunkSchedule,
@@ -68,13 +68,13 @@ def assign_tile_chunks(pool, shape: AttentionShape, chunks: int) -> np.ndarray:
     dest, local = tiles.dest.astype(np.int64), _kv_local(pool)
     k0, _ = shape.kv_head_range(tiles.head_start, tiles.head_end)
     # local tiles: first half (by FLOPs, in position order) -> front, the rest -> back
-    lorder = np.lexsort((tiles.head_start, tiles.q_start, tiles.seq, ~local, dest))
+    lorder = lexsort((tiles.head_start, tiles.q_start, tiles.seq, ~local, dest))
     lf = np.where(local[lorder], flops[lorder], 0.0)
     before, total = _position_in_run(dest[lorder], lf)
     front = np.zeros(n, dtype=bool)
     front[lorder] = (before + lf / 2) <= total / 2
     part = np.where(local, np.where(front, 0, 2), 1)
-    order = np.lexsort((tiles.head_start, tiles.q_start, tiles.seq, np.where(part == 1, k0, 0), part, dest))
+    order = lexsort((tiles.head_start, tiles.q_start, tiles.seq, np.where(part == 1, k0, 0), part, dest))
     f = flops[order]
     before, total = _position_in_run(dest[order], f)
     out = np.empty(n, dtype=np.int64)
@@ -179,7 +179,7 @@ class TileChunkSchedule:
             rk = np.stack([tr.src[rows], tr.dst[rows], tr.seq[rows], tr.head_start[rows], tr.head_end[rows]], 1)
             tk = np.stack([src, dst, *cols], 1)
             rg, tg = _group_ids(rk.astype(np.int64), tk.astype(np.int64))
-            order = np.lexsort((tiles.q_start, tg))
+            order = lexsort((tiles.q_start, tg))
             r, s, e, v = _split_rows(rg, tr.tok_start[rows].astype(np.int64), tr.tok_end[rows].astype(np.int64),
                                      tg[order], tiles.q_start[order].astype(np.int64),
                                      tiles.q_end[order].astype(np.int64), self.tile_chunk[order])
@@ -220,7 +220,7 @@ class TileChunkSchedule:
         hit = (c == chunk) & (pos < len(rows))
         hit[hit] = rows[pos[hit]] == row[hit]
         i, h0, h1, t0, t1 = pos[hit], h0[hit], h1[hit], t0[hit], t1[hit]
-        order = np.lexsort((t0, h0, i))
+        order = lexsort((t0, h0, i))
         return i[order], h0[order], h1[order], t0[order], t1[order]
 
     def phase_routes(self, transfers: TransferTable) -> dict[str, Routes]:
