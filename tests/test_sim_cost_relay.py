@@ -203,3 +203,34 @@ def test_total_ms_is_price_total(real, variant, kv_heads, chunks):
     assert bound < want.max()
     assert model.straggler_ms(plan, speed=speed, cutoff=bound * 0.999) == bound
     assert model.straggler_ms(plan, speed=speed, cutoff=bound) == want.max()  # not above: priced in full
+
+
+@pytest.mark.parametrize("method", ["wlb-llm", "ulysses", "libra"])
+def test_pair_routes_price_bit_for_bit_as_rows(real, method, monkeypatch):
+    """Summing a phase's routes per worker pair (one chunk, integer bytes) changes no PlanCost field:
+    forced on every phase (threshold 0) against never (threshold above any phase)."""
+    import libra.sim.cost as cost_module
+
+    setting, window, model = real
+    shape = make_shape(32, 4, 128)
+    plans = make_planner(method, setting).plan_window(window, setting.par(), shape)[:2]
+    speed = np.random.default_rng(5).uniform(0.8, 1.2, model.topology.num_workers)
+
+    def priced(threshold):
+        monkeypatch.setattr(cost_module, "PAIR_ROUTES_MIN_ROWS", threshold)
+        return [model.price(p, speed=speed) for p in plans]
+
+    rows, pairs = priced(10**12), priced(0)
+    for a, b in zip(rows, pairs):
+        for f in a.__dataclass_fields__:
+            x, y = getattr(a, f), getattr(b, f)
+            same = all(np.array_equal(x[c], y[c]) for c in x) if isinstance(x, dict) else np.array_equal(x, y)
+            assert same, f
+    r = cost_module.Routes(np.arange(3), np.zeros(3, np.int8), np.array([0, 0, 1]), np.array([1, 1, 0]),
+                           np.array([[1.0], [2.0], [4.0]]))
+    monkeypatch.setattr(cost_module, "PAIR_ROUTES_MIN_ROWS", 0)
+    got = cost_module._pair_routes(r, 2)
+    assert got.src.tolist() == [0, 1] and got.dst.tolist() == [1, 0] and got.nbytes[:, 0].tolist() == [3.0, 4.0]
+    for kept in (r._replace(nbytes=np.array([[1.5], [2.0], [4.0]])),   # fractional bytes: row order matters
+                 r._replace(nbytes=np.ones((3, 2)))):                   # M = 2: per-chunk columns
+        assert cost_module._pair_routes(kept, 2) is kept

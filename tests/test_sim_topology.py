@@ -64,3 +64,22 @@ def test_bad_ids_and_config(topo256k):
         topo256k.link_class(-1, 0)
     with pytest.raises(ValueError, match="ParallelConfig"):
         Topology(load_profile("h100-roce-v1"), {"dp": 2})
+
+
+def test_link_code_table_equals_the_node_comparisons(topo256k, monkeypatch):
+    """The ``N x N`` table and the per-pair node / supernode comparisons (the path past
+    ``CODE_TABLE_MAX_WORKERS``) give the same codes, broadcast and scalar, with int64 dtype."""
+    import libra.sim.topology as topology
+
+    t = topo256k
+    ids = np.arange(t.num_workers)
+    src, dst = np.meshgrid(ids, ids, indexing="ij")
+    want = np.where(src == dst, LOCAL, np.where(t.node[src] == t.node[dst], 0,
+                                                np.where(t.supernode[src] == t.supernode[dst], 1, 2)))
+    table = t.link_code(src, dst)
+    assert table.dtype == np.int64 and np.array_equal(table, want)
+    assert np.array_equal(t.link_code(ids[:, None], ids[None, :]), want) and t.link_code(0, 64) == 2
+    monkeypatch.setattr(topology, "CODE_TABLE_MAX_WORKERS", 0)
+    assert np.array_equal(t.link_code(src, dst), want) and t.link_code(5, 5) == LOCAL
+    with pytest.raises(ValueError, match="worker id 256 outside"):
+        t.link_code(np.array([0]), np.array([256]))

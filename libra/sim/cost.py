@@ -241,6 +241,28 @@ RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
 backward dK/dV return along the reversed relay rows."""
 
 
+PAIR_ROUTES_MIN_ROWS = 65536
+"""Rows from which :func:`_pair_routes` sums a phase's routes per worker pair (a per-document CP
+plan at 1M has millions of KV rows; a TAP pool a few thousand, where summing would not pay)."""
+
+
+def _pair_routes(r: Routes, n: int) -> Routes:
+    """``r`` with one route per (src, dst) pair carrying its rows' summed bytes, when that changes
+    no price: one chunk and integer byte counts whose total stays below 2**52, so every partial sum
+    is exact in any order, as the per-row sums of :meth:`CostModel._phase_bytes` are. Otherwise,
+    or below :data:`PAIR_ROUTES_MIN_ROWS` rows, ``r`` itself. The pair routes keep no row or kind
+    (``-1``): only the phase sums read them."""
+    if not len(r.src) or len(r.src) < PAIR_ROUTES_MIN_ROWS or r.nbytes.shape[1] != 1:
+        return r
+    b = r.nbytes[:, 0]
+    if not (np.array_equal(np.floor(b), b) and float(b.sum()) < 2.0**52 and float(b.min()) >= 0):
+        return r
+    total = np.bincount(r.src * n + r.dst, weights=b, minlength=n * n)
+    pairs = np.flatnonzero(total)
+    none = np.full(len(pairs), -1, dtype=np.int64)
+    return Routes(none, none.astype(np.int8), pairs // n, pairs % n, total[pairs][:, None])
+
+
 def _per_worker(t: np.ndarray) -> np.ndarray:
     """``(N,)`` compute per worker from ``(N,)`` or per-chunk ``(N, M)`` times."""
     return t if t.ndim == 1 else t.sum(axis=1)
@@ -336,13 +358,16 @@ class CostModel:
         n, k = self.topology.num_workers, len(LINK_CLASSES)
         per = nbytes.shape[1:]
         cols = int(np.prod(per, dtype=np.int64))
-        use = code >= 0
-        step = np.arange(cols)
+        use = np.flatnonzero(code >= 0)  # one index array for the four gathers below
         w = nbytes[use].reshape(-1)
         c = code[use].astype(np.int64) * n
         size = k * n * cols
-        sent = np.bincount(((c + src[use])[:, None] * cols + step).reshape(-1), weights=w, minlength=size)
-        recv = np.bincount(((c + dst[use])[:, None] * cols + step).reshape(-1), weights=w, minlength=size)
+        sent, recv = c + src[use], c + dst[use]  # (class, worker) bins
+        if cols > 1:  # (class, worker, column) bins
+            step = np.arange(cols)
+            sent, recv = (sent[:, None] * cols + step).reshape(-1), (recv[:, None] * cols + step).reshape(-1)
+        sent = np.bincount(sent, weights=w, minlength=size)
+        recv = np.bincount(recv, weights=w, minlength=size)
         return sent.reshape(k, n, *per), recv.reshape(k, n, *per)
 
     def _phase_ms(self, sent, recv, chunks: int = 1):
@@ -445,10 +470,12 @@ class CostModel:
         per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
         hops = self._relay_hops(plan, schedules, per_pool)
         for phase, r in self._routes(plan, schedules, per_pool).items():
+            if phase not in hops:  # relay rounds need the rows themselves
+                r = _pair_routes(r, n)
             code = self._link_codes(r.src, r.dst)  # once per phase, shared by its chunks
             # each chunk moves its own bytes and pays its own latency: (worker, chunk) as columns
             sent_m, recv_m = chunk_bytes[phase] = self._phase_bytes(r.src, r.dst, code, r.nbytes)
-            bw_m, lat_m, _ = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
+            bw_m, lat_m, class_m = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
             per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
             rounds = None
             if phase in hops:  # relay rounds replace the byte sum of the chunk they run in (and the phase's)
@@ -458,8 +485,11 @@ class CostModel:
                 per_chunk[phase][:, col] = rounds[:, 0]
             if chunked_only:
                 continue
-            sent, recv = self._phase_bytes(r.src, r.dst, code, r.nbytes.sum(axis=1))
-            bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
+            if M == 1:  # one chunk: the phase's totals are that chunk's, the same sums bit for bit
+                sent, recv, bw_ms, lat_ms, per_class = sent_m.reshape(k, n), recv_m.reshape(k, n), bw_m, lat_m, class_m
+            else:
+                sent, recv = self._phase_bytes(r.src, r.dst, code, r.nbytes.sum(axis=1))
+                bw_ms, lat_ms, per_class = self._phase_ms(sent, recv)
             sent_tot += sent
             recv_tot += recv
             link_tot += per_class

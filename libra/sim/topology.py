@@ -23,6 +23,12 @@ BYTE_COST_UNIT = 1000
 the bandwidth ratios; costs of a 1M-token pool stay far below 2**53)."""
 
 
+CODE_TABLE_MAX_WORKERS = 4096
+"""Up to this many workers :meth:`Topology.link_code` reads a precomputed ``N x N`` int8 table
+(16 MiB at the limit): on a 6-million-row phase one gather takes 56 ms against 330 ms for the
+node and supernode comparisons it replaces."""
+
+
 class Topology:
     """Placement of one PP stage's ``DP * CP`` workers on the profile's cluster.
 
@@ -65,10 +71,26 @@ class Topology:
             ValueError: an id outside ``[0, DP*CP)``.
         """
         src, dst = self.check_ids(src), self.check_ids(dst)
+        if self.num_workers <= CODE_TABLE_MAX_WORKERS:
+            # one gather from the (N, N) table: a phase of a per-document CP plan has millions of rows
+            return self._code_table()[src * self.num_workers + dst].astype(np.int64)
+        return self._codes(src, dst)
+
+    def _codes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """The link class index of each pair, from the node and supernode ids."""
         same_node = self.node[src] == self.node[dst]
         same_super = self.supernode[src] == self.supernode[dst]
         code = np.where(same_node, 0, np.where(same_super, 1, 2))
         return np.where(src == dst, LOCAL, code)
+
+    def _code_table(self) -> np.ndarray:
+        """int8 ``(N * N,)``: :meth:`_codes` of every pair, row-major by source (built once)."""
+        table = self.__dict__.get("_table")
+        if table is None:
+            ids = np.arange(self.num_workers, dtype=np.int64)
+            table = self._codes(ids[:, None], ids[None, :]).astype(np.int8).reshape(-1)
+            self.__dict__["_table"] = table
+        return table
 
     def link_class(self, src, dst):
         """Link class names (``"local"``, ``"nvlink"``, ``"roce"``, ``"inter_supernode"``).
