@@ -60,6 +60,19 @@ def test_gqa_kv_first_and_last_chunk():
     assert sched.row_heads(KV, 0, 2, 2).tolist() == [1] and sched.row_heads(KV, 0, 2, 1, backward=True).tolist() == [0]
 
 
+def test_one_chunk_moves_every_row_whole():
+    """At M = 1 every phase's route carries its row's whole bytes (the shortcut past the KV-head
+    shares gives what the shares give: exactly 1 per row)."""
+    sched = ChunkSchedule(AttentionShape(32, 4, 128), [0, 16], [16, 32], 1)
+    tr = TransferTable(kind=[KV, KV, Q], src=[0, 1, 0], dst=[1, 0, 1], seq=[0, 0, 0], tok_start=[0, 8, 0],
+                       tok_end=[8, 16, 4], head_start=[0, 1, 0], head_end=[2, 4, 16], nbytes=[800, 1201, 333])
+    routes = sched.phase_routes(tr)
+    assert routes["fwd_dispatch"].nbytes.tolist() == [[333.0], [800.0], [1201.0]]  # Q rows first, then KV
+    assert routes["bwd_return"].nbytes.tolist() == [[800.0], [1201.0]]
+    shares = sched._kv_cum[False][[2, 4]] - sched._kv_cum[False][[0, 1]]
+    assert (shares / np.array([[2], [3]]) == 1.0).all()  # what the shares would have given
+
+
 def test_tiles_of_different_head_widths():
     # a wide tile [0, 8) and narrow tiles [0, 4), [4, 8) in one pool: each range has its own map
     sched = ChunkSchedule(AttentionShape(8, 2, 16), [0, 0, 4], [8, 4, 8], 2)

@@ -219,6 +219,8 @@ class ChunkSchedule:
             self._check_widths((he - hs)[~is_kv])
             if not is_kv.any():  # Q / O rows (phase_routes asks one kind at a time): 1/M per chunk
                 return nb * np.full((1, M), 1.0 / M)
+        if M == 1 and bool(np.all(he > hs)):  # one chunk carries every head: a share of exactly 1
+            return nb
         # KV: heads per chunk from a cumulative one-hot count over the KV heads
         cum = self._kv_cum[bool(backward)]
         hkv = len(cum) - 1
