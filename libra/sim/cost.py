@@ -360,7 +360,7 @@ class CostModel:
         cols = int(np.prod(per, dtype=np.int64))
         use = np.flatnonzero(code >= 0)  # one index array for the four gathers below
         w = nbytes[use].reshape(-1)
-        c = code[use].astype(np.int64) * n
+        c = code[use] * n  # int64 already (_link_codes)
         size = k * n * cols
         sent, recv = c + src[use], c + dst[use]  # (class, worker) bins
         if cols > 1:  # (class, worker, column) bins
