@@ -217,3 +217,46 @@ def test_numba_matches_python_with_link_costs(pool, tau, data):
     weights = data.draw(weights_for(len(tiles)))
     ref, got = _both(tiles, sequences, workers, shape, tau=tau, weights=weights, link_cost=_links)
     assert got == ref
+
+
+@settings(max_examples=40, deadline=None)
+@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.5]), comm_aware=st.booleans(),
+       link=st.booleans(), data=st.data())
+def test_reserved_loads_start_every_placer_from_the_same_loads(pool, tau, comm_aware, link, data):
+    """``reserved``: all placers (grouped, dense, FLOPs-only; Python and compiled) start from the same
+    per-worker loads and agree; zeros are the paper's placement exactly; ``C`` counts them."""
+    sequences, workers, tiles, shape = pool
+    cost = (lambda a, b: 1 + (np.asarray(a) // 2 != np.asarray(b) // 2)) if link else None
+    reserved = np.array(data.draw(st.lists(st.integers(0, 8), min_size=len(workers), max_size=len(workers)))) \
+        * float(tiles.flops.mean() if len(tiles) else 1.0) * 0.25
+    kw = {"tau": tau, "comm_aware": comm_aware, "link_cost": cost if comm_aware else None}
+    for placer in available_placers():
+        plain = place_tiles(tiles, sequences, workers, shape, placer=placer, **kw)
+        zero = place_tiles(tiles, sequences, workers, shape, placer=placer, reserved=np.zeros(len(workers)), **kw)
+        assert plain[0].dest.tolist() == zero[0].dest.tolist() and plain[1] == zero[1]
+    if HAVE_NUMBA:
+        py, nb = _both(tiles, sequences, workers, shape, reserved=reserved, **kw)
+        assert py == nb
+    # the reserved loads count in C: the total load per worker never exceeds C except by fallbacks
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, reserved=reserved, **kw)
+    loads = reserved + np.bincount(np.searchsorted(workers, placed.dest), weights=placed.flops, minlength=len(workers))
+    cap = (1 + tau) * (tiles.flops.sum() + reserved.sum()) / len(workers)
+    assert fallback > 0 or (loads <= cap * (1 + 1e-9)).all()
+
+
+def test_a_worker_with_reserved_load_gets_less_work():
+    """A worker reserved above ``C`` takes no tile while another has room (in any placer)."""
+    shape = AttentionShape(num_q_heads=8, num_kv_heads=2, head_dim=8, dtype_bytes=2)
+    seqs = [SequenceLayout.contiguous(j, j, np.array([64] * 4), 2) for j in range(2)]
+    workers = [0, 1, 2, 3]
+    tiles = make_tiles(seqs, 16, 2, shape)
+    busy = np.array([0.0, 0.0, 10.0 * tiles.flops.sum(), 0.0])
+    for placer in available_placers():
+        for comm_aware in (True, False):
+            placed, fallback = place_tiles(tiles, seqs, workers, shape, placer=placer, comm_aware=comm_aware,
+                                           reserved=busy)
+            assert 2 not in set(placed.dest.tolist()) and fallback == 0
+    with pytest.raises(ValueError, match="reserved loads"):
+        place_tiles(tiles, seqs, workers, shape, reserved=[1.0, 2.0])
+    with pytest.raises(ValueError, match="reserved loads"):
+        place_tiles(tiles, seqs, workers, shape, reserved=[0.0, -1.0, 0.0, 0.0])

@@ -119,9 +119,11 @@ def _check_index(index: PoolIndex, sequences) -> PoolIndex:
     return index
 
 
-def _place_flops_only(flops, order, n_workers, cap):
-    """Least-loaded placement with a (load, worker) heap; returns pool-index dests and fallbacks."""
-    heap = [(0.0, i) for i in range(n_workers)]
+def _place_flops_only(flops, order, reserved, cap):
+    """Least-loaded placement with a (load, worker) heap from the ``(W,)`` starting loads
+    ``reserved``; returns pool-index dests and fallbacks."""
+    heap = [(float(r), i) for i, r in enumerate(reserved)]
+    heapq.heapify(heap)
     dest = np.empty(len(flops), dtype=np.int64)
     fallback = 0
     for t in order.tolist():
@@ -137,7 +139,7 @@ def _place_flops_only(flops, order, n_workers, cap):
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                 shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
                 weights=None, index: PoolIndex | None = None, placer: str = "auto",
-                order=None, link_cost=None) -> tuple[TileTable, int]:
+                order=None, link_cost=None, reserved=None) -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -166,6 +168,10 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             holder -> destination), and the dense placer runs (the grouped one relies on every
             non-holder costing the same). ``None`` (default): every byte that moves costs 1,
             Algorithm 2 as in the paper. An extension beyond the paper (``libra-adaptive``).
+        reserved: optional ``(W,)`` load each worker (in ``workers`` order) carries before any tile,
+            in the units of the tile loads, e.g. its predicted exposed communication
+            (:func:`libra.tap.adaptive.rebalance_exposed`). Placement starts from these loads and
+            ``C = (1 + tau) * (sum(loads) + sum(reserved)) / W``. ``None`` (default): all 0, the paper.
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -176,28 +182,30 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
             token range is not inside one holder range of its Q-home, ``weights`` that are not
             ``(T,)`` finite numbers >= 0, an ``index`` of other sequences, an unknown placer, or
-            an ``order`` that is not a permutation of the tiles, or a ``link_cost`` that does not
-            give a non-negative integer per worker pair.
+            an ``order`` that is not a permutation of the tiles, a ``link_cost`` that does not
+            give a non-negative integer per worker pair, or ``reserved`` that is not ``(W,)``
+            finite numbers >= 0.
         ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
     jit = _placer_module(placer)
     wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles, n_workers = len(tiles), len(wsorted)
+    base = _check_reserved(reserved, workers, wsorted)
     if n_tiles == 0:
         return tiles, 0
-    cap = (1.0 + float(tau)) * (float(load.sum()) / n_workers)
+    cap = (1.0 + float(tau)) * (float(load.sum() + base.sum()) / n_workers)
     order = np.argsort(-load, kind="stable") if order is None else _check_order(order, n_tiles)  # heaviest first
     lw = None if link_cost is None else _link_matrix(link_cost, wsorted)
     if jit is not None:
         dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
-                                             comm_aware, lw)
+                                             comm_aware, lw, base)
     elif comm_aware:
         dense = lw is not None or not is_block_partition(tiles)
-        dest_idx, fallback = (_place_dense(tiles, sequences, wsorted, shape, order, cap, load, idx, lw) if dense
-                              else _place_grouped(tiles, sequences, wsorted, shape, order, cap, load, idx))
+        dest_idx, fallback = (_place_dense(tiles, sequences, wsorted, shape, order, cap, load, idx, lw, base) if dense
+                              else _place_grouped(tiles, sequences, wsorted, shape, order, cap, load, idx, base))
     else:
-        dest_idx, fallback = _place_flops_only(load.tolist(), order, n_workers, cap)
+        dest_idx, fallback = _place_flops_only(load.tolist(), order, base, cap)
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
     cols["dest"] = wsorted[dest_idx]
     return TileTable(**cols), fallback
@@ -237,17 +245,31 @@ def _placer_module(placer: str):
     return jit
 
 
-def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw=None):
+def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw, base):
     """``(dest pool indices, fallbacks)`` from the compiled kernels (same choices as the Python
     placers: grouped for SH-tiles, dense for other tiles or link-priced placement, least-loaded
-    when not comm-aware)."""
-    n_workers = len(wsorted)
+    when not comm-aware), from the ``(W,)`` starting loads ``base``."""
     if not comm_aware:
-        return jit.place_flops_only(order, load, cap, n_workers)
+        return jit.place_flops_only(order, load, cap, base)
     if lw is None and is_block_partition(tiles):
-        return jit.place_grouped(_grouped_base(tiles, idx, wsorted, shape), order, load, cap, n_workers)
+        return jit.place_grouped(_grouped_base(tiles, idx, wsorted, shape), order, load, cap, base)
     return jit.place_dense(_dense_inputs(tiles, sequences, wsorted, shape, idx, lw), tiles.seq, order, load, cap,
-                           n_workers)
+                           base)
+
+
+def _check_reserved(reserved, workers, wsorted: np.ndarray) -> np.ndarray:
+    """float64 ``(W,)`` starting loads in ``wsorted`` order from ``reserved`` in ``workers`` order
+    (zeros for None; ValueError unless ``(W,)`` finite numbers >= 0)."""
+    if reserved is None:
+        return np.zeros(len(wsorted))
+    try:
+        r = np.asarray(reserved, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"reserved loads must be numbers, got {reserved!r:.80}") from exc
+    if r.shape != (len(wsorted),) or not np.all(np.isfinite(r)) or np.any(r < 0):
+        raise ValueError(f"reserved loads must be {len(wsorted)} finite numbers >= 0 (one per worker), "
+                         f"got shape {r.shape}")
+    return r[np.argsort(np.asarray(list(workers)), kind="stable")]
 
 
 def _link_matrix(link_cost, wsorted: np.ndarray) -> np.ndarray:
@@ -343,7 +365,7 @@ def _dense_inputs(tiles, sequences, wsorted, shape, index=None, lw=None) -> dict
             "lw": lw}
 
 
-def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None, lw=None):
+def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None, lw=None, reserved=None):
     """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
 
     Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
@@ -351,13 +373,14 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, i
     by link with ``lw``) of atom ``b`` that worker ``w`` lacks in token segment ``k`` of sequence
     ``s`` (:func:`_missing_bytes`). ``tile_load``:
     ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`;
-    ``lw``: the ``(W, W)`` cost of a byte between workers (:func:`_link_matrix`; default bytes).
+    ``lw``: the ``(W, W)`` cost of a byte between workers (:func:`_link_matrix`; default bytes);
+    ``reserved``: ``(W,)`` starting loads (default 0).
     """
     n_workers = len(wsorted)
     d = _dense_inputs(tiles, sequences, wsorted, shape, index, lw)
     missing = _missing_bytes(d)
     qo_cost = d["lw"].astype(np.float64)  # row h: the cost of one Q/O byte between Q-home h and each worker
-    loads = np.zeros(n_workers)
+    loads = np.zeros(n_workers) if reserved is None else np.array(reserved, dtype=np.float64)
     dest = np.empty(len(tiles), dtype=np.int64)
     fallback = 0
     seq_l, widx_l = tiles.seq.tolist(), d["home"].tolist()
@@ -397,7 +420,7 @@ def is_block_partition(tiles: TileTable) -> bool:
     return bool(np.all((seq[1:] != seq[:-1]) | same | (qe[:-1] <= qs[1:])))
 
 
-def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None):
+def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None, reserved=None):
     """Algorithm 2 on per-KV-group state (exact for block-partitioned tiles, the SH-tile case).
 
     A tile's KV need splits into its *first* sample's prefix ``[s_f, n_f)`` (which may reach back
@@ -411,14 +434,14 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None,
     has room and holds the tile's whole KV interval (cost 0; everyone else pays at least Q + O).
     All positions are on the pool's global token axis (:func:`pool_index`). ``tile_load``:
     ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`
-    (built when None).
+    (built when None); ``reserved``: ``(W,)`` starting loads (default 0).
 
     Per-tile inputs come from :func:`_grouped_tiles`; the running state, the choice and the one
     scoring rule live in :class:`_KVGroupState`.
     """
     idx = pool_index(sequences) if index is None else index
     rows, home, free, atom_bytes = _grouped_tiles(tiles, idx, wsorted, shape)
-    state = _KVGroupState(len(wsorted), cap, atom_bytes)
+    state = _KVGroupState(np.zeros(len(wsorted)) if reserved is None else reserved, cap, atom_bytes)
     loads, heap, push = state.loads, state.heap, heapq.heappush
     load_l = (tiles.flops if tile_load is None else tile_load).tolist()
     dest = [0] * len(tiles)
@@ -544,10 +567,11 @@ class _KVGroupState:
 
     __slots__ = ("cap", "loads", "heap", "fetched", "atom_bytes", "fallbacks")
 
-    def __init__(self, n_workers: int, cap: float, atom_bytes: list):
+    def __init__(self, loads, cap: float, atom_bytes: list):
         self.cap = cap
-        self.loads = [0.0] * n_workers
-        self.heap = [(0.0, i) for i in range(n_workers)]
+        self.loads = [float(x) for x in loads]
+        self.heap = [(x, i) for i, x in enumerate(self.loads)]
+        heapq.heapify(self.heap)
         self.fetched: dict[int, dict] = {}
         self.atom_bytes = atom_bytes
         self.fallbacks = 0

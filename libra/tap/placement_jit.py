@@ -80,9 +80,10 @@ def _pick(a, b, loads):
 
 
 @_njit
-def _tree_new(n_workers):
-    """A tournament tree over ``n_workers`` equal loads: ``tree[1]`` is the least-loaded worker
+def _tree_new(loads):
+    """A tournament tree over the workers' ``loads``: ``tree[1]`` is the least-loaded worker
     (lowest id on ties); leaves at ``size + w``."""
+    n_workers = loads.shape[0]
     size = 1
     while size < n_workers:
         size *= 2
@@ -90,8 +91,7 @@ def _tree_new(n_workers):
     for w in range(n_workers):
         tree[size + w] = w
     for node in range(size - 1, 0, -1):
-        a, b = tree[2 * node], tree[2 * node + 1]
-        tree[node] = a if a >= 0 else b  # all loads are 0: the lower id wins
+        tree[node] = _pick(tree[2 * node], tree[2 * node + 1], loads)
     return tree
 
 
@@ -339,7 +339,7 @@ def _record_one(groups, key, w, end, body, n_entries):
 
 
 @_njit
-def _grouped_kernel(order, load, cap, rows, atom_bytes, holders, n_keys, n_workers):
+def _grouped_kernel(order, load, cap, rows, atom_bytes, holders, n_keys, loads):
     """Algorithm 2 over block-partitioned tiles; ``(dest pool indices, fallbacks)``.
 
     KV groups (key = compact sample x KV atom) as linked lists of member entries (``groups``:
@@ -347,7 +347,7 @@ def _grouped_kernel(order, load, cap, rows, atom_bytes, holders, n_keys, n_worke
     fetched): small, so no per-call page faults on a (groups x workers) map; a member is a worker
     that fetched part of the group.
     """
-    n_atoms = atom_bytes.shape[0]
+    n_atoms, n_workers = atom_bytes.shape[0], loads.shape[0]
     n_slots = 2 * int(np.sum(rows[:, A1] - rows[:, A0])) + 1  # at most 2 groups per tile and atom
     groups = (np.full(n_keys * n_atoms, -1, dtype=np.int64), np.empty(n_slots, dtype=np.int64),
               np.empty(n_slots, dtype=np.int64), np.empty(n_slots, dtype=np.int64),
@@ -355,12 +355,11 @@ def _grouped_kernel(order, load, cap, rows, atom_bytes, holders, n_keys, n_worke
     scratch = (np.zeros(n_workers, dtype=np.int64), np.empty(n_workers, dtype=np.int64),
                np.empty(n_workers, dtype=np.int64), np.zeros(n_workers, dtype=np.int64),
                np.empty(n_workers, dtype=np.int64), np.empty(n_workers, dtype=np.int64))
-    loads = np.zeros(n_workers)
     dest = np.zeros(rows.shape[0], dtype=np.int64)
     mark = np.zeros(n_workers, dtype=np.int64)
     special = np.empty(n_workers, dtype=np.int64)
     cost = np.empty(n_workers, dtype=np.int64)
-    tree = _tree_new(n_workers)
+    tree = _tree_new(loads)
     fallback, n_entries, stamp = 0, 0, 1
     for i in range(order.shape[0]):
         t = order[i]
@@ -387,16 +386,16 @@ def _grouped_kernel(order, load, cap, rows, atom_bytes, holders, n_keys, n_worke
     return dest, fallback
 
 
-def place_grouped(g: dict, order, load, cap: float, n_workers: int) -> tuple[np.ndarray, int]:
+def place_grouped(g: dict, order, load, cap: float, reserved) -> tuple[np.ndarray, int]:
     """Compiled ``_place_grouped``. ``g``: ``libra.tap.placement._grouped_base`` of the tiles;
-    ``order``: the placement order; ``load``: per-tile loads; ``cap``: ``C``. Returns the pool
-    indices of the destinations and the fallback count."""
+    ``order``: the placement order; ``load``: per-tile loads; ``cap``: ``C``; ``reserved``: ``(W,)``
+    starting loads. Returns the pool indices of the destinations and the fallback count."""
     tcols = tuple(_i64(g[k]) for k in ("seq", "q_start", "q_end", "home", "a0", "a1", "qo"))
     pool = tuple(_i64(g[k]) for k in ("base", "offs", "h_start", "h_end"))
     h_widx = _i64(g["h_widx"])
     rows, n_keys = _grouped_rows(tcols, pool, h_widx)
     dest, fallback = _grouped_kernel(_i64(order), _f64(load), float(cap), rows, _i64(g["atom_bytes"]),
-                                     (pool[2], pool[3], h_widx), n_keys, int(n_workers))
+                                     (pool[2], pool[3], h_widx), n_keys, _f64(reserved).copy())
     return dest, int(fallback)
 
 
@@ -476,12 +475,13 @@ def _dense_fetch(t, w, tcols, state, m_nseg, heads, n_workers):
 
 
 @_njit
-def _dense_kernel(order, load, cap, tcols, costs, c_off, m_nseg, heads, lw, n_workers):
+def _dense_kernel(order, load, cap, tcols, costs, c_off, m_nseg, heads, lw, loads):
     """``_place_dense`` on prefix sums of the missing-cost map (a tile scores each worker in O(1)
-    per atom; placing it updates that worker's rows); ``(dest pool indices, fallbacks)``."""
+    per atom; placing it updates that worker's rows); ``loads``: the workers' starting loads,
+    updated in place. Returns ``(dest pool indices, fallbacks)``."""
     qo, home = tcols[5], tcols[6]
+    n_workers = loads.shape[0]
     state = _dense_state(costs, c_off, m_nseg, heads.shape[0], n_workers)
-    loads = np.zeros(n_workers)
     dest = np.zeros(qo.shape[0], dtype=np.int64)
     cost = np.empty(n_workers, dtype=np.int64)
     fallback = 0
@@ -498,16 +498,17 @@ def _dense_kernel(order, load, cap, tcols, costs, c_off, m_nseg, heads, lw, n_wo
     return dest, fallback
 
 
-def place_dense(d: dict, seq, order, load, cap: float, n_workers: int) -> tuple[np.ndarray, int]:
+def place_dense(d: dict, seq, order, load, cap: float, reserved) -> tuple[np.ndarray, int]:
     """Compiled ``_place_dense``. ``d``: ``libra.tap.placement._dense_inputs``; ``seq``: each
-    tile's sequence index. Returns the pool indices of the destinations and the fallback count."""
+    tile's sequence index; ``reserved``: ``(W,)`` starting loads. Returns the pool indices of the
+    destinations and the fallback count."""
     costs = d["seg_costs"]  # per sequence (W, segments) int64
     m_nseg = _i64([c.shape[1] for c in costs])
     c_off = _i64(np.concatenate(([0], np.cumsum([c.size for c in costs])[:-1])))
     tcols = tuple(_i64(c) for c in (seq, d["seg0"], d["seg1"], d["a0"], d["a1"], d["qo"], d["home"]))
     dest, fallback = _dense_kernel(_i64(order), _f64(load), float(cap), tcols,
                                    _i64(np.concatenate([c.ravel() for c in costs])), c_off, m_nseg,
-                                   _i64(d["atom_heads"]), _i64(d["lw"]), int(n_workers))
+                                   _i64(d["atom_heads"]), _i64(d["lw"]), _f64(reserved).copy())
     return dest, int(fallback)
 
 
@@ -515,11 +516,11 @@ def place_dense(d: dict, seq, order, load, cap: float, n_workers: int) -> tuple[
 
 
 @_njit
-def _flops_only_kernel(order, load, cap, n_workers):
-    """``_place_flops_only``'s least-loaded heap as a tournament tree."""
-    loads = np.zeros(n_workers)
+def _flops_only_kernel(order, load, cap, loads):
+    """``_place_flops_only``'s least-loaded heap as a tournament tree (``loads``: starting loads,
+    updated in place)."""
     dest = np.zeros(load.shape[0], dtype=np.int64)
-    tree = _tree_new(n_workers)
+    tree = _tree_new(loads)
     fallback = 0
     for t in order:
         w = tree[1]
@@ -531,9 +532,10 @@ def _flops_only_kernel(order, load, cap, n_workers):
     return dest, fallback
 
 
-def place_flops_only(order, load, cap: float, n_workers: int) -> tuple[np.ndarray, int]:
-    """Compiled ``_place_flops_only``: least-loaded placement (lowest id on ties)."""
-    dest, fallback = _flops_only_kernel(_i64(order), _f64(load), float(cap), int(n_workers))
+def place_flops_only(order, load, cap: float, reserved) -> tuple[np.ndarray, int]:
+    """Compiled ``_place_flops_only``: least-loaded placement (lowest id on ties) from the
+    ``(W,)`` starting loads ``reserved``."""
+    dest, fallback = _flops_only_kernel(_i64(order), _f64(load), float(cap), _f64(reserved).copy())
     return dest, int(fallback)
 
 
@@ -545,9 +547,9 @@ def warmup() -> float:
     g = {"seq": one, "q_start": one, "q_end": one + 1, "home": one, "a0": one, "a1": one + 1, "qo": one + 1,
          "base": _i64([0, 1]), "offs": _i64([0, 1]), "h_start": one, "h_end": one + 1, "h_widx": one,
          "atom_bytes": one + 1}
-    place_grouped(g, one, one, 1.0, 1)
+    place_grouped(g, one, one, 1.0, np.zeros(1))
     d = {"seg_costs": [np.ones((1, 1), dtype=np.int64)], "atom_heads": one + 1, "seg0": one, "seg1": one + 1,
          "a0": one, "a1": one + 1, "qo": one + 1, "home": one, "lw": np.zeros((1, 1), dtype=np.int64)}
-    place_dense(d, one, one, one, 1.0, 1)
-    place_flops_only(one, one, 1.0, 1)
+    place_dense(d, one, one, one, 1.0, np.zeros(1))
+    place_flops_only(one, one, 1.0, np.zeros(1))
     return time.perf_counter() - t0
