@@ -203,6 +203,11 @@ def test_total_ms_is_price_total(real, variant, kv_heads, chunks):
     assert bound < want.max()
     assert model.straggler_ms(plan, speed=speed, cutoff=bound * 0.999) == bound
     assert model.straggler_ms(plan, speed=speed, cutoff=bound) == want.max()  # not above: priced in full
+    # worker_ms: price()'s compute and exposed communication per worker, or no exposure above the cutoff
+    compute, exposed = model.worker_ms(plan, speed=speed)
+    assert np.array_equal(compute, priced.compute_ms) and np.array_equal(exposed, priced.exposed_comm_ms)
+    compute, exposed = model.worker_ms(plan, speed=speed, cutoff=bound * 0.999)
+    assert np.array_equal(compute, priced.compute_ms) and exposed is None
 
 
 @pytest.mark.parametrize("method", ["wlb-llm", "ulysses", "libra"])

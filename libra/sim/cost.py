@@ -576,13 +576,24 @@ class CostModel:
         ``cutoff``), without pricing any communication: what a planner comparing candidate plans
         against the best so far needs (branch and bound: a plan whose bound exceeds the best
         cannot win). Arguments and errors as :meth:`price`."""
+        compute, exposed = self.worker_ms(plan, pipeline_chunks, speed, cutoff)
+        if not len(compute):
+            return 0.0
+        return float(compute.max()) if exposed is None else float((compute + exposed).max())
+
+    def worker_ms(self, plan: Plan, pipeline_chunks: int | None = None, speed=None,
+                  cutoff: float = float("inf")) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(compute_ms, exposed_comm_ms)`` per worker, as :meth:`price` gives them, pricing only
+        what they need -- or ``(compute_ms, None)`` as soon as some worker's compute alone exceeds
+        ``cutoff`` (:meth:`straggler_ms`). What a planner that balances compute plus exposed
+        communication reads. Arguments and errors as :meth:`price`."""
         chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
         schedules, _, fwd_c, bwd_c = self._compute_terms(plan, chunks, speed)
         compute = _per_worker(fwd_c) + _per_worker(bwd_c)  # total_ms adds exposed comm >= 0 to this
         if len(compute) and float(compute.max()) > cutoff:
-            return float(compute.max())
+            return compute, None
         _, _, exposed, _ = self._exposed_terms(plan, schedules, chunks, fwd_c, bwd_c, chunked_only=True)
-        return float((compute + exposed).max()) if len(compute) else 0.0
+        return compute, exposed
 
     def _compute_terms(self, plan: Plan, chunks: int, speed):
         """``(schedules, flops, fwd, bwd)``: the pools' Pipeliners and :meth:`_compute`'s terms at
