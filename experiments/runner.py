@@ -120,8 +120,10 @@ def git_sha() -> str | None:
         if not sha:
             return None
         # results/ is excluded: regenerating committed outputs must not mark the code as dirty
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
-                               capture_output=True,
+        # from the repository root: run from experiments/, "." would cover that folder only and a
+        # change to libra/ or baselines/ would not mark the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ":(top)",
+                                ":(top,exclude)results"], capture_output=True,
                                text=True, timeout=5, cwd=Path(__file__).resolve().parent).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
