@@ -42,11 +42,17 @@ from libra.tap.adaptive import (
     CHUNKING_OF,
     DEFAULT_CANDIDATES,
     HEAVY_TILE_LIMITS,
+    REBALANCE_MIN_EXCESS,
+    REBALANCE_PASSES,
+    REBALANCED,
     RELAYED,
     base_candidate,
     candidate_pools,
+    exposure_excess,
+    rebalance_exposed,
 )
 from libra.tap.planner import plan_pool
+from libra.tap.weights import kernel_time_weights
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
 
@@ -293,14 +299,20 @@ class LibraAdaptiveConfig(LibraKtConfig):
             (:data:`libra.tap.adaptive.CHUNKING_OF`).
         heavy_tile_limits: the fine candidates' heavy-tile cuts, each as a fraction of a worker's
             mean load (:data:`libra.tap.adaptive.HEAVY_TILE_LIMITS`; one value pins it).
+        rebalance_passes: how many times the chosen plan may be placed again with each worker's
+            exposed communication reserved (:func:`libra.tap.adaptive.rebalance_exposed`), each
+            pass kept only while it prices faster (default
+            :data:`libra.tap.adaptive.REBALANCE_PASSES`; 0: never).
 
     Raises:
-        ValueError: an empty or unknown candidate or chunking list, and :class:`LibraKtConfig`'s errors.
+        ValueError: an empty or unknown candidate or chunking list, a negative or non-integer
+            ``rebalance_passes``, and :class:`LibraKtConfig`'s errors.
     """
 
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     chunkings: tuple[str, ...] | None = None
     heavy_tile_limits: tuple[float, ...] = HEAVY_TILE_LIMITS
+    rebalance_passes: int = REBALANCE_PASSES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -318,6 +330,10 @@ class LibraAdaptiveConfig(LibraKtConfig):
         if not limits or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in limits):
             raise ValueError(f"libra-adaptive heavy_tile_limits must be positive finite fractions, got {limits!r}")
         object.__setattr__(self, "heavy_tile_limits", tuple(float(x) for x in limits))
+        passes = self.rebalance_passes
+        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 0:
+            raise ValueError(f"libra-adaptive rebalance_passes must be an integer >= 0, got {passes!r}")
+        object.__setattr__(self, "rebalance_passes", int(passes))
         if self.chunkings and HEADS not in self.chunkings and set(self.candidates) <= RELAYED:
             raise ValueError(f"libra-adaptive candidates {list(self.candidates)} relay KV, which runs under head "
                              f"chunks only; chunkings {list(self.chunkings)} leave no candidate to run")
@@ -350,7 +366,8 @@ class LibraAdaptivePlanner(LibraKtPlanner):
         profile = load_profile(self.config.profile)
         plan_one = _AdaptivePools(profile, par, self.window_tap(par), shape, self.config)
         return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
-                          "heavy_tile_limits": list(self.config.heavy_tile_limits)}
+                          "heavy_tile_limits": list(self.config.heavy_tile_limits),
+                          "rebalance_passes": self.config.rebalance_passes}
 
     def finish(self, plans: list[Plan], plan_one) -> list[Plan]:
         """Each Plan's ``meta["adaptive_choice"]``: the candidate each of its pools took."""
@@ -373,7 +390,8 @@ class _AdaptivePools:
         self.choices: dict[int, str] = {}
 
     def __call__(self, k: int, sequences, workers):
-        name, pool = self.choose(self.options(k, sequences, workers))
+        name, pool, times = self._choose(self.options(k, sequences, workers))
+        name, pool = self.rebalance(name, pool, times)
         self.choices[int(sequences[0].seq_id)] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
         return pool
 
@@ -406,20 +424,58 @@ class _AdaptivePools:
         so far (:meth:`libra.sim.cost.CostModel.straggler_ms` with ``cutoff``) is dropped unpriced
         -- it cannot win, since exposed communication only adds to compute. The margin keeps
         rounding (an exposed term of -1 ulp) from dropping an exact tie."""
-        if len(options) == 1:
-            return options[0]
-        best, pick = float("inf"), 0
-        for i in price_order([n for n, _ in options]):
-            t = _pool_straggler(self.cost, options[i][1], self.par, self.shape, self.tap, cutoff=best * (1 + 1e-9))
+        name, pool, _ = self._choose(options)
+        return name, pool
+
+    def _choose(self, options: list[tuple[str, PoolPlan]]):
+        """:meth:`choose` and the winner's priced ``(compute, exposed)`` per pool worker."""
+        best, pick, times = float("inf"), 0, None
+        for i in (price_order([n for n, _ in options]) if len(options) > 1 else [0]):
+            compute, exposed = self._worker_ms(options[i][1], cutoff=best * (1 + 1e-9))
+            t = float((compute if exposed is None else compute + exposed).max())
             if t < best or (t == best and i < pick):
-                best, pick = t, i
-        return options[pick]
+                best, pick, times = t, i, (compute, exposed)
+        return (*options[pick], times)
+
+    def rebalance(self, name: str, pool: PoolPlan, times) -> tuple[str, PoolPlan]:
+        """The chosen ``pool`` after up to ``rebalance_passes`` passes of
+        :func:`libra.tap.adaptive.rebalance_exposed`, each from the last pass's priced exposure,
+        stopping at the first that prices no faster than the best so far (the best kept; its name
+        gains ``+rebalanced``), or before a pass when the last plan's
+        :func:`~libra.tap.adaptive.exposure_excess` is at most
+        :data:`~libra.tap.adaptive.REBALANCE_MIN_EXCESS`. Candidates outside
+        :data:`~libra.tap.adaptive.REBALANCED` stay."""
+        passes = self.config.rebalance_passes
+        if not passes or base_candidate(name) not in REBALANCED:
+            return name, pool
+        load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
+                                   self.tap.pipeline_chunks, index=pool.index())
+        best, kept, current = float((times[0] + times[1]).max()), (name, pool), pool
+        for _ in range(passes):
+            if exposure_excess(*times) <= REBALANCE_MIN_EXCESS:
+                break  # too little exposure above the pool's mean to win back (REBALANCE_MIN_EXCESS)
+            current = rebalance_exposed(name, current, self.shape, self.tap, load, *times,
+                                        link_cost=self.cost.topology.byte_cost)
+            compute, exposed = self._worker_ms(current, cutoff=best)
+            if exposed is None or float((compute + exposed).max()) >= best:
+                break
+            best, kept, times = float((compute + exposed).max()), (f"{name}+rebalanced", current), (compute, exposed)
+        return kept
+
+    def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf")):
+        """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``)."""
+        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, self.tap, cutoff)
+        ws = list(pool.workers)
+        return compute[ws], (None if exposed is None else exposed[ws])
 
     def stages(self, k: int, sequences, workers) -> dict:
         """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
-        ``candidates`` (:meth:`options`) and ``pricing`` (:meth:`choose` on them, built once here)."""
+        ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here) and
+        ``rebalance`` (:meth:`rebalance` of the chosen plan)."""
         options = self.options(k, sequences, workers)
-        return {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options)}
+        chosen = self._choose(options)
+        return {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
+                "rebalance": partial(self.rebalance, *chosen)}
 
 
 PRICE_FIRST = ("fine-retain-link-relay", "fine-retain-link")
@@ -437,10 +493,10 @@ def price_order(names) -> list[int]:
     return sorted(range(len(names)), key=lambda i: rank.get(names[i], len(rank)))
 
 
-def _pool_straggler(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig,
-                    cutoff: float = float("inf")) -> float:
-    """The slowest worker's priced time of ``pool`` run alone (its plan as one-pool Plan), or a
-    lower bound above ``cutoff`` (:meth:`libra.sim.cost.CostModel.straggler_ms`)."""
+def _pool_worker_ms(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig,
+                    cutoff: float = float("inf")):
+    """``pool`` run alone (its plan as a one-pool Plan): every worker's priced ``(compute, exposed)``
+    (:meth:`libra.sim.cost.CostModel.worker_ms`; ``exposed`` None once compute exceeds ``cutoff``)."""
     plan = Plan(method="libra-adaptive", ga_index=0, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                 pools=(pool,), meta={})
-    return cost.straggler_ms(plan, cutoff=cutoff)
+    return cost.worker_ms(plan, cutoff=cutoff)

@@ -15,7 +15,8 @@ all four; :func:`experiments.sim_common.custom_setting`), with the head shape of
   ``tap.tiles``, ``tap.placement`` and ``tap.exchange`` time its three parts separately;
   ``tap@<method>`` times another TAP planner's per-pool call (``--methods``), and
   ``tap@<method>.<part>`` the parts a planner names (:func:`method_parts`; ``libra-adaptive``:
-  ``candidates``, building every candidate plan, and ``pricing``, choosing among them);
+  ``candidates``, building every candidate plan, ``pricing``, choosing among them, and
+  ``rebalance``, re-placing the chosen one for its exposed communication);
 * ``compile``: :func:`libra.runtime.program.compile_worker` for one worker -- the planner-side call
   (run by :class:`~libra.runtime.async_planner.AsyncPlanner` with ``compile_for``) whose program
   ``forward``/``backward`` execute with no further index construction -- over ``--compile-workers``
@@ -230,7 +231,7 @@ def step_path_fns(program, world) -> dict:
 def method_parts(planners: dict, k: int, seqs, workers) -> dict:
     """``{"tap@<method>.<part>": call}`` for every per-pool planner of ``planners`` that names the
     parts of its call (a ``stages(k, sequences, workers)`` method, e.g. ``libra-adaptive``'s
-    candidates and their pricing), each part timed alone."""
+    candidates, their pricing and the chosen plan's rebalancing), each part timed alone."""
     return {f"{tap_stage(m)}.{part}": call for m, fn in planners.items() if hasattr(fn, "stages")
             for part, call in fn.stages(k, seqs, workers).items()}
 

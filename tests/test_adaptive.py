@@ -26,10 +26,14 @@ from libra.sim.topology import Topology
 from libra.tap.adaptive import (
     CANDIDATES,
     CHUNKING_OF,
+    REBALANCE_MIN_EXCESS,
+    REBALANCED,
     _retained,
     base_candidate,
     candidate_pools,
+    exposure_excess,
     fine_head_split,
+    rebalance_exposed,
     retention_order,
 )
 from libra.tap.exchange import build_transfers
@@ -109,8 +113,9 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
         plan.validate()
         assert len(plan.meta["adaptive_choice"]) == len(plan.pools)
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
-            name, _, how = choice.partition("+")
-            assert base_candidate(name) in CANDIDATES and (how or "heads") == pool.chunking
+            name, *how = choice.split("+")
+            assert base_candidate(name) in CANDIDATES and set(how) <= {"rebalanced", "tiles"}
+            assert ("tiles" if "tiles" in how else "heads") == pool.chunking
     assert (_price_steps(adaptive, profile, par) <= _price_steps(libra, profile, par) * (1 + 1e-12)).all()
     again = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
     assert [p.digest() for p in adaptive] == [p.digest() for p in again]
@@ -121,7 +126,7 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
 def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
     """``choose`` drops candidates by their compute bound, in ``price_order``; it must keep exactly
     the option that pricing every one picks (the fastest, ties: the earlier)."""
-    from baselines.libra_planners import PRICE_FIRST, _pool_straggler, price_order
+    from baselines.libra_planners import PRICE_FIRST, _pool_worker_ms, price_order
 
     par = ParallelConfig(dp=2, cp=cp, gbs=2, seq_len=128 * cp)
     seqs, workers = _pool(seed, cp=cp)
@@ -130,7 +135,7 @@ def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
                           heavy_tile_limits=(1.0, 0.5, 0.25))
     pools = planner.pool_planner(par, SHAPE)[0]
     options = pools.options(0, seqs, workers)
-    priced = [_pool_straggler(pools.cost, p, par, SHAPE, pools.tap) for _, p in options]
+    priced = [float(sum(_pool_worker_ms(pools.cost, p, par, SHAPE, pools.tap)).max()) for _, p in options]
     want = min(range(len(options)), key=lambda i: priced[i])
     name, pool = pools.choose(options)
     assert (name, pool.chunking) == (options[want][0], options[want][1].chunking)
@@ -147,7 +152,7 @@ def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
     window = make_window(2, 512, 3)
     plans = get_planner("libra-adaptive", **OPTS, candidates=("fine-retain",),
                         chunkings=("heads",)).plan_window(window, par, SHAPE)
-    assert plans[0].meta["adaptive_choice"] == ["fine-retain"]
+    assert [c.split("+")[0] for c in plans[0].meta["adaptive_choice"]] == ["fine-retain"]
     assert [p.chunking for p in plans[0].pools] == ["heads"]
     widths = {int(w) for pool in plans[0].pools for w in pool.tiles.head_end - pool.tiles.head_start}
     assert widths == {4}  # H=1 (8 heads) cut to one KV head's 4 query heads
@@ -165,7 +170,8 @@ def test_chunking_choice_is_priced_and_can_be_pinned():
     for plan in default:
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
             assert pool.chunking == CHUNKING_OF[base_candidate(choice.partition("+")[0])]
-    both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles")).plan_window(window, par, SHAPE)
+    both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles"),
+                       rebalance_passes=0).plan_window(window, par, SHAPE)  # the choice itself, not re-placed
     for plan in both:
         for pool in plan.pools:
             runs = ("heads",) if pool.transfers.hop.any() else ("heads", "tiles")  # relays: head chunks only
@@ -179,7 +185,10 @@ def test_chunking_choice_is_priced_and_can_be_pinned():
 
 @pytest.mark.parametrize("bad, match", [({"candidates": ("nope",)}, "candidates"),
                                         ({"candidates": ()}, "candidates"),
-                                        ({"chunkings": ("rows",)}, "chunkings")])
+                                        ({"chunkings": ("rows",)}, "chunkings"),
+                                        ({"rebalance_passes": -1}, "rebalance_passes"),
+                                        ({"rebalance_passes": 1.5}, "rebalance_passes"),
+                                        ({"rebalance_passes": True}, "rebalance_passes")])
 def test_config_rejects_bad_options(bad, match):
     with pytest.raises(ValueError, match=match):
         LibraAdaptiveConfig(**bad)
@@ -291,3 +300,66 @@ def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
     for bad in ((), (0.0,), (float("nan"),), ("x",)):
         with pytest.raises(ValueError, match="heavy_tile_limits"):
             get_planner("libra-adaptive", heavy_tile_limits=bad)
+
+
+def _chosen(seed: int, cp: int = 2, **options):
+    """``(pools, name, pool, times)``: ``libra-adaptive``'s per-pool planner on a random pool and its
+    chosen candidate with the priced ``(compute, exposed)`` per pool worker."""
+    par = ParallelConfig(dp=2, cp=cp, gbs=2, seq_len=128 * cp)
+    pools = get_planner("libra-adaptive", **OPTS, profile=load_profile("h100-roce-v1"), **options).pool_planner(
+        par, SHAPE)[0]
+    seqs, workers = _pool(seed, cp=cp)
+    return (pools, *pools._choose(pools.options(0, seqs, workers)))
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), passes=st.sampled_from([0, 1, 3]))
+def test_rebalance_keeps_a_pass_only_when_it_prices_faster(seed, passes):
+    """``rebalance`` returns the chosen plan or a re-placed one priced strictly faster (named
+    ``+rebalanced``), never re-places below the excess gate, and with 0 passes never at all."""
+    pools, name, pool, times = _chosen(seed, rebalance_passes=passes)
+    new_name, new = pools.rebalance(name, pool, times)
+    before = float((times[0] + times[1]).max())
+    if new is pool:
+        assert new_name == name
+        if passes and exposure_excess(*times) > REBALANCE_MIN_EXCESS and base_candidate(name) in REBALANCED:
+            first = rebalance_exposed(name, pool, SHAPE, pools.tap, _load(pools, pool), *times,
+                                      link_cost=pools.cost.topology.byte_cost)
+            assert float(sum(pools._worker_ms(first)).max()) >= before  # the first pass was not faster
+    else:
+        assert passes > 0 and new_name == f"{name}+rebalanced"
+        assert float(sum(pools._worker_ms(new)).max()) < before
+        assert sorted(new.tiles.flops.tolist()) == sorted(pool.tiles.flops.tolist()) and new.chunking == pool.chunking
+        Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=OPTS["pipeline_chunks"], pools=(new,),
+             meta={}).validate()
+
+
+def _load(pools, pool):
+    from libra.tap.weights import kernel_time_weights
+    return kernel_time_weights(pool.tiles, pool.sequences, SHAPE, pools.profile.kernel, pools.tap.pipeline_chunks)
+
+
+def test_rebalance_exposed_moves_compute_off_the_exposed_worker():
+    """A worker whose exposed time is reserved gets less compute; relayed plans stay relayed; a
+    candidate that is not a retention placement, or arrays of the wrong length, are refused."""
+    seed = next(s for s in range(100) if _chosen(s)[1].startswith("fine-retain-link"))
+    pools, name, pool, (compute, exposed) = _chosen(seed)
+    load = _load(pools, pool)
+    heavy = int(np.argmax(compute))
+    fake = np.zeros_like(exposed)
+    fake[heavy] = compute.mean()  # as if that worker waited a whole mean share on the wire
+    new = rebalance_exposed(name, pool, SHAPE, pools.tap, load, compute, fake, link_cost=pools.cost.topology.byte_cost)
+    after, _ = pools._worker_ms(new)
+    assert after[heavy] < compute[heavy]
+    Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=OPTS["pipeline_chunks"], pools=(new,),
+         meta={}).validate()
+    with pytest.raises(ValueError, match="re-places"):
+        rebalance_exposed("alg2-flops", pool, SHAPE, pools.tap, load, compute, exposed)
+    with pytest.raises(ValueError, match="one entry per pool worker"):
+        rebalance_exposed(name, pool, SHAPE, pools.tap, load, compute[:-1], exposed[:-1])
+
+
+def test_exposure_excess():
+    assert exposure_excess(np.array([10.0, 10.0]), np.array([0.0, 0.0])) == 0.0
+    assert exposure_excess(np.array([10.0, 8.0]), np.array([0.0, 4.0])) == pytest.approx((4 - 2) / 12)
+    assert exposure_excess(np.zeros(0), np.zeros(0)) == 0.0

@@ -75,6 +75,7 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
     res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools)),
            "chunkings": sorted({p.chunking for p in plan.pools}),
            "relayed": int(sum((p.transfers.hop > 0).sum() for p in plan.pools)),
+           "rebalanced": sum("+rebalanced" in c for c in plan.meta.get("adaptive_choice", ())),
            "off_block": int(sum(np.sum((p.tiles.q_end - p.tiles.q_start) % case["B"] != 0) for p in plan.pools)),
            "my_relay_rounds": attn.program.hops}
     refs = {s: reference_grads(*full[s], lengths[s]) for s, _, _ in ranges}
@@ -166,6 +167,8 @@ def _assert_results(results):
                 assert res["off_block"] > 0, f"{case}: no tile was cut; the test would not exercise split tiles"
             if "fine-retain-link-relay" in case.get("options", {}).get("candidates", ()):
                 assert res["relayed"] > 0, f"{case}: no KV relay row; the test would not exercise relays"
+            if case.get("rebalanced") == case["grid"]:
+                assert res["rebalanced"] > 0, f"{case}: no pool re-placed for its exposed communication"
             pinned = case.get("options", {}).get("chunkings")
             if pinned:
                 assert res["chunkings"] == sorted(pinned), f"{case}: ran {res['chunkings']} chunking"
@@ -221,13 +224,16 @@ CASES_8 = [
      "options": {"candidates": ("fine-retain-link",), "profile": TWO_GPU_NODES},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
     # the heaviest tiles of one long sample cut into token ranges, its KV fan-out relayed
-    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",), "profile": FLOPS_KERNEL},
+    # (not re-placed for exposure: on (P 4, CP 2) that keeps every tile in its CP group)
+    {**BASE, "planner": "libra-adaptive",
+     "options": {"candidates": ("fine-retain-link-relay",), "profile": FLOPS_KERNEL, "rebalance_passes": 0},
      "split": True, "lengths": [[256], [8] * 32, [16] * 16, [32] * 8], "B": 64, "H": 2, "M": 2, "comm": "p2p",
      "dtypes": ["float64", "float32"]},
-    # the same placement with its KV fan-out relayed (hops 1..H after chunk 0's dispatch)
+    # the same placement with its KV fan-out relayed (hops 1..H after chunk 0's dispatch); on the
+    # (P 4, CP 2) grid re-placed for its exposed communication (libra.tap.adaptive.rebalance_exposed)
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES},
-     "B": 16, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "float32"]},
+     "B": 16, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "float32"], "rebalanced": (4, 2, 4)},
 ]
 
 

@@ -31,6 +31,12 @@ tile set and order cause, not the data:
   (``place_tiles(link_cost=...)``, :meth:`libra.sim.topology.Topology.byte_cost`), which keeps
   moved work near its data where room allows.
 
+* **Waiting on the wire.** Even then a few workers -- those receiving or relaying a long sample's
+  KV -- wait on chunk 0's dispatch and chunk ``M - 1``'s return, which the Pipeliner never hides,
+  while the pool's mean exposed time is small: placement balanced their compute, not their
+  compute plus exposed communication. :func:`rebalance_exposed` places the chosen plan again with
+  each worker's priced exposure reserved as load (``libra-adaptive``'s ``rebalance_passes``).
+
 None helps every pool: on a pool of short samples the paper's Alg. 2 is already good and a
 retained tile set can cost more communication. :func:`candidate_pools` therefore returns the
 paper's plan beside the adaptive ones (:data:`DEFAULT_CANDIDATES`; the kernel-time plan and
@@ -43,7 +49,7 @@ All are pure functions of the pool's metadata (deterministic, identical on every
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -216,6 +222,87 @@ def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, ind
     return out
 
 
+REBALANCE_PASSES = 1
+"""``libra-adaptive``'s default ``rebalance_passes`` (:func:`rebalance_exposed`). Measured with
+``straggler``'s pricing (2 windows, jitter on; mean straggler ms for 0 / 1 / 2 / 3 passes): ProLong
+1M 110.9 / 103.5 / 104.9 / 102.4 (without jitter 109.7 / 103.9 / 103.1 / 101.7), ProLong 256K
+59.5 / 56.3 / 56.1 / 56.1, Wikipedia 256K 64.7 / 63.4 / 63.4 / 63.2, Wikipedia 1M 114.6 / 111.4 /
+111.4 / 111.2. The first pass takes nearly all of it; each further pass costs another placement,
+relay and pricing per pool."""
+
+REBALANCE_MIN_EXCESS = 0.01
+"""The :func:`exposure_excess` at or below which ``libra-adaptive`` does not re-place a pool. Measured
+on the chosen plans priced alone (2 windows, gain = straggler before / after two passes):
+libra-prod's 256K pools sit at 0.003-0.012 and gain 0.3% on average (the 7 of 32 above 0.01 keep
+0.2 points of it), its 1M pools at 0.018-0.03 and gain 0.9%, Wikipedia's at 0.049+ (256K) and
+0.037-0.20 (1M), gaining 6.7% and 7.6% (up to 18%). Below it a pass costs a placement, a relay and
+a pricing for next to nothing."""
+
+
+def exposure_excess(compute: np.ndarray, exposed: np.ndarray) -> float:
+    """How much of the straggler's time is exposed communication above the pool's mean exposure:
+    ``(exposed[s] - mean(exposed)) / (compute[s] + exposed[s])`` with ``s`` the slowest worker --
+    about what :func:`rebalance_exposed` can win (0 for an empty pool)."""
+    total = compute + exposed
+    if not len(total) or total.max() <= 0:
+        return 0.0
+    s = int(np.argmax(total))
+    return float((exposed[s] - exposed.mean()) / total[s])
+
+
+REBALANCED = frozenset({"fine-retain", "fine-retain-link", "fine-retain-link-relay"})
+"""The :data:`CANDIDATES` :func:`rebalance_exposed` can place again (the retention placers)."""
+
+
+def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: TapConfig, load: np.ndarray,
+                      compute: np.ndarray, exposed: np.ndarray, link_cost=None) -> PoolPlan:
+    """``pool`` (a :data:`REBALANCED` candidate ``name``, any heavy-tile cut) placed again by its
+    own placer with each worker's exposed communication reserved as load, so that compute *plus*
+    exposed communication is what the placement balances (an extension beyond Libra sec. 4.3).
+
+    The priced plans of real corpora leave most of their straggler's loss on a few workers: those
+    that receive a long sample's Q and KV or relay it wait for chunk 0's dispatch and chunk
+    ``M - 1``'s return (the two transfers the Pipeliner never hides), while the pool's mean exposed
+    time is small. Placement balances compute within ``C`` and so hands those workers a full share
+    of it. Here each worker starts with its exposed time of ``pool`` as load
+    (``place_tiles(reserved=...)``, converted to tile-load units by the pool's load per ms of
+    compute), so the placer gives it less compute and the others more. Fewer tiles then move to
+    it, which changes its exposure in turn: the caller prices the result and iterates or keeps the
+    faster plan (``libra-adaptive``'s ``rebalance_passes``).
+
+    Args:
+        name: the candidate that built ``pool`` (:func:`candidate_pools` key).
+        pool: its plan (tiles, transfers; relayed when ``name`` relays).
+        shape, tap: as :func:`candidate_pools`.
+        load: ``(T,)`` the tiles' loads as placed (:func:`~libra.tap.weights.kernel_time_weights`).
+        compute, exposed: ``(W,)`` each worker's priced compute and exposed communication (ms) in
+            ``pool.workers`` order (:meth:`libra.sim.cost.CostModel.worker_ms`).
+        link_cost: the byte cost of the :data:`LINK_PRICED` candidates.
+
+    Returns:
+        The new PoolPlan (same tiles and chunking; destinations, transfers and relays rebuilt).
+
+    Raises:
+        ValueError: a candidate outside :data:`REBALANCED`, or arrays of the wrong length.
+    """
+    base = base_candidate(name)
+    if base not in REBALANCED:
+        raise ValueError(f"rebalance_exposed re-places {sorted(REBALANCED)}, got {name!r}")
+    compute, exposed = (np.asarray(a, dtype=np.float64) for a in (compute, exposed))
+    if compute.shape != (len(pool.workers),) or exposed.shape != compute.shape:
+        raise ValueError(f"compute and exposed must have one entry per pool worker ({len(pool.workers)})")
+    per_ms = float(load.sum()) / float(compute.sum()) if compute.sum() > 0 else 0.0
+    index = pool.index()
+    placed, fallback = place_retaining(pool.tiles, pool.sequences, pool.workers, shape, tap.tau, load, index,
+                                       link_cost if base in LINK_PRICED else None,
+                                       reserved=np.maximum(exposed, 0.0) * per_ms)
+    out = replace(pool, tiles=placed, transfers=build_transfers(pool.sequences, placed, shape, index=index),
+                  fallback_tiles=fallback)
+    if base in RELAYED:
+        out = relay_pool(out, ChunkSchedule.for_pool(out, shape, tap.pipeline_chunks))
+    return out
+
+
 def base_candidate(name: str) -> str:
     """The :data:`CANDIDATES` name of a :func:`candidate_pools` key (``name@limit`` -> ``name``)."""
     return name.partition("@")[0]
@@ -259,7 +346,7 @@ def _equal_area_bounds(seq: SequenceLayout, a: int, b: int, n: int) -> np.ndarra
 
 
 def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n_workers: int,
-                    tau: float) -> np.ndarray:
+                    tau: float, reserved: Mapping[int, float] | None = None) -> np.ndarray:
     """Alg. 2's placement order with Q-home retention: the tiles each Q-home keeps first, then the
     others heaviest first (ties: tile index in both parts).
 
@@ -274,6 +361,9 @@ def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n
 
     Args:
         tiles: the pool's tiles; ``load``: ``(T,)`` their loads; ``n_workers``: W; ``tau``: the slack.
+        reserved: optional ``{global worker id: load}`` each worker carries before any tile
+            (``place_tiles(reserved=...)``): ``C`` grows by their sum over ``n_workers`` and a
+            Q-home keeps up to ``C`` minus its own.
 
     Returns:
         int64 ``(T,)`` permutation of the tiles.
@@ -282,7 +372,11 @@ def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n
         * shape.head_dim * shape.dtype_bytes
     k0, k1 = shape.kv_head_range(tiles.head_start, tiles.head_end)
     kv = tiles.q_end.astype(np.float64) * (k1 - k0) * 2 * shape.head_dim * shape.dtype_bytes  # prefix bound
-    cap = (1.0 + float(tau)) * float(load.sum()) / n_workers
+    reserved = dict(reserved or {})
+    cap = (1.0 + float(tau)) * (float(load.sum()) + float(sum(reserved.values()))) / n_workers
+    if reserved:  # per tile: C less its Q-home's reserved load
+        homes, inverse = np.unique(tiles.q_home, return_inverse=True)
+        cap = cap - np.array([float(reserved.get(int(h), 0.0)) for h in homes])[inverse]
     keep = _retained(tiles.q_home, load, qo + kv, cap)
     heavy = np.argsort(-load, kind="stable")
     return np.concatenate((heavy[keep[heavy]], heavy[~keep[heavy]]))
@@ -290,18 +384,21 @@ def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n
 
 def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     shape: AttentionShape, tau: float, load: np.ndarray | None = None,
-                    index: PoolIndex | None = None, link_cost=None) -> tuple[TileTable, int]:
+                    index: PoolIndex | None = None, link_cost=None, reserved=None) -> tuple[TileTable, int]:
     """Alg. 2 (:func:`libra.tap.placement.place_tiles`, compiled when numba imports) in
     :func:`retention_order`; arguments and result as ``place_tiles`` (``load``: its ``weights``)."""
+    workers = tuple(workers)
     load = tiles.flops if load is None else np.asarray(load, dtype=np.float64)
-    order = retention_order(tiles, shape, load, len(tuple(workers)), tau)
+    by_worker = None if reserved is None else dict(zip(workers, np.asarray(reserved, dtype=np.float64).tolist()))
+    order = retention_order(tiles, shape, load, len(workers), tau, by_worker)
     return place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index, order=order,
-                       link_cost=link_cost)
+                       link_cost=link_cost, reserved=reserved)
 
 
-def _retained(home: np.ndarray, load: np.ndarray, move_cost: np.ndarray, cap: float) -> np.ndarray:
+def _retained(home: np.ndarray, load: np.ndarray, move_cost: np.ndarray, cap) -> np.ndarray:
     """bool ``(T,)``: the tiles each Q-home keeps -- in order of increasing load per byte moved,
-    the longest prefix of that order whose load stays within ``cap``."""
+    the longest prefix of that order whose load stays within ``cap`` (a number, or per tile its
+    home's)."""
     density = load / np.maximum(move_cost, 1.0)
     order = np.lexsort((np.arange(len(load)), density, home))  # by home, then density, then index
     h, lo = home[order], load[order]
@@ -309,5 +406,5 @@ def _retained(home: np.ndarray, load: np.ndarray, move_cost: np.ndarray, cap: fl
     csum = np.cumsum(lo)
     before = np.repeat(csum[starts] - lo[starts], np.diff(np.r_[starts, len(h)]))
     keep = np.zeros(len(load), dtype=bool)
-    keep[order] = (csum - before) <= cap
+    keep[order] = (csum - before) <= (cap[order] if np.ndim(cap) else cap)
     return keep
