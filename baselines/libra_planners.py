@@ -439,10 +439,11 @@ class _AdaptivePools:
 
     def rebalance(self, name: str, pool: PoolPlan, times) -> tuple[str, PoolPlan]:
         """The chosen ``pool`` after up to ``rebalance_passes`` passes of
-        :func:`libra.tap.adaptive.rebalance_exposed`, each from the last pass's priced exposure,
-        stopping at the first that prices no faster than the best so far (the best kept; its name
-        gains ``+rebalanced``), or before a pass when the last plan's
-        :func:`~libra.tap.adaptive.exposure_excess` is at most
+        :func:`libra.tap.adaptive.rebalance_exposed`, the fastest priced plan kept (its name gains
+        ``+rebalanced``). The first pass reserves the chosen plan's exposure; each later one the mean
+        of the last reservation and the last plan's exposure (:data:`~libra.tap.adaptive.REBALANCE_PASSES`:
+        reserving only the last plan's exposure swings work back and forth between passes). Passes
+        stop once the last plan's :func:`~libra.tap.adaptive.exposure_excess` is at most
         :data:`~libra.tap.adaptive.REBALANCE_MIN_EXCESS`. Candidates outside
         :data:`~libra.tap.adaptive.REBALANCED` stay."""
         passes = self.config.rebalance_passes
@@ -451,15 +452,19 @@ class _AdaptivePools:
         load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
                                    self.tap.pipeline_chunks, index=pool.index())
         best, kept, current = float((times[0] + times[1]).max()), (name, pool), pool
-        for _ in range(passes):
+        reserved = times[1]
+        for i in range(passes):
             if exposure_excess(*times) <= REBALANCE_MIN_EXCESS:
                 break  # too little exposure above the pool's mean to win back (REBALANCE_MIN_EXCESS)
-            current = rebalance_exposed(name, current, self.shape, self.tap, load, *times,
+            current = rebalance_exposed(name, current, self.shape, self.tap, load, times[0], reserved,
                                         link_cost=self.cost.topology.byte_cost)
-            compute, exposed = self._worker_ms(current, cutoff=best)
-            if exposed is None or float((compute + exposed).max()) >= best:
-                break
-            best, kept, times = float((compute + exposed).max()), (f"{name}+rebalanced", current), (compute, exposed)
+            times = self._worker_ms(current, cutoff=best if i == passes - 1 else float("inf"))
+            if times[1] is None:
+                break  # the last pass, its compute alone above the best
+            t = float((times[0] + times[1]).max())
+            if t < best:
+                best, kept = t, (f"{name}+rebalanced", current)
+            reserved = (reserved + times[1]) / 2
         return kept
 
     def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf")):

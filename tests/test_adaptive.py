@@ -363,3 +363,15 @@ def test_exposure_excess():
     assert exposure_excess(np.array([10.0, 10.0]), np.array([0.0, 0.0])) == 0.0
     assert exposure_excess(np.array([10.0, 8.0]), np.array([0.0, 4.0])) == pytest.approx((4 - 2) / 12)
     assert exposure_excess(np.zeros(0), np.zeros(0)) == 0.0
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_more_rebalance_passes_never_price_slower(seed):
+    """Pass 1 is the same whatever the count, and the fastest pass is kept: three passes price at
+    most what one does."""
+    one, name, pool, times = _chosen(seed, rebalance_passes=1)
+    three = _chosen(seed, rebalance_passes=3)[0]
+    t1 = float(sum(one._worker_ms(one.rebalance(name, pool, times)[1])).max())
+    t3 = float(sum(three._worker_ms(three.rebalance(name, pool, times)[1])).max())
+    assert t3 <= t1

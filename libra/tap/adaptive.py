@@ -224,11 +224,17 @@ def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, ind
 
 REBALANCE_PASSES = 1
 """``libra-adaptive``'s default ``rebalance_passes`` (:func:`rebalance_exposed`). Measured with
-``straggler``'s pricing (2 windows, jitter on; mean straggler ms for 0 / 1 / 2 / 3 passes): ProLong
-1M 110.9 / 103.5 / 104.9 / 102.4 (without jitter 109.7 / 103.9 / 103.1 / 101.7), ProLong 256K
-59.5 / 56.3 / 56.1 / 56.1, Wikipedia 256K 64.7 / 63.4 / 63.4 / 63.2, Wikipedia 1M 114.6 / 111.4 /
-111.4 / 111.2. The first pass takes nearly all of it; each further pass costs another placement,
-relay and pricing per pool."""
+``straggler``'s pricing (2 windows, jitter on; mean straggler ms for 0 / 1 / 2 / 3 passes that each
+reserved only the last plan's exposure and stopped at the first that priced no faster): ProLong 1M
+110.9 / 103.5 / 104.9 / 102.4 (without jitter 109.7 / 103.9 / 103.1 / 101.7), ProLong 256K 59.5 /
+56.3 / 56.1 / 56.1, Wikipedia 256K 64.7 / 63.4 / 63.4 / 63.2, Wikipedia 1M 114.6 / 111.4 / 111.4 /
+111.2. Later passes that reserve the mean of the last reservation and the last exposure, and go on
+past a pass that priced no faster (the rule ``libra-adaptive`` runs), gain more: on the re-placed
+pools priced alone (geometric mean of straggler before / after, 2 windows), 1 / 2 / 3 / 5 passes
+give ProLong 1M 1.061 / 1.085 / 1.086 / 1.092, Wikipedia 1M 1.066 / - / 1.087 / 1.092, ProLong 256K
+1.054 / - / 1.066 / 1.069, Wikipedia 256K 1.058 / 1.068 / 1.075 / 1.078 (the last-exposure rule with 3
+passes: 1.075, 1.085, 1.063, 1.068). Each pass costs another placement, relay and pricing per pool,
+about as much as the first (``plan-cost``'s ``rebalance`` part), so the default stays at one."""
 
 REBALANCE_MIN_EXCESS = 0.01
 """The :func:`exposure_excess` at or below which ``libra-adaptive`` does not re-place a pool. Measured
