@@ -428,7 +428,10 @@ class _AdaptivePools:
         return name, pool
 
     def _choose(self, options: list[tuple[str, PoolPlan]]):
-        """:meth:`choose` and the winner's priced ``(compute, exposed)`` per pool worker."""
+        """:meth:`choose` and the winner's priced ``(compute, exposed)`` per pool worker (None for a
+        lone option that :meth:`rebalance` would not re-place: nothing needs its price)."""
+        if len(options) == 1 and not self._rebalances(options[0][0]):
+            return (*options[0], None)
         best, pick, times = float("inf"), 0, None
         for i in (price_order([n for n, _ in options]) if len(options) > 1 else [0]):
             compute, exposed = self._worker_ms(options[i][1], cutoff=best * (1 + 1e-9))
@@ -446,9 +449,9 @@ class _AdaptivePools:
         stop once the last plan's :func:`~libra.tap.adaptive.exposure_excess` is at most
         :data:`~libra.tap.adaptive.REBALANCE_MIN_EXCESS`. Candidates outside
         :data:`~libra.tap.adaptive.REBALANCED` stay."""
-        passes = self.config.rebalance_passes
-        if not passes or base_candidate(name) not in REBALANCED:
+        if times is None or not self._rebalances(name):
             return name, pool
+        passes = self.config.rebalance_passes
         load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
                                    self.tap.pipeline_chunks, index=pool.index())
         best, kept, current = float((times[0] + times[1]).max()), (name, pool), pool
@@ -466,6 +469,11 @@ class _AdaptivePools:
                 best, kept = t, (f"{name}+rebalanced", current)
             reserved = (reserved + times[1]) / 2
         return kept
+
+    def _rebalances(self, name: str) -> bool:
+        """Whether :meth:`rebalance` may re-place candidate ``name`` (passes configured, a
+        :data:`~libra.tap.adaptive.REBALANCED` placement)."""
+        return bool(self.config.rebalance_passes) and base_candidate(name) in REBALANCED
 
     def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf")):
         """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``)."""
