@@ -238,11 +238,11 @@ about as much as the first (``plan-cost``'s ``rebalance`` part), so the default 
 
 REBALANCE_MIN_EXCESS = 0.01
 """The :func:`exposure_excess` at or below which ``libra-adaptive`` does not re-place a pool. Measured
-on the chosen plans priced alone (2 windows, gain = straggler before / after two passes):
-libra-prod's 256K pools sit at 0.003-0.012 and gain 0.3% on average (the 7 of 32 above 0.01 keep
-0.2 points of it), its 1M pools at 0.018-0.03 and gain 0.9%, Wikipedia's at 0.049+ (256K) and
-0.037-0.20 (1M), gaining 6.7% and 7.6% (up to 18%). Below it a pass costs a placement, a relay and
-a pricing for next to nothing."""
+on the chosen plans priced alone (gain = straggler before / after one pass, every pool re-placed):
+libra-prod's 256K pools sit at 0.003-0.012 and gain 0.28% on average (the 7 of 32 above 0.01 keep
+0.18 points of it; 2 windows), its 1M pools at 0.018-0.036 and gain 0.9% (4 windows), Wikipedia's
+at 0.043 and up (256K) and 0.037-0.20 (1M), gaining 5.8% and 6.6% (up to 15%; 2 windows). Below
+it a pass costs a placement, a relay and a pricing for next to nothing."""
 
 
 def exposure_excess(compute: np.ndarray, exposed: np.ndarray) -> float:
