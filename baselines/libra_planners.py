@@ -390,21 +390,23 @@ class _AdaptivePools:
         self.choices: dict[int, str] = {}
 
     def __call__(self, k: int, sequences, workers):
-        name, pool, times = self._choose(self.options(k, sequences, workers))
-        name, pool = self.rebalance(name, pool, times)
+        loads = {}
+        name, pool, times = self._choose(self.options(k, sequences, workers, loads))
+        name, pool = self.rebalance(name, pool, times, loads.get(name))
         self.choices[int(sequences[0].seq_id)] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
         return pool
 
-    def options(self, k: int, sequences, workers) -> list[tuple[str, PoolPlan]]:
+    def options(self, k: int, sequences, workers, loads: dict | None = None) -> list[tuple[str, PoolPlan]]:
         """Every ``(candidate name, pool plan)`` to price: :func:`~libra.tap.adaptive.candidate_pools`
-        each under its chunking (or every configured one).
+        each under its chunking (or every configured one); ``loads`` (optional) receives the fine
+        candidates' tile loads (``candidate_pools(loads=...)``) for :meth:`rebalance`.
 
         Raises:
             ValueError: no candidate runs under the configured chunkings.
         """
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates, link_cost=self.cost.topology.byte_cost,
-                                limits=self.config.heavy_tile_limits)
+                                limits=self.config.heavy_tile_limits, loads=loads)
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
         # (KV relays run under head chunks only: libra.tap.relay.check_relays)
@@ -440,7 +442,7 @@ class _AdaptivePools:
                 best, pick, times = t, i, (compute, exposed)
         return (*options[pick], times)
 
-    def rebalance(self, name: str, pool: PoolPlan, times) -> tuple[str, PoolPlan]:
+    def rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None) -> tuple[str, PoolPlan]:
         """The chosen ``pool`` after up to ``rebalance_passes`` passes of
         :func:`libra.tap.adaptive.rebalance_exposed`, the fastest priced plan kept (its name gains
         ``+rebalanced``). The first pass reserves the chosen plan's exposure; each later one the mean
@@ -448,12 +450,14 @@ class _AdaptivePools:
         reserving only the last plan's exposure swings work back and forth between passes). Passes
         stop once the last plan's :func:`~libra.tap.adaptive.exposure_excess` is at most
         :data:`~libra.tap.adaptive.REBALANCE_MIN_EXCESS`. Candidates outside
-        :data:`~libra.tap.adaptive.REBALANCED` stay."""
+        :data:`~libra.tap.adaptive.REBALANCED` stay. ``load``: the plan's tile loads as placed, when
+        the caller has them (:meth:`options`' ``loads``); estimated here otherwise."""
         if times is None or not self._rebalances(name):
             return name, pool
         passes = self.config.rebalance_passes
-        load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
-                                   self.tap.pipeline_chunks, index=pool.index())
+        if load is None:
+            load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
+                                       self.tap.pipeline_chunks, index=pool.index())
         best, kept, current = float((times[0] + times[1]).max()), (name, pool), pool
         reserved = times[1]
         for i in range(passes):
@@ -485,10 +489,11 @@ class _AdaptivePools:
         """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
         ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here) and
         ``rebalance`` (:meth:`rebalance` of the chosen plan)."""
-        options = self.options(k, sequences, workers)
+        loads = {}
+        options = self.options(k, sequences, workers, loads)
         chosen = self._choose(options)
         return {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
-                "rebalance": partial(self.rebalance, *chosen)}
+                "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
 
 
 PRICE_FIRST = ("fine-retain-link-relay", "fine-retain-link")

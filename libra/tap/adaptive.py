@@ -147,7 +147,7 @@ FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     tap: TapConfig, shape: AttentionShape, kernel,
                     names: Sequence[str] = CANDIDATES, link_cost=None,
-                    limits: Sequence[float] = HEAVY_TILE_LIMITS) -> dict[str, PoolPlan]:
+                    limits: Sequence[float] = HEAVY_TILE_LIMITS, loads: dict | None = None) -> dict[str, PoolPlan]:
     """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
 
     Args:
@@ -161,6 +161,9 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
             with the first; each later limit that cuts some tile adds the relayed one (or, without
             it among ``names``, every fine one) cut that finer, named ``name@limit``
             (:func:`base_candidate` gives ``name`` back).
+        loads: optional dict that receives each fine candidate's tile loads as placed
+            (``{name: (T,) array}``, :func:`~libra.tap.weights.kernel_time_weights`): what
+            :func:`rebalance_exposed` places with, so the planner need not estimate them again.
 
     Returns:
         ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
@@ -200,6 +203,8 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         for name, pool in _fine_pools(index_in_group, sequences, workers, tap, shape, cut, cut_load, index,
                                       finer if i else fine, link_cost).items():
             out[name + suffix] = pool
+            if loads is not None:
+                loads[name + suffix] = cut_load
     return out
 
 

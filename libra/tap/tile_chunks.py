@@ -103,11 +103,13 @@ def _step_function(gid, start, end, value, M: int, last: bool):
     span = int(end.max()) + 1
     pts = sorted_unique(np.concatenate([gid * span + start, gid * span + end]))
     lo, hi = np.searchsorted(pts, gid * span + start), np.searchsorted(pts, gid * span + end)
-    best = np.full(len(pts), -1, dtype=np.int64)
-    for c in (range(M) if last else range(M - 1, -1, -1)):  # later c overwrite: min first / max last
-        sel = value == c
-        count = np.bincount(lo[sel], minlength=len(pts) + 1) - np.bincount(hi[sel], minlength=len(pts) + 1)
-        best[np.cumsum(count)[:-1] > 0] = c
+    # (M, points) how many intervals of each value cover each elementary segment: one bincount
+    # each way over (value, point) bins, one cumsum along the points
+    n = len(pts) + 1
+    count = (np.bincount(value * n + lo, minlength=M * n) - np.bincount(value * n + hi, minlength=M * n))
+    covered = np.cumsum(count.reshape(M, n), axis=1)[:, :-1] > 0
+    pick = covered[::-1].argmax(axis=0) if last else covered.argmax(axis=0)  # first True: max / min value
+    best = np.where(covered.any(axis=0), (M - 1 - pick) if last else pick, -1)
     seg = np.nonzero(best[:-1] >= 0)[0]  # elementary segment i = [pts[i], pts[i+1])
     seg = seg[pts[seg] // span == pts[seg + 1] // span]
     g, s, e, v = pts[seg] // span, pts[seg] % span, pts[seg + 1] - (pts[seg] // span) * span, best[seg]
@@ -190,6 +192,23 @@ class TileChunkSchedule:
     def _kv_pieces(self, tr: TransferTable, rows: np.ndarray, backward: bool):
         """KV rows cut per KV head and token: with the first chunk that reads the token at the row's
         destination (``backward``: the last one, for dK/dV)."""
+        groups = self._cache.get("kv-groups")
+        if groups is None:  # what both directions share: one row per (tile, KV head) and (row, KV head)
+            groups = self._cache["kv-groups"] = self._kv_groups(tr, rows)
+        rix, rhead, rg, tg, tix, need_start = groups
+        if not len(tix):
+            z = np.zeros(0, dtype=np.int64)
+            return z, z, z, z, z, z
+        g, s, e, v = _step_function(tg, need_start, self._pool.tiles.q_end[tix].astype(np.int64),
+                                    self.tile_chunk[tix], self.chunks, last=backward)
+        r, ts, te, c = _split_rows(rg, tr.tok_start[rows][rix].astype(np.int64),
+                                   tr.tok_end[rows][rix].astype(np.int64), g, s, e, v)
+        return rows[rix][r], rhead[r], rhead[r] + 1, ts, te, c
+
+    def _kv_groups(self, tr: TransferTable, rows: np.ndarray):
+        """``(rix, rhead, rg, tg, tix, need_start)``: KV rows ``rows`` expanded per KV head (``rix``
+        indexes ``rows``) and the tiles per KV head (``tix``, with the first KV token each reads),
+        with dense ids of their (destination, sequence, KV head) groups (``rg``, ``tg``)."""
         pool, tiles = self._pool, self._pool.tiles
         k0, k1 = self.shape.kv_head_range(tiles.head_start, tiles.head_end)
         tix, head = expand_counts(k1 - k0)  # one row per (tile, KV head) and (transfer row, KV head)
@@ -199,14 +218,7 @@ class TileChunkSchedule:
         rhead += tr.head_start[rows][rix]
         rg, tg = _group_ids(np.stack([tr.dst[rows][rix], tr.seq[rows][rix], rhead], 1).astype(np.int64),
                             np.stack([tiles.dest[tix], tiles.seq[tix], head], 1).astype(np.int64))
-        if not len(tix):
-            z = np.zeros(0, dtype=np.int64)
-            return z, z, z, z, z, z
-        g, s, e, v = _step_function(tg, need_start[tix], tiles.q_end[tix].astype(np.int64),
-                                    self.tile_chunk[tix], self.chunks, last=backward)
-        r, ts, te, c = _split_rows(rg, tr.tok_start[rows][rix].astype(np.int64),
-                                   tr.tok_end[rows][rix].astype(np.int64), g, s, e, v)
-        return rows[rix][r], rhead[r], rhead[r] + 1, ts, te, c
+        return rix, rhead, rg, tg, tix, need_start[tix]
 
     def transfer_pieces(self, kind: int, table: TransferTable, rows: np.ndarray, chunk: int,
                         backward: bool = False):
