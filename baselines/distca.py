@@ -29,6 +29,6 @@ class DistCAPlanner(TapPlanner):
     pinned = {"load_estimate": "flops", "comm_aware": False}
     per_window = ("pool_size",)
 
-    def window_tap(self, par: ParallelConfig) -> TapConfig:
+    def window_tap(self, par: ParallelConfig, shape=None) -> TapConfig:
         """One pool of all ``DP * CP`` workers per GA index: ``P = DP``."""
         return replace(self.tap, pool_size=par.dp)

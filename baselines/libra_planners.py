@@ -149,8 +149,9 @@ class TapPlanner(Planner):
     def from_options(cls, **options) -> TapPlanner:
         return cls(TapConfig(**options))
 
-    def window_tap(self, par: ParallelConfig) -> TapConfig:
-        """The TapConfig of one window in layout ``par`` (:attr:`per_window` fields set)."""
+    def window_tap(self, par: ParallelConfig, shape: AttentionShape | None = None) -> TapConfig:
+        """The TapConfig of one window in layout ``par`` (:attr:`per_window` fields set) for heads
+        ``shape`` (None: not known yet; only ``libra-adaptive``'s Pipeliner depth reads it)."""
         return self.tap
 
     def groups(self, lengths, par: ParallelConfig, tap: TapConfig) -> tuple[np.ndarray, dict]:
@@ -166,7 +167,7 @@ class TapPlanner(Planner):
         ``plan_one(k, sequences, workers) -> PoolPlan`` (the layout already checked) -- and the
         method's meta for its Plans. The one per-pool entry point: :meth:`plan_window` plans
         every pool with it, ``libra-bench plan-cost`` times it."""
-        tap = self.window_tap(par)
+        tap = self.window_tap(par, shape)
         kernel, kernel_meta = self.load_model()
 
         def plan_one(k, sequences, workers):
@@ -182,7 +183,7 @@ class TapPlanner(Planner):
             ValueError: P not dividing DP, B not dividing S/CP, H not dividing hq, M not dividing
                 hq/H, or a window that does not match ``par``.
         """
-        tap = self.window_tap(par)
+        tap = self.window_tap(par, shape)
         check_layout(par, tap, shape)
         lengths = window_lengths(window, par)
         groups, extra = self.groups(lengths, par, tap)
@@ -303,16 +304,20 @@ class LibraAdaptiveConfig(LibraKtConfig):
             exposed communication reserved (:func:`libra.tap.adaptive.rebalance_exposed`), each
             pass kept only while it prices faster (default
             :data:`libra.tap.adaptive.REBALANCE_PASSES`; 0: never).
+        deepen_pipeline: run :data:`DEEPER_CHUNKS` times the layout's Pipeliner chunks ``M``
+            where the tiles allow it (:meth:`LibraAdaptivePlanner.window_tap`; default True);
+            False: the layout's ``M``.
 
     Raises:
         ValueError: an empty or unknown candidate or chunking list, a negative or non-integer
-            ``rebalance_passes``, and :class:`LibraKtConfig`'s errors.
+            ``rebalance_passes``, a non-bool ``deepen_pipeline``, and :class:`LibraKtConfig`'s errors.
     """
 
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     chunkings: tuple[str, ...] | None = None
     heavy_tile_limits: tuple[float, ...] = HEAVY_TILE_LIMITS
     rebalance_passes: int = REBALANCE_PASSES
+    deepen_pipeline: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -334,6 +339,9 @@ class LibraAdaptiveConfig(LibraKtConfig):
         if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 0:
             raise ValueError(f"libra-adaptive rebalance_passes must be an integer >= 0, got {passes!r}")
         object.__setattr__(self, "rebalance_passes", int(passes))
+        if not isinstance(self.deepen_pipeline, (bool, np.bool_)):
+            raise ValueError(f"libra-adaptive deepen_pipeline must be True or False, got {self.deepen_pipeline!r}")
+        object.__setattr__(self, "deepen_pipeline", bool(self.deepen_pipeline))
         if self.chunkings and HEADS not in self.chunkings and set(self.candidates) <= RELAYED:
             raise ValueError(f"libra-adaptive candidates {list(self.candidates)} relay KV, which runs under head "
                              f"chunks only; chunkings {list(self.chunkings)} leave no candidate to run")
@@ -364,16 +372,42 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
         """See :meth:`TapPlanner.pool_planner`: an :class:`_AdaptivePools` on the profile's cost model."""
         profile = load_profile(self.config.profile)
-        plan_one = _AdaptivePools(profile, par, self.window_tap(par), shape, self.config)
+        tap = self.window_tap(par, shape)
+        plan_one = _AdaptivePools(profile, par, tap, shape, self.config, layout=super().window_tap(par, shape))
         return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
                           "heavy_tile_limits": list(self.config.heavy_tile_limits),
-                          "rebalance_passes": self.config.rebalance_passes}
+                          "rebalance_passes": self.config.rebalance_passes,
+                          "deepen_pipeline": self.config.deepen_pipeline,
+                          "layout_pipeline_chunks": self.tap.pipeline_chunks}
+
+    def window_tap(self, par: ParallelConfig, shape: AttentionShape | None = None) -> TapConfig:
+        """The layout's TapConfig with the Pipeliner deepened (``deepen_pipeline``): ``M`` times
+        :data:`DEEPER_CHUNKS` where the one-KV-head tiles (``hq / hkv`` query heads) and the paper's
+        tiles (``hq / H``) still split into that many head chunks and the layout allows it
+        (:func:`libra.config.check_layout`); the layout's ``M`` otherwise. The Plans carry it
+        (``pipeline_chunks``, which the runtime and the simulator run)."""
+        tap = super().window_tap(par, shape)
+        if not self.config.deepen_pipeline or shape is None:
+            return tap
+        deeper = replace(tap, pipeline_chunks=DEEPER_CHUNKS * tap.pipeline_chunks)
+        if (shape.num_q_heads // max(shape.num_kv_heads, 1)) % deeper.pipeline_chunks:
+            return tap  # head chunks would cut the one-KV-head tiles wider (fine_head_split)
+        try:
+            check_layout(par, deeper, shape)
+        except ValueError:
+            return tap
+        return deeper
 
     def finish(self, plans: list[Plan], plan_one) -> list[Plan]:
-        """Each Plan's ``meta["adaptive_choice"]``: the candidate each of its pools took."""
-        return [replace(p, meta={**p.meta, "adaptive_choice": [plan_one.choices[int(pool.sequences[0].seq_id)]
-                                                                for pool in p.pools]})
-                for p in plans]
+        """Each Plan's ``meta["adaptive_choice"]`` (the candidate each of its pools took), after
+        :meth:`_AdaptivePools.keep_depth`: a deepened Plan whose slowest pool prices slower than the
+        paper's plan of its slowest pool at the layout's ``M`` is planned again at that ``M``."""
+        out = []
+        for p in plans:
+            p, planner = plan_one.keep_depth(p)
+            out.append(replace(p, meta={**p.meta, "adaptive_choice": [planner.choices[int(pool.sequences[0].seq_id)]
+                                                                       for pool in p.pools]}))
+        return out
 
 
 class _AdaptivePools:
@@ -384,17 +418,54 @@ class _AdaptivePools:
     index of a pool's first sequence to the candidate it took."""
 
     def __init__(self, profile: HardwareProfile, par: ParallelConfig, tap: TapConfig, shape: AttentionShape,
-                 config: LibraAdaptiveConfig):
+                 config: LibraAdaptiveConfig, layout: TapConfig | None = None):
         self.profile, self.par, self.tap, self.shape, self.config = profile, par, tap, shape, config
         self.cost = CostModel(profile, Topology(profile, par))
         self.choices: dict[int, str] = {}
+        # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
+        # back on, and per pool the price of its plan and of the paper's plan at the layout's M
+        self.layout = None if layout is None or layout == tap else _AdaptivePools(profile, par, layout, shape, config)
+        self.prices: dict[int, tuple[float, float]] = {}
 
     def __call__(self, k: int, sequences, workers):
         loads = {}
-        name, pool, times = self._choose(self.options(k, sequences, workers, loads))
-        name, pool = self.rebalance(name, pool, times, loads.get(name))
-        self.choices[int(sequences[0].seq_id)] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
+        options = self.options(k, sequences, workers, loads)
+        name, pool, times = self._choose(options)
+        name, pool, price = self._rebalance(name, pool, times, loads.get(name))
+        key = int(sequences[0].seq_id)
+        self.choices[key] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
+        if self.layout is not None:
+            self.prices[key] = (self._price(pool) if price is None else price,
+                                self._price(self._paper_plan(k, sequences, workers, options), self.layout.tap))
         return pool
+
+    def _price(self, pool: PoolPlan, tap: TapConfig | None = None) -> float:
+        """``pool``'s priced straggler alone, at ``tap``'s Pipeliner chunks (default this planner's)."""
+        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap)
+        return float((compute + exposed).max())
+
+    def _paper_plan(self, k: int, sequences, workers, options) -> PoolPlan:
+        """The paper's Alg. 2 plan of the pool (``libra``'s; its placement does not depend on
+        ``M``): the ``alg2-flops`` candidate when priced among ``options``, else planned here."""
+        for name, pool in options:
+            if name == "alg2-flops" and pool.chunking == HEADS:
+                return pool
+        return plan_pool(k, sequences, workers, replace(self.tap, load_estimate="flops"), self.shape,
+                         layout_checked=True)
+
+    def keep_depth(self, plan: Plan) -> tuple[Plan, _AdaptivePools]:
+        """``(plan, the planner of its pools)``: ``plan`` when it runs the layout's ``M`` or its slowest
+        pool prices no slower than the paper's plan of the slowest pool at the layout's ``M``; else
+        its pools planned again at the layout's ``M`` (so ``libra-adaptive`` is never priced slower
+        than ``libra``, Libra sec. 4.4's ``M``)."""
+        if self.layout is None or not plan.pools:
+            return plan, self
+        keys = [int(pool.sequences[0].seq_id) for pool in plan.pools]
+        if max(self.prices[k][0] for k in keys) <= max(self.prices[k][1] for k in keys):
+            return plan, self
+        pools = tuple(self.layout(pool.pool_index, pool.sequences, pool.workers) for pool in plan.pools)
+        M = self.layout.tap.pipeline_chunks
+        return replace(plan, pools=pools, pipeline_chunks=M, meta={**plan.meta, "pipeline_chunks": M}), self.layout
 
     def options(self, k: int, sequences, workers, loads: dict | None = None) -> list[tuple[str, PoolPlan]]:
         """Every ``(candidate name, pool plan)`` to price: :func:`~libra.tap.adaptive.candidate_pools`
@@ -443,6 +514,10 @@ class _AdaptivePools:
         return (*options[pick], times)
 
     def rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None) -> tuple[str, PoolPlan]:
+        """:meth:`_rebalance` without the price."""
+        return self._rebalance(name, pool, times, load)[:2]
+
+    def _rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None):
         """The chosen ``pool`` after up to ``rebalance_passes`` passes of
         :func:`libra.tap.adaptive.rebalance_exposed`, the fastest priced plan kept (its name gains
         ``+rebalanced``). The first pass reserves the chosen plan's exposure; each later one the mean
@@ -451,9 +526,12 @@ class _AdaptivePools:
         stop once the last plan's :func:`~libra.tap.adaptive.exposure_excess` is at most
         :data:`~libra.tap.adaptive.REBALANCE_MIN_EXCESS`. Candidates outside
         :data:`~libra.tap.adaptive.REBALANCED` stay. ``load``: the plan's tile loads as placed, when
-        the caller has them (:meth:`options`' ``loads``); estimated here otherwise."""
-        if times is None or not self._rebalances(name):
-            return name, pool
+        the caller has them (:meth:`options`' ``loads``); estimated here otherwise. Returns
+        ``(name, pool, price)``, the price its straggler as priced (None when nothing priced it)."""
+        if times is None or times[1] is None:
+            return name, pool, None
+        if not self._rebalances(name):
+            return name, pool, float((times[0] + times[1]).max())
         passes = self.config.rebalance_passes
         if load is None:
             load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
@@ -472,7 +550,7 @@ class _AdaptivePools:
             if t < best:
                 best, kept = t, (f"{name}+rebalanced", current)
             reserved = (reserved + times[1]) / 2
-        return kept
+        return (*kept, best)
 
     def _rebalances(self, name: str) -> bool:
         """Whether :meth:`rebalance` may re-place candidate ``name`` (passes configured, a
@@ -487,13 +565,33 @@ class _AdaptivePools:
 
     def stages(self, k: int, sequences, workers) -> dict:
         """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
-        ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here) and
-        ``rebalance`` (:meth:`rebalance` of the chosen plan)."""
+        ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here),
+        ``rebalance`` (:meth:`rebalance` of the chosen plan) and, with a deepened Pipeliner,
+        ``depth`` (pricing the paper's plan at the layout's ``M`` for :meth:`keep_depth`)."""
         loads = {}
         options = self.options(k, sequences, workers, loads)
         chosen = self._choose(options)
-        return {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
-                "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
+        parts = {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
+                 "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
+        if self.layout is not None:  # the deeper Pipeliner's guard: the paper's plan at the layout's M
+            parts["depth"] = partial(self._price, self._paper_plan(k, sequences, workers, options), self.layout.tap)
+        return parts
+
+
+DEEPER_CHUNKS = 2
+"""How many times the layout's Pipeliner chunks ``M`` ``libra-adaptive`` runs (``deepen_pipeline``).
+Only chunk 0's dispatch and chunk ``M - 1``'s return are never hidden (Libra sec. 4.4), each about
+``1/M`` of a worker's traffic, and on real corpora those two transfers are most of the straggler's
+exposed communication; a deeper Pipeliner shortens them for a few more chunk latencies and kernel
+calls. Measured with ``straggler``'s pricing (4 windows, jitter on; every Plan at one depth),
+``libra-adaptive``'s mean speedup over Ulysses at M = 4 / 8: Wikipedia 4.744 / 4.766 (256K) and
+2.929 / 2.985 (1M), ProLong 7.183 / 7.178 and 3.812 / 3.899, libra-prod 2.341 / 2.369 and
+2.502 / 2.519, the held-out WLB-LLM synthetic corpus 3.167 / 3.215 and 2.063 / 2.110. M = 16 cuts
+the paper shape's one-KV-head tiles (8 query heads) to two KV heads, which head chunks of one query
+head per chunk need (:func:`libra.tap.adaptive.fine_head_split`), and lost up to 45%. Choosing per
+Plan between M = 4 and 8 by pricing the plan built for M = 4 at both gained less than planning at
+8 (Wikipedia 1M 2.953, ProLong 1M 3.866, libra-prod 256K 2.345): the tile loads, chunkings and
+re-placement are priced at the depth that runs."""
 
 
 PRICE_FIRST = ("fine-retain-link-relay", "fine-retain-link")

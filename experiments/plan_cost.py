@@ -15,8 +15,9 @@ all four; :func:`experiments.sim_common.custom_setting`), with the head shape of
   ``tap.tiles``, ``tap.placement`` and ``tap.exchange`` time its three parts separately;
   ``tap@<method>`` times another TAP planner's per-pool call (``--methods``), and
   ``tap@<method>.<part>`` the parts a planner names (:func:`method_parts`; ``libra-adaptive``:
-  ``candidates``, building every candidate plan, ``pricing``, choosing among them, and
-  ``rebalance``, re-placing the chosen one for its exposed communication);
+  ``candidates``, building every candidate plan, ``pricing``, choosing among them,
+  ``rebalance``, re-placing the chosen one for its exposed communication, and ``depth``, pricing
+  the paper's plan at the layout's M, the guard of its deeper Pipeliner);
 * ``compile``: :func:`libra.runtime.program.compile_worker` for one worker -- the planner-side call
   (run by :class:`~libra.runtime.async_planner.AsyncPlanner` with ``compile_for``) whose program
   ``forward``/``backward`` execute with no further index construction -- over ``--compile-workers``

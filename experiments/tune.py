@@ -287,7 +287,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
     """
-    from baselines.registry import get_planner, options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
+    from baselines.registry import get_planner, options_from_tap, planner_class  # noqa: PLC0415  (keeps `--help` fast)
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
@@ -308,6 +308,8 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
         method, p, h, b, chunks, w = key
         opts = {} if method == "ulysses" else options_from_tap(
             method, replace(tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks), profile)
+        if "deepen_pipeline" in planner_class(method).option_names():
+            opts["deepen_pipeline"] = False  # the grid searches M itself: each candidate runs its own
         steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,

@@ -375,3 +375,43 @@ def test_more_rebalance_passes_never_price_slower(seed):
     t1 = float(sum(one._worker_ms(one.rebalance(name, pool, times)[1])).max())
     t3 = float(sum(three._worker_ms(three.rebalance(name, pool, times)[1])).max())
     assert t3 <= t1
+
+
+@pytest.mark.parametrize("hq, hkv, m, deepen, want", [(32, 4, 4, True, 8), (32, 4, 4, False, 4), (32, 4, 8, True, 8),
+                                                       (8, 2, 2, True, 4), (8, 8, 2, True, 2), (12, 3, 4, True, 4)])
+def test_adaptive_deepens_the_pipeliner_only_where_the_tiles_split(hq, hkv, m, deepen, want):
+    """Twice the layout's M where the one-KV-head tiles (hq / hkv heads) and the paper's tiles
+    (hq / H) still split into that many head chunks; the layout's M otherwise or when told not to."""
+    par = ParallelConfig(dp=2, cp=1, gbs=4, seq_len=512)
+    planner = get_planner("libra-adaptive", block_size=32, head_split=1, pipeline_chunks=m, pool_size=2,
+                          deepen_pipeline=deepen)
+    assert planner.window_tap(par, AttentionShape(hq, hkv, 8)).pipeline_chunks == want
+    assert planner.window_tap(par).pipeline_chunks == m  # no shape: the layout's
+
+
+def test_deepened_plans_run_deeper_and_fall_back_where_priced_slower():
+    """On 128K sequences of the paper's head shape the deeper Pipeliner prices faster and the Plans
+    run it; on 512-token sequences its chunk latencies outweigh what it hides, and every Plan is
+    planned again at the layout's M (then it is the layout's plan). Each Plan's meta records the M
+    it runs."""
+    profile = load_profile("h100-roce-v1")
+    for S, cp, shape, opts, runs in ((131072, 8, AttentionShape(32, 4, 128),
+                                      {"block_size": 4096, "head_split": 2, "pipeline_chunks": 4, "pool_size": 2}, 8),
+                                     (512, 1, SHAPE, OPTS, 2)):
+        par = ParallelConfig(dp=2, cp=cp, gbs=4, seq_len=S)
+        window = make_window(par.gbs, S, 0)
+        deep = get_planner("libra-adaptive", **opts, profile=profile).plan_window(window, par, shape)
+        flat = get_planner("libra-adaptive", **opts, profile=profile, deepen_pipeline=False).plan_window(window, par,
+                                                                                                         shape)
+        assert [p.pipeline_chunks for p in deep] == [runs] * len(deep)
+        assert all(p.meta["pipeline_chunks"] == runs and p.meta["layout_pipeline_chunks"] == opts["pipeline_chunks"]
+                   for p in deep)
+        if runs == opts["pipeline_chunks"]:
+            assert [p.digest() for p in deep] == [replace(f, meta=d.meta).digest() for d, f in zip(deep, flat)]
+        else:
+            assert (_price_steps(deep, profile, par) < _price_steps(flat, profile, par)).all()
+
+
+def test_deepen_pipeline_must_be_a_bool():
+    with pytest.raises(ValueError, match="deepen_pipeline"):
+        LibraAdaptiveConfig(deepen_pipeline="yes")

@@ -178,7 +178,7 @@ def test_plan_cost_times_another_planner_and_its_parts(tmp_path):
     assert r.exit_code == 0, r.output
     df = pd.read_csv(out / "plan-cost.csv").set_index("stage")
     parts = ["tap@libra-adaptive", "tap@libra-adaptive.candidates", "tap@libra-adaptive.pricing",
-             "tap@libra-adaptive.rebalance"]
+             "tap@libra-adaptive.rebalance", "tap@libra-adaptive.depth"]
     assert set(parts) <= set(df.index) and (df.loc[parts, "median_ms"] > 0).all()
     assert (df.loc[parts, "repeats"] == df.loc["tap", "repeats"]).all()  # every pool, every repeat
     assert "TAP per pool, libra-adaptive" in r.output and "x libra's" in r.output
