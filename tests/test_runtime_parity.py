@@ -77,7 +77,7 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
            "relayed": int(sum((p.transfers.hop > 0).sum() for p in plan.pools)),
            "rebalanced": sum("+rebalanced" in c for c in plan.meta.get("adaptive_choice", ())),
            "off_block": int(sum(np.sum((p.tiles.q_end - p.tiles.q_start) % case["B"] != 0) for p in plan.pools)),
-           "my_relay_rounds": attn.program.hops}
+           "my_relay_rounds": attn.program.hops, "chunks": attn.program.chunks}
     refs = {s: reference_grads(*full[s], lengths[s]) for s, _, _ in ranges}
     ref = [torch.cat([refs[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
     for dtype in dtypes:
@@ -167,6 +167,8 @@ def _assert_results(results):
                 assert res["off_block"] > 0, f"{case}: no tile was cut; the test would not exercise split tiles"
             if "fine-retain-link-relay" in case.get("options", {}).get("candidates", ()):
                 assert res["relayed"] > 0, f"{case}: no KV relay row; the test would not exercise relays"
+            if case.get("deepened"):  # libra-adaptive's deeper Pipeliner (DEEPER_CHUNKS x the layout's M)
+                assert res["chunks"] > case["M"], f"{case}: the plan runs the layout's M; the test would not exercise it"
             if case.get("rebalanced") == case["grid"]:
                 assert res["rebalanced"] > 0, f"{case}: no pool re-placed for its exposed communication"
             pinned = case.get("options", {}).get("chunkings")
@@ -201,9 +203,10 @@ CASES_4 = [
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
      "B": 16, "H": 1, "M": 1, "comm": "a2a", "dtypes": ["float64", "bfloat16"]},
     # one 256-token sample beside short ones: its last tiles outweigh a worker's mean and are cut into
-    # token ranges that are not whole blocks (libra.tap.adaptive.split_heavy_tiles); relayed and not
+    # token ranges that are not whole blocks (libra.tap.adaptive.split_heavy_tiles); relayed and not;
+    # run with the deeper Pipeliner (M = 4 for the layout's 2: baselines.libra_planners.DEEPER_CHUNKS)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link",), "profile": FLOPS_KERNEL},
-     "split": True, "lengths": [[256], [8] * 32], "B": 128, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
+     "split": True, "deepened": True, "lengths": [[256], [8] * 32], "B": 128, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
 ]
 
 
