@@ -425,7 +425,7 @@ class _AdaptivePools:
         # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
         # back on, and per pool the price of its plan and of the paper's plan at the layout's M
         self.layout = None if layout is None or layout == tap else _AdaptivePools(profile, par, layout, shape, config)
-        self.prices: dict[int, tuple[float, float]] = {}
+        self.prices: dict[int, list] = {}  # [its price, the paper plan's price or bound, that plan or None]
 
     def __call__(self, k: int, sequences, workers):
         loads = {}
@@ -435,8 +435,13 @@ class _AdaptivePools:
         key = int(sequences[0].seq_id)
         self.choices[key] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
         if self.layout is not None:
-            self.prices[key] = (self._price(pool) if price is None else price,
-                                self._price(self._paper_plan(k, sequences, workers, options), self.layout.tap))
+            price = self._price(pool) if price is None else price
+            paper = self._paper_plan(k, sequences, workers, options)
+            compute, exposed = _pool_worker_ms(self.cost, paper, self.par, self.shape, self.layout.tap, price)
+            # above its price the paper plan's compute alone settles it (a lower bound: branch and
+            # bound, as choose); kept to price exactly only if keep_depth needs it
+            self.prices[key] = ([price, float((compute + exposed).max()), None] if exposed is not None
+                                else [price, float(compute.max()), paper])
         return pool
 
     def _price(self, pool: PoolPlan, tap: TapConfig | None = None) -> float:
@@ -461,7 +466,14 @@ class _AdaptivePools:
         if self.layout is None or not plan.pools:
             return plan, self
         keys = [int(pool.sequences[0].seq_id) for pool in plan.pools]
-        if max(self.prices[k][0] for k in keys) <= max(self.prices[k][1] for k in keys):
+        slowest = max(self.prices[k][0] for k in keys)
+        if slowest <= max(self.prices[k][1] for k in keys):
+            return plan, self  # some paper pool's bound already reaches the slowest
+        for k in keys:  # every paper price below it is exact already; price the bounded ones
+            entry = self.prices[k]
+            if entry[2] is not None:
+                entry[1], entry[2] = self._price(entry[2], self.layout.tap), None
+        if slowest <= max(self.prices[k][1] for k in keys):
             return plan, self
         pools = tuple(self.layout(pool.pool_index, pool.sequences, pool.workers) for pool in plan.pools)
         M = self.layout.tap.pipeline_chunks
@@ -567,14 +579,17 @@ class _AdaptivePools:
         """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
         ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here),
         ``rebalance`` (:meth:`rebalance` of the chosen plan) and, with a deepened Pipeliner,
-        ``depth`` (pricing the paper's plan at the layout's ``M`` for :meth:`keep_depth`)."""
+        ``depth`` (pricing the paper's plan at the layout's ``M`` for :meth:`keep_depth`, its compute
+        alone where that already exceeds the chosen plan's price)."""
         loads = {}
         options = self.options(k, sequences, workers, loads)
         chosen = self._choose(options)
+        price = self._rebalance(*chosen, loads.get(chosen[0]))[2]
         parts = {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
                  "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
         if self.layout is not None:  # the deeper Pipeliner's guard: the paper's plan at the layout's M
-            parts["depth"] = partial(self._price, self._paper_plan(k, sequences, workers, options), self.layout.tap)
+            parts["depth"] = partial(_pool_worker_ms, self.cost, self._paper_plan(k, sequences, workers, options),
+                                     self.par, self.shape, self.layout.tap, float("inf") if price is None else price)
         return parts
 
 
