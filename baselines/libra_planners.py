@@ -390,7 +390,7 @@ class LibraAdaptivePlanner(LibraKtPlanner):
         if not self.config.deepen_pipeline or shape is None:
             return tap
         deeper = replace(tap, pipeline_chunks=DEEPER_CHUNKS * tap.pipeline_chunks)
-        if (shape.num_q_heads // max(shape.num_kv_heads, 1)) % deeper.pipeline_chunks:
+        if (shape.num_q_heads // shape.num_kv_heads) % deeper.pipeline_chunks:
             return tap  # head chunks would cut the one-KV-head tiles wider (fine_head_split)
         try:
             check_layout(par, deeper, shape)
@@ -437,7 +437,7 @@ class _AdaptivePools:
         if self.layout is not None:
             price = self._price(pool) if price is None else price
             paper = self._paper_plan(k, sequences, workers, options)
-            compute, exposed = _pool_worker_ms(self.cost, paper, self.par, self.shape, self.layout.tap, price)
+            compute, exposed = self._worker_ms(paper, price, self.layout.tap)
             # above its price the paper plan's compute alone settles it (a lower bound: branch and
             # bound, as choose); kept to price exactly only if keep_depth needs it
             self.prices[key] = ([price, float((compute + exposed).max()), None] if exposed is not None
@@ -446,7 +446,7 @@ class _AdaptivePools:
 
     def _price(self, pool: PoolPlan, tap: TapConfig | None = None) -> float:
         """``pool``'s priced straggler alone, at ``tap``'s Pipeliner chunks (default this planner's)."""
-        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap)
+        compute, exposed = self._worker_ms(pool, tap=tap)
         return float((compute + exposed).max())
 
     def _paper_plan(self, k: int, sequences, workers, options) -> PoolPlan:
@@ -569,9 +569,10 @@ class _AdaptivePools:
         :data:`~libra.tap.adaptive.REBALANCED` placement)."""
         return bool(self.config.rebalance_passes) and base_candidate(name) in REBALANCED
 
-    def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf")):
-        """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``)."""
-        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, self.tap, cutoff)
+    def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf"), tap: TapConfig | None = None):
+        """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``),
+        at ``tap``'s Pipeliner chunks (default this planner's)."""
+        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap, cutoff)
         ws = list(pool.workers)
         return compute[ws], (None if exposed is None else exposed[ws])
 
@@ -588,8 +589,8 @@ class _AdaptivePools:
         parts = {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
                  "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
         if self.layout is not None:  # the deeper Pipeliner's guard: the paper's plan at the layout's M
-            parts["depth"] = partial(_pool_worker_ms, self.cost, self._paper_plan(k, sequences, workers, options),
-                                     self.par, self.shape, self.layout.tap, float("inf") if price is None else price)
+            parts["depth"] = partial(self._worker_ms, self._paper_plan(k, sequences, workers, options),
+                                     float("inf") if price is None else price, self.layout.tap)
         return parts
 
 

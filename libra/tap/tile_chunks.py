@@ -106,7 +106,7 @@ def _step_function(gid, start, end, value, M: int, last: bool):
     # (M, points) how many intervals of each value cover each elementary segment: one bincount
     # each way over (value, point) bins, one cumsum along the points
     n = len(pts) + 1
-    count = (np.bincount(value * n + lo, minlength=M * n) - np.bincount(value * n + hi, minlength=M * n))
+    count = np.bincount(value * n + lo, minlength=M * n) - np.bincount(value * n + hi, minlength=M * n)
     covered = np.cumsum(count.reshape(M, n), axis=1)[:, :-1] > 0
     pick = covered[::-1].argmax(axis=0) if last else covered.argmax(axis=0)  # first True: max / min value
     best = np.where(covered.any(axis=0), (M - 1 - pick) if last else pick, -1)
