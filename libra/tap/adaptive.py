@@ -22,6 +22,9 @@ tile set and order cause, not the data:
   least worth moving stay), up to the soft target, and only then places the rest -- the tiles
   that carry the most work per byte -- with Alg. 2's own scoring (least incremental
   communication, then least load; :class:`libra.tap.placement._KVGroupState`), heaviest first.
+  Where that leaves no room for a long sample's late tiles, Alg. 2 falls back to the least-loaded
+  worker, which ends above the soft target; :func:`libra.tap.repair.repair_overload` then moves the
+  most work per byte off such workers to the cheapest worker with room.
 
 * **Bytes on slow links.** Alg. 2 prices a move in bytes, so a byte to a worker on the same node
   (NVLink) costs as much as one across the supernode spine (a ninth to an eighteenth of the
@@ -60,9 +63,10 @@ from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTa
 from libra.plan.layout import tile_flops
 from libra.tap.exchange import build_transfers
 from libra.tap.pipeline import ChunkSchedule
-from libra.tap.placement import place_tiles
+from libra.tap.placement import link_matrix, place_tiles, reserved_loads
 from libra.tap.planner import plan_pool
 from libra.tap.relay import relay_pool
+from libra.tap.repair import repair_overload
 from libra.tap.tiles import make_tiles
 from libra.tap.weights import kernel_time_weights
 from libra.workload import AttentionShape, range_areas
@@ -379,31 +383,50 @@ def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n
     Returns:
         int64 ``(T,)`` permutation of the tiles.
     """
-    qo = (tiles.q_end - tiles.q_start).astype(np.float64) * (tiles.head_end - tiles.head_start) * 2 \
-        * shape.head_dim * shape.dtype_bytes
-    k0, k1 = shape.kv_head_range(tiles.head_start, tiles.head_end)
-    kv = tiles.q_end.astype(np.float64) * (k1 - k0) * 2 * shape.head_dim * shape.dtype_bytes  # prefix bound
     reserved = dict(reserved or {})
     cap = (1.0 + float(tau)) * (float(load.sum()) + float(sum(reserved.values()))) / n_workers
     if reserved:  # per tile: C less its Q-home's reserved load
         homes, inverse = np.unique(tiles.q_home, return_inverse=True)
         cap = cap - np.array([float(reserved.get(int(h), 0.0)) for h in homes])[inverse]
-    keep = _retained(tiles.q_home, load, qo + kv, cap)
+    keep = _retained(tiles.q_home, load, move_bytes(tiles, shape), cap)
     heavy = np.argsort(-load, kind="stable")
     return np.concatenate((heavy[keep[heavy]], heavy[~keep[heavy]]))
 
 
+def move_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:
+    """float64 ``(T,)``: what each tile costs on a worker that holds none of it -- its Q + O bytes
+    plus all the KV bytes of its causal prefix (an upper bound of its KV interval's)."""
+    qo = (tiles.q_end - tiles.q_start).astype(np.float64) * (tiles.head_end - tiles.head_start) * 2 \
+        * shape.head_dim * shape.dtype_bytes
+    k0, k1 = shape.kv_head_range(tiles.head_start, tiles.head_end)
+    return qo + tiles.q_end.astype(np.float64) * (k1 - k0) * 2 * shape.head_dim * shape.dtype_bytes
+
+
 def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     shape: AttentionShape, tau: float, load: np.ndarray | None = None,
-                    index: PoolIndex | None = None, link_cost=None, reserved=None) -> tuple[TileTable, int]:
+                    index: PoolIndex | None = None, link_cost=None, reserved=None,
+                    placer: str = "auto") -> tuple[TileTable, int]:
     """Alg. 2 (:func:`libra.tap.placement.place_tiles`, compiled when numba imports) in
-    :func:`retention_order`; arguments and result as ``place_tiles`` (``load``: its ``weights``)."""
+    :func:`retention_order`, then :func:`libra.tap.repair.repair_overload` of the workers it left
+    above ``C``, the most work per byte moved leaving first; arguments and result as
+    ``place_tiles`` (``load``: its ``weights``; the fallback count is Alg. 2's, before the repair)."""
     workers = tuple(workers)
     load = tiles.flops if load is None else np.asarray(load, dtype=np.float64)
     by_worker = None if reserved is None else dict(zip(workers, np.asarray(reserved, dtype=np.float64).tolist()))
     order = retention_order(tiles, shape, load, len(workers), tau, by_worker)
-    return place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index, order=order,
-                       link_cost=link_cost, reserved=reserved)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index,
+                                   order=order, link_cost=link_cost, reserved=reserved, placer=placer)
+    if not len(tiles):
+        return placed, fallback
+    wsorted = np.sort(np.asarray(workers, dtype=np.int64))
+    base = reserved_loads(reserved, workers, wsorted)
+    cap = (1.0 + float(tau)) * (float(load.sum() + base.sum()) / len(wsorted))  # place_tiles' C
+    n = len(wsorted)
+    lw = link_matrix(link_cost, wsorted) if link_cost is not None else np.ones((n, n), np.int64) - np.eye(n, dtype=np.int64)
+    dest, _ = repair_overload(np.searchsorted(wsorted, placed.dest), load, base, cap,
+                              load / np.maximum(move_bytes(tiles, shape), 1.0), np.searchsorted(wsorted, tiles.q_home),
+                              lw, placer)
+    return TileTable(**{**{k: getattr(placed, k) for k in TileTable.FIELDS}, "dest": wsorted[dest]}), fallback
 
 
 def _retained(home: np.ndarray, load: np.ndarray, move_cost: np.ndarray, cap) -> np.ndarray:

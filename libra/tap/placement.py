@@ -187,16 +187,16 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             finite numbers >= 0.
         ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
-    jit = _placer_module(placer)
+    jit = placer_module(placer)
     wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles, n_workers = len(tiles), len(wsorted)
-    base = _check_reserved(reserved, workers, wsorted)
+    base = reserved_loads(reserved, workers, wsorted)
     if n_tiles == 0:
         return tiles, 0
     cap = (1.0 + float(tau)) * (float(load.sum() + base.sum()) / n_workers)
     order = np.argsort(-load, kind="stable") if order is None else _check_order(order, n_tiles)  # heaviest first
-    lw = None if link_cost is None else _link_matrix(link_cost, wsorted)
+    lw = None if link_cost is None else link_matrix(link_cost, wsorted)
     if jit is not None:
         dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
                                              comm_aware, lw, base)
@@ -229,11 +229,11 @@ def default_placer() -> str:
 def warmup(placer: str = "auto") -> float:
     """Compile the placement kernels now (once per process; numba only) so that timed calls
     exclude compilation; returns the seconds spent (0.0 for the Python placer)."""
-    jit = _placer_module(placer)
+    jit = placer_module(placer)
     return 0.0 if jit is None else float(jit.warmup())
 
 
-def _placer_module(placer: str):
+def placer_module(placer: str):
     """The compiled-kernel module for ``placer``, or None for the Python loops."""
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
@@ -257,7 +257,7 @@ def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx
                            base)
 
 
-def _check_reserved(reserved, workers, wsorted: np.ndarray) -> np.ndarray:
+def reserved_loads(reserved, workers, wsorted: np.ndarray) -> np.ndarray:
     """float64 ``(W,)`` starting loads in ``wsorted`` order from ``reserved`` in ``workers`` order
     (zeros for None; ValueError unless ``(W,)`` finite numbers >= 0)."""
     if reserved is None:
@@ -272,7 +272,7 @@ def _check_reserved(reserved, workers, wsorted: np.ndarray) -> np.ndarray:
     return r[np.argsort(np.asarray(list(workers)), kind="stable")]
 
 
-def _link_matrix(link_cost, wsorted: np.ndarray) -> np.ndarray:
+def link_matrix(link_cost, wsorted: np.ndarray) -> np.ndarray:
     """int64 ``(W, W)``: ``link_cost`` between the pool's sorted workers, the diagonal 0 (a worker
     reading its own bytes moves nothing). ValueError when it is not a non-negative integer per pair."""
     try:
@@ -373,7 +373,7 @@ def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, i
     by link with ``lw``) of atom ``b`` that worker ``w`` lacks in token segment ``k`` of sequence
     ``s`` (:func:`_missing_bytes`). ``tile_load``:
     ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`;
-    ``lw``: the ``(W, W)`` cost of a byte between workers (:func:`_link_matrix`; default bytes);
+    ``lw``: the ``(W, W)`` cost of a byte between workers (:func:`link_matrix`; default bytes);
     ``reserved``: ``(W,)`` starting loads (default 0).
     """
     n_workers = len(wsorted)

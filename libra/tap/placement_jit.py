@@ -17,6 +17,7 @@ Each kernel makes exactly the choices of its Python counterpart in :mod:`libra.t
   fetches one): a tile scores a worker in O(1) per atom, and placing it rewrites only the
   destination's rows, so a 1M pool of 4096 tiles on 128 workers places in a few ms.
 * :func:`place_flops_only` is the least-loaded placement (``comm_aware=False``).
+* :func:`repair_overload` is :mod:`libra.tap.repair`'s loop (``libra-adaptive``'s overload repair).
 
 Hot loops are written out in few functions (helpers that take arrays are inlined at numba's IR
 level, ``_inline``); every function stays within the project's 80-line limit.
@@ -543,6 +544,42 @@ def place_flops_only(order, load, cap: float, reserved) -> tuple[np.ndarray, int
     return dest, int(fallback)
 
 
+# ----------------------------------------------------------------------------- overload repair
+
+
+@_njit
+def _repair_kernel(dest, load, loads, cap, over, by_worker, starts, home, lw):
+    """``libra.tap.repair._repair_python``'s loop: the same moves, ties on (cost, load, lowest id)."""
+    moved = 0
+    for w in over:
+        for i in range(starts[w], starts[w + 1]):
+            if loads[w] <= cap:
+                break
+            t = by_worker[i]
+            f = load[t]
+            h = home[t]
+            best = -1
+            for v in range(loads.shape[0]):
+                if v == w or loads[v] + f > cap:
+                    continue
+                if best < 0 or lw[h, v] < lw[h, best] or (lw[h, v] == lw[h, best] and loads[v] < loads[best]):
+                    best = v
+            if best < 0:
+                continue
+            dest[t] = best
+            loads[w] -= f
+            loads[best] += f
+            moved += 1
+    return moved
+
+
+def repair_overload(dest, load, loads, cap: float, over, by_worker, starts, home, lw) -> int:
+    """Compiled :func:`libra.tap.repair._repair_python` (``dest`` and ``loads`` updated in place,
+    both as the caller's arrays: int64 and float64); returns the tiles moved."""
+    return int(_repair_kernel(dest, _f64(load), loads, float(cap), _i64(over), _i64(by_worker), _i64(starts),
+                              _i64(home), _i64(lw)))
+
+
 def warmup() -> float:
     """Compile every kernel now (on tiny inputs) and return the seconds it took; later calls in
     this process reuse the compiled code (calling it again is cheap and returns ~0)."""
@@ -556,4 +593,5 @@ def warmup() -> float:
          "a0": one, "a1": one + 1, "qo": one + 1, "home": one, "lw": np.zeros((1, 1), dtype=np.int64)}
     place_dense(d, one, one, one, 1.0, np.zeros(1))
     place_flops_only(one, one, 1.0, np.zeros(1))
+    repair_overload(one.copy(), np.ones(1), np.ones(1), 0.5, one, one, _i64([0, 1]), one, _i64([[0]]))
     return time.perf_counter() - t0
