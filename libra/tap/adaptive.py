@@ -121,7 +121,7 @@ def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
     return max(fine, tap.head_split)
 
 
-HEAVY_TILE_LIMITS = (1.0,)
+HEAVY_TILE_LIMITS = (1.0, 0.75)
 """Fractions of a worker's mean load above which a fine tile is cut into token ranges of equal
 causal work (:func:`split_heavy_tiles`): such a tile fills a worker alone and, at the end of a long
 sample, overfills it (Alg. 2's fallback). Every piece fetches the sample's KV prefix again, so a
@@ -141,14 +141,8 @@ Measured with ``straggler``'s pricing (jitter on, the default candidates):
   libra-prod kept their 1.0 figures either way.
 * the price is planning time where a tile is heavy (libra-prod has none that heavy), median per
   pool at 1M: ProLong 29 ms with 1.0 alone, 43 ms with (1.0, 0.75), 52 ms with (1.0, 0.75, 0.5);
-  Wikipedia 40, 53 and 112 ms (its giant sample's finer pieces make large relay groups).
-* with the overload repair of :func:`place_retaining` (:mod:`libra.tap.repair`), which moves the
-  light tiles off a worker that took a heavy one above ``C``, the finer cut stopped winning: each
-  pool priced alone (4 windows of each public corpus, the held-out one and libra-prod, both
-  settings), ``(1.0, 0.75)`` and ``(1.0,)`` made identical plans everywhere but ProLong 1M, whose
-  mean pool straggler moved 97.335 -> 97.379 ms (0.05%; one pool 1%) while its planning took ~30%
-  less (median per pool 58 / 73 ms -> 41 / 49 ms, two runs). The default is ``(1.0,)``;
-  ``heavy_tile_limits=(1.0, 0.75)`` restores the finer candidates."""
+  Wikipedia 40, 53 and 112 ms (its giant sample's finer pieces make large relay groups). The
+  default stops at 0.75; ``heavy_tile_limits`` adds 0.5."""
 
 FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 """The :data:`CANDIDATES` on one-KV-head tiles (:func:`fine_head_split`), cut at each heavy-tile limit."""
