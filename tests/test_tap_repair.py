@@ -102,3 +102,12 @@ def _retention(tiles, shape, n_workers, tau):
     from libra.tap.adaptive import retention_order  # noqa: PLC0415
 
     return retention_order(tiles, shape, tiles.flops, n_workers, tau)
+
+
+def test_inconsistent_arrays_are_refused():
+    ok = dict(dest=np.array([0, 1]), load=np.ones(2), base=np.zeros(2), cap=1.0, priority=np.ones(2),
+              home=np.array([0, 1]), lw=np.zeros((2, 2), int))
+    for bad in ({"load": np.ones(3)}, {"lw": np.zeros((3, 3), int)}, {"dest": np.array([0, 2])},
+                {"home": np.array([-1, 0])}):
+        with pytest.raises(ValueError, match="repair_overload"):
+            repair_overload(**{**ok, **bad})

@@ -44,9 +44,14 @@ def repair_overload(dest: np.ndarray, load: np.ndarray, base: np.ndarray, cap: f
 
     Returns:
         ``(new dest, tiles moved)``; ``dest`` itself is not modified.
+
+    Raises:
+        ValueError: arrays whose lengths disagree, a ``dest`` or ``home`` outside ``[0, W)``, or
+            ``lw`` not ``(W, W)``.
     """
     dest = np.array(dest, dtype=np.int64)
     load = np.asarray(load, dtype=np.float64)
+    _check(dest, load, base, priority, home, lw)
     loads = np.bincount(dest, weights=load, minlength=len(base)) + base  # the kernels' summation order
     over = np.flatnonzero(loads > cap)
     if not len(over):
@@ -59,6 +64,18 @@ def repair_overload(dest: np.ndarray, load: np.ndarray, base: np.ndarray, cap: f
     moved = run(dest, load, loads, float(cap), over, by_worker, starts, np.asarray(home, dtype=np.int64),
                 np.asarray(lw, dtype=np.int64))
     return dest, int(moved)
+
+
+def _check(dest, load, base, priority, home, lw) -> None:
+    """ValueError unless the arrays describe one placement of ``T`` tiles on ``W`` workers."""
+    n, t = len(base), len(dest)
+    if not (np.shape(load) == np.shape(priority) == np.shape(home) == (t,)) or np.shape(lw) != (n, n):
+        raise ValueError(f"repair_overload: {t} tiles need (T,) load, priority and home and a (W, W) link "
+                         f"matrix for W = {n}; got {np.shape(load)}, {np.shape(priority)}, {np.shape(home)}, "
+                         f"{np.shape(lw)}")
+    for name, a in (("dest", dest), ("home", np.asarray(home))):
+        if t and (a.min() < 0 or a.max() >= n):
+            raise ValueError(f"repair_overload: {name} must index the {n} workers")
 
 
 def _repair_python(dest, load, loads, cap, over, by_worker, starts, home, lw) -> int:
