@@ -86,7 +86,7 @@ fig14: $(STAMP)  ## Figure 14: per-microbatch forward time under PP
 	$(BENCH) pp-balance --workload libra-prod --out results/pp-balance $(RESULTS)
 
 microbench: $(STAMP)  ## measured core attention, 2 gloo ranks (one per core), skewed 8K windows, vs the measured ideal (run on a quiet host)
-	$(BENCH) calibrate --device cpu --out results/microbench-cpu/calibrate-cpu $(RESULTS)
+	$(BENCH) calibrate --device cpu --links --out results/microbench-cpu/calibrate-cpu $(RESULTS)
 	$(BENCH) microbench --nproc 2 --dp 2 --cp 1 --pool-size 2 --seq-len 8192 --gbs 2 --block-size 1024 --head-split 2 --q-heads 8 --kv-heads 2 --head-dim 64 --methods ulysses,libra,libra-kt,libra-adaptive --profile results/microbench-cpu/calibrate-cpu/profile.json --workload workloads/skewed-8k.txt --repeats 3 --out results/microbench-cpu $(RESULTS)
 
 multinode: $(STAMP)  ## two torchrun "nodes" x 2 gloo ranks on 127.0.0.1 run microbench and train (slow test, ~30 s)

@@ -14,7 +14,11 @@ the resolved name is recorded):
 * **launch probe** -- a 128-token, one-head call: the fixed per-call cost;
 * **device copy** -- a large device-to-device copy: bytes copied per second on one device. It is
   a memory-bandwidth figure (each byte read and written once on the same device), not an
-  NVLink/RoCE measurement; the link classes stay those of ``--base-profile``.
+  NVLink/RoCE measurement;
+* **link** (``--links``) -- a ping-pong between two spawned local ranks (gloo on CPU, NCCL between
+  two GPUs of this node; :mod:`experiments.link_probe`), whose fitted latency and bandwidth
+  (:func:`libra.sim.fit_links.fit_latency_bandwidth`) replace the intra-node link class
+  (``nvlink``); without it, and for the other classes, the links stay those of ``--base-profile``.
 
 Timing: CUDA events after warm-up on GPU (``time.perf_counter`` on CPU), medians over repeats,
 inputs rotated round-robin over several pre-allocated sets (fewer when a set is large; recorded).
@@ -59,8 +63,9 @@ from experiments.gpu_common import (
 from experiments.options import IntListType, SizeType
 from experiments.runner import ExperimentRun, atomic_write_text, git_sha
 from libra.runtime.kernels import Segments
+from libra.sim.fit_links import fit_latency_bandwidth, with_link_bandwidth
 from libra.sim.kernel import KernelModel, fit_length_efficiency
-from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
+from libra.sim.profiles import DEFAULT_PROFILE, LINK_CLASSES, HardwareProfile, load_profile
 from libra.workload import attention_flops, sample_area
 
 LAUNCH_PROBE_TOKENS = 128
@@ -86,6 +91,7 @@ class CalibrateConfig:
         rotate: input sets rotated over per point; ``rotate_mb`` caps their total size.
         copy_mb: size of the device-to-device copy.
         seed: input generator seed.
+        links: also probe the link between two local ranks (:mod:`experiments.link_probe`).
 
     Raises:
         ValueError: any bad value, naming it.
@@ -103,12 +109,15 @@ class CalibrateConfig:
     rotate_mb: int = 4096
     copy_mb: int = 1024
     seed: int = 0
+    links: bool = False
 
     def __post_init__(self) -> None:
         for name in ("q_heads", "kv_heads", "head_dim", "heads_length", "repeats", "rotate", "rotate_mb", "copy_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.links, bool):
+            raise ValueError(f"links must be True or False, got {self.links!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"warmup must be an integer >= 0, got {self.warmup!r}")
         lengths = tuple(int(x) for x in self.lengths)
@@ -205,6 +214,39 @@ def copy_point(cfg: CalibrateConfig, device) -> list[dict]:
     s = measure_copy(nbytes, device, cfg.warmup, cfg.repeats)
     return [{"sweep": "copy", "pass": "copy", "length": np.nan, "heads": np.nan, "kv_heads": np.nan,
              "flops": np.nan, **s, "tflops": np.nan, "rotation": 1, "bytes": float(nbytes)}]
+
+
+def link_point(cfg: CalibrateConfig, device, threads: int | None) -> list[dict]:
+    """Rows (one per transfer size) of the two-rank link probe on ``device``'s type."""
+    from experiments.link_probe import probe_link  # noqa: PLC0415  (spawns processes: only when asked)
+
+    out = []
+    for r in probe_link(device.type, warmup=max(cfg.warmup, 1), repeats=cfg.repeats, threads=threads or 1):
+        out.append({"sweep": "link", "pass": r["backend"], "length": np.nan, "heads": np.nan, "kv_heads": np.nan,
+                    "flops": np.nan, "ms": r["ms"], "ms_min": r["ms_min"], "repeats": r["repeats"],
+                    "tflops": np.nan, "rotation": 1, "bytes": float(r["bytes"]),
+                    "gbps": r["bytes"] / (r["ms"] * 1e-3) / 1e9})
+    return out
+
+
+def fit_link(df: pd.DataFrame, profile: HardwareProfile, base: HardwareProfile) -> tuple[HardwareProfile, dict]:
+    """``profile`` with its intra-node link class fitted to the probe's rows (unchanged without
+    any), and the fit's numbers (``link_*``, None without a probe)."""
+    rows = df[df.sweep == "link"].sort_values("bytes")
+    if not len(rows):
+        return profile, {"link_bandwidth_gbps": None, "link_latency_ms": None, "link_fit_max_rel_err": None}
+    bw, lat, err = fit_latency_bandwidth(rows["bytes"].to_numpy(), rows["ms"].to_numpy())
+    intra = LINK_CLASSES[0]
+    note = (f"{intra}: measured by libra-bench calibrate --links, a ping-pong between two local ranks "
+            f"({rows['pass'].iloc[0]}; bytes {rows['bytes'].astype(int).tolist()}, median one-way ms "
+            f"{[round(x, 5) for x in rows['ms']]}), fit t = latency + bytes / bandwidth: {bw:.4g} GB/s, "
+            f"{lat:.4g} ms (worst relative error {err:.1%}); the other classes kept from base profile "
+            f"{base.name!r}: {base.source.get('links', 'see base profile')}")
+    profile = with_link_bandwidth(profile, intra, _sig(bw), latency_ms=_sig(lat),
+                                  source={**profile.source, "links": note},
+                                  description=profile.description.replace("links and cluster shape",
+                                                                          f"{intra} measured; other links and cluster shape"))
+    return profile, {"link_bandwidth_gbps": bw, "link_latency_ms": lat, "link_fit_max_rel_err": err}
 
 
 def add_normalized(df: pd.DataFrame) -> pd.DataFrame:
@@ -398,11 +440,13 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     keys = ([{"sweep": "launch", "length": LAUNCH_PROBE_TOKENS, "heads": 1}]
             + [{"sweep": "length", "length": L, "heads": cfg.q_heads} for L in cfg.lengths]
             + [{"sweep": "heads", "length": cfg.heads_length, "heads": h} for h in cfg.heads]
-            + [{"sweep": "copy"}])
+            + [{"sweep": "copy"}] + ([{"sweep": "link"}] if cfg.links else []))
 
     def point(key):
         if key["sweep"] == "copy":
             return copy_point(cfg, dev)
+        if key["sweep"] == "link":
+            return link_point(cfg, dev, cpu_threads_n)
         if key["sweep"] == "launch":
             launch_cfg = replace(cfg, kv_heads=1, q_heads=1, heads=(1,))
             return kernel_point(key, be, launch_cfg, dev, dt)
@@ -414,6 +458,8 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     df = add_normalized(pd.DataFrame(rows))
     df.attrs.update({"device": info.get("name"), "backend": be.name})
     profile, fit = fit_profile(df, cfg, base, info, dtype_name(dt))
+    profile, link_fit = fit_link(df, profile, base)
+    fit.update(link_fit)
     load_profile_check = profile.to_dict()
     profile_path = atomic_write_text(run.out_dir / "profile.json", _json(load_profile_check))
     curves = {s: {p: {int(x): round(float(v), 4) for x, v in
@@ -483,8 +529,11 @@ def _cpu_sized(ctx: click.Context, device: str, *values):
 @click.option("--base-profile", default=DEFAULT_PROFILE, show_default=True,
               help="profile whose links / cluster shape the measured profile keeps (name or .json)")
 @click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): lengths 128..1024, heads 1,2,4 of 4, 5 repeats")
+@click.option("--links", is_flag=True,
+              help="also time the link between two local ranks (gloo on CPU, NCCL on 2 GPUs) and fit the "
+                   "profile's intra-node class to it")
 def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force, no_progress, lengths,
-              heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, base_profile, quick):
+              heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, base_profile, quick, links):
     """Measure the attention kernel (Figure 5), device copy bandwidth, and write a measured profile.
 
     On ``--device cpu`` the sweep is CPU-sized unless given (:data:`CPU_DEFAULTS`: lengths 128..8K,
@@ -500,7 +549,7 @@ def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_th
     try:
         cfg = CalibrateConfig(lengths=tuple(lengths), heads=tuple(heads), q_heads=q_heads, kv_heads=kv_heads,
                               head_dim=head_dim, heads_length=heads_length, warmup=warmup, repeats=repeats,
-                              rotate=rotate, rotate_mb=rotate_mb, copy_mb=copy_mb, seed=seed)
+                              rotate=rotate, rotate_mb=rotate_mb, copy_mb=copy_mb, seed=seed, links=links)
         res = run_calibrate(cfg, device=device, backend=backend, dtype=dtype, base_profile=base_profile, out=out,
                             force=force, quiet=no_progress, cpu_threads_n=cpu_threads)
     except ValueError as exc:
@@ -515,4 +564,7 @@ def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_th
                f"{fit['launch_ms']:.4g} ms; bwd/fwd {fit['backward_time_ratio']:.3f}")
     if fit["device_copy_gbps"] is not None:
         click.echo(f"device copy: {fit['device_copy_gbps']:.4g} GB/s (bytes copied per second on one device)")
+    if fit["link_bandwidth_gbps"] is not None:
+        click.echo(f"link ({LINK_CLASSES[0]} class, two local ranks): {fit['link_bandwidth_gbps']:.4g} GB/s, latency "
+                   f"{fit['link_latency_ms']:.4g} ms (worst err {fit['link_fit_max_rel_err']:.1%})")
     click.echo(f"wrote {res['paths']['csv']}, {res['paths']['png']}, {res['paths']['profile']}")

@@ -216,3 +216,36 @@ def test_calibrate_on_cuda(tmp_path):
     prof = load_profile(tmp_path / "profile.json")
     assert prof.source["kernel_backend"] in ("flash-attn", "torch-varlen", "math")
     assert prof.kernel.rate_inf_tflops > 1.0 and prof.source["device_copy"]["gbps"] > 10
+
+
+def test_links_fit_the_intra_node_class_to_a_two_rank_probe(tmp_path):
+    """``--links`` spawns two gloo ranks, times a ping-pong per size and replaces the ``nvlink`` class
+    (the only one local ranks use) with the fitted latency and bandwidth; the others stay the base's."""
+    res = CliRunner().invoke(calibrate, [*TINY, "--links", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    df = pd.read_csv(tmp_path / "calibrate.csv")
+    link = df[df.sweep == "link"].sort_values("bytes")
+    assert len(link) == 5 and set(link["pass"]) == {"gloo"} and np.all(link["ms"] > 0)
+    assert link["ms"].iloc[-1] > link["ms"].iloc[0]  # 32 MiB take longer than 4 KiB
+    prof, base = load_profile(tmp_path / "profile.json"), load_profile("h100-roce-v1")
+    run = json.loads((tmp_path / "run.json").read_text())
+    fit = run["summary"]["fit"]
+    assert prof.links["nvlink"].bandwidth_gbps == pytest.approx(fit["link_bandwidth_gbps"], rel=1e-5)
+    assert prof.links["nvlink"].latency_ms == pytest.approx(fit["link_latency_ms"], rel=1e-5, abs=1e-12)
+    assert prof.links["nvlink"].port == base.links["nvlink"].port
+    assert prof.links["roce"] == base.links["roce"] and prof.links["inter_supernode"] == base.links["inter_supernode"]
+    assert "calibrate --links" in prof.source["links"] and "link (nvlink class" in res.output
+
+
+def test_fit_latency_bandwidth_recovers_a_link_and_refuses_bad_points():
+    from libra.sim.fit_links import fit_latency_bandwidth  # noqa: PLC0415
+
+    b = np.array([4e3, 6.4e4, 1e6, 1.6e7, 6.4e7])
+    bw, lat, err = fit_latency_bandwidth(b, 0.05 + b / 2e6)  # 2 GB/s = 2e6 bytes per ms, 50 us
+    assert (bw, lat) == (pytest.approx(2.0), pytest.approx(0.05)) and err < 1e-9
+    big = np.array([1e6, 4e6, 1.6e7])
+    bw, lat, _ = fit_latency_bandwidth(big, big / 4e6 - 0.01)  # a negative intercept: refitted through 0
+    assert lat == 0.0 and bw == pytest.approx(4.0, rel=0.05)
+    for args in (([1e3], [1.0]), ([1e3, 1e3], [1.0, 2.0]), ([1e3, 2e3], [1.0, -1.0]), ([1e3, 2e3], [1.0])):
+        with pytest.raises(ValueError):
+            fit_latency_bandwidth(*args)

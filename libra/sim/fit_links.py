@@ -15,6 +15,8 @@ profile whose bandwidth reproduces one such number and leaves every other field 
   bandwidth grows; returns every probe for the record.
 * :func:`crossing_traffic`: per-supernode bytes and active senders of a priced Plan (the
   diagnosis of how crossing traffic is priced).
+* :func:`fit_latency_bandwidth`: a link class's latency and bandwidth from point-to-point
+  transfer times (``libra-bench calibrate --links``).
 
 numpy only; planners are the caller's (``libra`` never imports ``baselines``).
 """
@@ -37,7 +39,7 @@ from libra.sim.variability import DeviceJitter
 
 def with_link_bandwidth(profile: HardwareProfile, link_class: str, bandwidth_gbps: float, *,
                         name: str | None = None, description: str | None = None,
-                        source: dict | None = None) -> HardwareProfile:
+                        source: dict | None = None, latency_ms: float | None = None) -> HardwareProfile:
     """Copy of ``profile`` with ``links[link_class].bandwidth_gbps`` replaced (all else kept).
 
     Args:
@@ -45,6 +47,7 @@ def with_link_bandwidth(profile: HardwareProfile, link_class: str, bandwidth_gbp
         link_class: one of :data:`libra.sim.profiles.LINK_CLASSES`.
         bandwidth_gbps: new GB/s per direction per GPU (> 0).
         name, description, source: optional replacements of those fields.
+        latency_ms: optional new latency of the class (>= 0; the profile's check).
 
     Raises:
         ValueError: unknown link class or a bandwidth that is not a finite number > 0.
@@ -56,10 +59,46 @@ def with_link_bandwidth(profile: HardwareProfile, link_class: str, bandwidth_gbp
         raise ValueError(f"bandwidth_gbps must be a finite number > 0, got {bandwidth_gbps!r}")
     data = profile.to_dict()
     data["links"][link_class]["bandwidth_gbps"] = float(bandwidth_gbps)
+    if latency_ms is not None:
+        data["links"][link_class]["latency_ms"] = float(latency_ms)
     for key, value in (("name", name), ("description", description), ("source", source)):
         if value is not None:
             data[key] = value
     return profile_from_dict(data, origin=f"{profile.name} with {link_class}={bandwidth_gbps} GB/s")
+
+
+def fit_latency_bandwidth(nbytes, times_ms) -> tuple[float, float, float]:
+    """Fit ``t = latency + bytes / bandwidth`` to point-to-point transfer times (a link probe).
+
+    Least squares on relative error (each point weighted by ``1 / t``), so small transfers fix the
+    latency and large ones the bandwidth; a negative intercept is refitted through zero.
+
+    Args:
+        nbytes: ``(n,)`` bytes per transfer (>= 2 distinct sizes, each > 0).
+        times_ms: ``(n,)`` measured one-way times (ms, > 0).
+
+    Returns:
+        ``(bandwidth_gbps, latency_ms, max_rel_err)``: GB/s (10^9 bytes per second), ms and the
+        worst relative error of the fit over the points.
+
+    Raises:
+        ValueError: mismatched or too few points, or non-positive values.
+    """
+    b = np.asarray(nbytes, dtype=np.float64)
+    t = np.asarray(times_ms, dtype=np.float64)
+    if b.shape != t.shape or b.ndim != 1 or len(np.unique(b)) < 2:
+        raise ValueError(f"need >= 2 distinct (bytes, ms) points of matching shape, got {b.shape} and {t.shape}")
+    if not (np.all(b > 0) and np.all(t > 0) and np.all(np.isfinite(t))):
+        raise ValueError("bytes and times must be finite numbers > 0")
+    w = 1.0 / t
+    (slope, lat), *_ = np.linalg.lstsq(np.stack([b * w, w], axis=1), t * w, rcond=None)
+    if lat < 0 or slope <= 0:
+        lat = 0.0
+        slope = float(np.sum(b * t * w * w) / np.sum((b * w) ** 2))
+    if slope <= 0:
+        raise ValueError("transfer times do not grow with size: no bandwidth to fit")
+    err = float(np.max(np.abs(lat + slope * b - t) / t))
+    return float(1.0 / slope / 1e6), float(lat), err  # bytes per ms -> GB/s
 
 
 def price_windows(profile: HardwareProfile, par: ParallelConfig, windows_plans: Sequence[Sequence],
