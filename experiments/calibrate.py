@@ -432,6 +432,10 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     dt = resolve_dtype(dtype, dev)
     be = resolve_backend(backend, dev)
     base = load_profile(base_profile)
+    if cfg.links:  # before any measurement: a one-GPU node cannot probe a link
+        from experiments.link_probe import check_link_probe  # noqa: PLC0415
+
+        check_link_probe(dev.type)
     info = device_info(dev, be)
     out_dir = Path(out) if out is not None else Path("results") / "gpu" / device_slug(info) / "calibrate"
     config = {**asdict(cfg), "device": str(dev), "cpu_threads": cpu_threads_n if dev.type == "cpu" else None, "device_name": info.get("name"), "backend": be.name,

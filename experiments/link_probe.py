@@ -42,14 +42,20 @@ def probe_link(device_type: str, sizes=LINK_SIZES, warmup: int = 2, repeats: int
     Raises:
         ValueError: an unknown device type, or ``cuda`` with fewer than two GPUs.
     """
-    if device_type not in ("cpu", "cuda"):
-        raise ValueError(f"the link probe runs on cpu or cuda, got {device_type!r}")
-    if device_type == "cuda" and torch.cuda.device_count() < 2:
-        raise ValueError("--links on cuda needs two GPUs on this node (it times the link between two of them)")
+    check_link_probe(device_type)
     with tempfile.TemporaryDirectory(prefix="libra-link-") as d:
         torch.multiprocessing.spawn(_rank, args=(device_type, tuple(int(n) for n in sizes), warmup, repeats,
                                                  threads, d, timeout_s), nprocs=2, join=True)
         return json.loads(Path(d, "link.json").read_text())
+
+
+def check_link_probe(device_type: str) -> None:
+    """ValueError unless :func:`probe_link` can run here (what ``calibrate --links`` checks before
+    it measures anything): cpu, or cuda with two GPUs on this node."""
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"the link probe runs on cpu or cuda, got {device_type!r}")
+    if device_type == "cuda" and torch.cuda.device_count() < 2:
+        raise ValueError("--links on cuda needs two GPUs on this node (it times the link between two of them)")
 
 
 def _rank(rank: int, device_type: str, sizes, warmup: int, repeats: int, threads: int, d: str,

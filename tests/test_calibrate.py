@@ -249,3 +249,32 @@ def test_fit_latency_bandwidth_recovers_a_link_and_refuses_bad_points():
     for args in (([1e3], [1.0]), ([1e3, 1e3], [1.0, 2.0]), ([1e3, 2e3], [1.0, -1.0]), ([1e3, 2e3], [1.0])):
         with pytest.raises(ValueError):
             fit_latency_bandwidth(*args)
+
+
+def test_links_on_one_gpu_is_refused_before_any_measurement(tmp_path, monkeypatch):
+    import experiments.link_probe as probe  # noqa: PLC0415
+
+    monkeypatch.setattr(probe.torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="two GPUs"):
+        probe.check_link_probe("cuda")
+    probe.check_link_probe("cpu")
+    with pytest.raises(ValueError, match="cpu or cuda"):
+        probe.check_link_probe("mps")
+
+
+def test_links_check_runs_before_the_sweep(tmp_path, monkeypatch):
+    import experiments.calibrate as cal  # noqa: PLC0415
+    import experiments.link_probe as probe  # noqa: PLC0415
+
+    def refuse(device_type):
+        raise ValueError("no link here")
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the sweep ran before the link check")
+
+    monkeypatch.setattr(probe, "check_link_probe", refuse)
+    monkeypatch.setattr(cal, "kernel_point", measured)
+    cfg = CalibrateConfig(lengths=(64, 128, 256), heads=(1,), q_heads=1, kv_heads=1, head_dim=16, heads_length=64,
+                          warmup=0, repeats=1, rotate=1, copy_mb=1, links=True)
+    with pytest.raises(ValueError, match="no link here"):
+        cal.run_calibrate(cfg, device="cpu", out=tmp_path)
