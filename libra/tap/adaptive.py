@@ -63,7 +63,7 @@ from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTa
 from libra.plan.layout import tile_flops
 from libra.tap.exchange import build_transfers
 from libra.tap.pipeline import ChunkSchedule
-from libra.tap.placement import link_matrix, place_tiles, reserved_loads
+from libra.tap.placement import link_matrix, place_tiles, reserved_loads, soft_target
 from libra.tap.planner import plan_pool
 from libra.tap.relay import relay_pool
 from libra.tap.repair import repair_overload
@@ -420,12 +420,9 @@ def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], worke
         return placed, fallback
     wsorted = np.sort(np.asarray(workers, dtype=np.int64))
     base = reserved_loads(reserved, workers, wsorted)
-    cap = (1.0 + float(tau)) * (float(load.sum() + base.sum()) / len(wsorted))  # place_tiles' C
-    n = len(wsorted)
-    lw = link_matrix(link_cost, wsorted) if link_cost is not None else np.ones((n, n), np.int64) - np.eye(n, dtype=np.int64)
-    dest, _ = repair_overload(np.searchsorted(wsorted, placed.dest), load, base, cap,
+    dest, _ = repair_overload(np.searchsorted(wsorted, placed.dest), load, base, soft_target(load, base, tau),
                               load / np.maximum(move_bytes(tiles, shape), 1.0), np.searchsorted(wsorted, tiles.q_home),
-                              lw, placer)
+                              link_matrix(link_cost, wsorted), placer)
     return TileTable(**{**{k: getattr(placed, k) for k in TileTable.FIELDS}, "dest": wsorted[dest]}), fallback
 
 

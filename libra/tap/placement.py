@@ -190,11 +190,11 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     jit = placer_module(placer)
     wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
-    n_tiles, n_workers = len(tiles), len(wsorted)
+    n_tiles = len(tiles)
     base = reserved_loads(reserved, workers, wsorted)
     if n_tiles == 0:
         return tiles, 0
-    cap = (1.0 + float(tau)) * (float(load.sum() + base.sum()) / n_workers)
+    cap = soft_target(load, base, tau)
     order = np.argsort(-load, kind="stable") if order is None else _check_order(order, n_tiles)  # heaviest first
     lw = None if link_cost is None else link_matrix(link_cost, wsorted)
     if jit is not None:
@@ -272,9 +272,20 @@ def reserved_loads(reserved, workers, wsorted: np.ndarray) -> np.ndarray:
     return r[np.argsort(np.asarray(list(workers)), kind="stable")]
 
 
+def soft_target(load: np.ndarray, base: np.ndarray, tau: float) -> float:
+    """Algorithm 2's soft target ``C = (1 + tau) * (sum(loads) + sum(base)) / W``: the tile loads
+    ``load`` and the ``(W,)`` starting loads ``base`` (:func:`reserved_loads`) spread evenly, plus
+    the slack (what :func:`place_tiles` places within, and a repair after it restores)."""
+    return (1.0 + float(tau)) * (float(load.sum() + base.sum()) / len(base))
+
+
 def link_matrix(link_cost, wsorted: np.ndarray) -> np.ndarray:
     """int64 ``(W, W)``: ``link_cost`` between the pool's sorted workers, the diagonal 0 (a worker
-    reading its own bytes moves nothing). ValueError when it is not a non-negative integer per pair."""
+    reading its own bytes moves nothing); ``None``: 1 per byte between any two workers (plain
+    bytes, Alg. 2). ValueError when it is not a non-negative integer per pair."""
+    if link_cost is None:
+        n = len(wsorted)
+        return np.ones((n, n), dtype=np.int64) - np.eye(n, dtype=np.int64)
     try:
         raw = np.asarray(link_cost(wsorted[:, None], wsorted[None, :]))
     except (TypeError, ValueError) as exc:
@@ -355,8 +366,7 @@ def _dense_inputs(tiles, sequences, wsorted, shape, index=None, lw=None) -> dict
     ``seg0``/``seg1`` each tile's segment span, ``a0``/``a1`` its KV-atom span, ``qo`` its Q + O
     bytes, ``home`` the pool index of its Q-home, and ``lw`` the ``(W, W)`` cost of a byte between
     workers (default 1, 0 on the diagonal: bytes)."""
-    n = len(wsorted)
-    lw = (np.ones((n, n), dtype=np.int64) - np.eye(n, dtype=np.int64)) if lw is None else lw
+    lw = link_matrix(None, wsorted) if lw is None else lw
     kv_lo = kv_need_start(sequences, tiles, index)
     bounds, a0, a1 = kv_atoms(shape, tiles.head_start, tiles.head_end)
     costs, seg0, seg1 = _segment_costs(tiles, sequences, wsorted, shape, kv_lo, lw)
