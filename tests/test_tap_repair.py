@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libra.plan import SequenceLayout
-from libra.tap.adaptive import place_retaining
+from libra.tap.adaptive import place_retaining, retention_order
 from libra.tap.placement import available_placers, place_tiles
 from libra.tap.repair import repair_overload
 from libra.tap.tiles import make_tiles
@@ -88,7 +88,7 @@ def test_retention_with_a_long_sample_ends_within_the_target(placer):
     tiles = make_tiles(seqs, 256, 4, shape)
     tau = 0.03
     plain, fallback = place_tiles(tiles, seqs, workers, shape, tau=tau, placer=placer,
-                                  order=_retention(tiles, shape, len(workers), tau))
+                                  order=retention_order(tiles, shape, tiles.flops, len(workers), tau))
     placed, fallback_after = place_retaining(tiles, seqs, workers, shape, tau, placer=placer)
     assert fallback == fallback_after > 0  # the count is Alg. 2's, before the repair
     cap = (1 + tau) * tiles.flops.sum() / len(workers)
@@ -97,11 +97,6 @@ def test_retention_with_a_long_sample_ends_within_the_target(placer):
     assert before.max() > cap and after.max() < before.max()
     assert (after > cap * (1 + 1e-12)).sum() < (before > cap * (1 + 1e-12)).sum()
 
-
-def _retention(tiles, shape, n_workers, tau):
-    from libra.tap.adaptive import retention_order  # noqa: PLC0415
-
-    return retention_order(tiles, shape, tiles.flops, n_workers, tau)
 
 
 def test_inconsistent_arrays_are_refused():
