@@ -161,6 +161,7 @@ def test_fit_heads_half_cases():
     ({"q_heads": 6, "kv_heads": 4}, "kv_heads=4 must divide q_heads=6"),
     ({"repeats": 0}, "repeats must be a positive integer"),
     ({"warmup": -1}, "warmup"),
+    ({"links": "yes"}, "links must be True or False"),
 ])
 def test_config_rejects_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
