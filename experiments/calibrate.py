@@ -11,6 +11,10 @@ the resolved name is recorded):
   sec. 5, and of :func:`libra.sim.kernel.fit_length_efficiency`);
 * **heads sweep** -- one document of ``--heads-length`` tokens per call with ``h`` query heads
   per call (KV heads ``h / group``, at least one);
+* **piece sweep** -- the second half and the last eighth of each length's document, reading
+  their causal key prefix as a late tile does (:func:`piece_points`): which
+  :data:`~libra.sim.kernel.PIECE_PRICINGS` rule prices them best becomes the profile's
+  ``kernel.piece_pricing`` (:func:`fit_piece_pricing`; both rules' errors in ``source.piece_pricing``);
 * **launch probe** -- a 128-token, one-head call: the fixed per-call cost;
 * **device copy** -- a large device-to-device copy: bytes copied per second on one device. It is
   a memory-bandwidth figure (each byte read and written once on the same device), not an
@@ -64,11 +68,13 @@ from experiments.options import IntListType, SizeType
 from experiments.runner import ExperimentRun, atomic_write_text, git_sha
 from libra.runtime.kernels import Segments
 from libra.sim.fit_links import fit_latency_bandwidth, with_link_bandwidth
-from libra.sim.kernel import KernelModel, fit_length_efficiency
+from libra.sim.kernel import KernelModel, choose_piece_pricing, fit_length_efficiency, piece_pricing_errors
 from libra.sim.profiles import DEFAULT_PROFILE, LINK_CLASSES, HardwareProfile, load_profile
 from libra.workload import attention_flops, sample_area
 
 LAUNCH_PROBE_TOKENS = 128
+PIECE_BLOCKS = 8
+"""The piece sweep's thin piece is the last ``1 / PIECE_BLOCKS`` of a document (:func:`piece_points`)."""
 CPU_DEFAULTS = {"lengths": [128, 256, 512, 1024, 2048, 4096, 8192], "heads": [1, 2, 4, 8], "q_heads": 8,
                 "kv_heads": 2, "head_dim": 64, "heads_length": 2048, "copy_mb": 256, "warmup": 1, "repeats": 5,
                 "rotate": 2}
@@ -185,13 +191,15 @@ def measure_copy(nbytes: int, device, warmup: int, repeats: int) -> dict:
 
 
 def kernel_point(key: dict, backend, cfg: CalibrateConfig, device, dtype) -> list[dict]:
-    """Rows (one per pass) of one sweep point ``key`` = ``{"sweep", "length", "heads"}``."""
-    length, heads = int(key["length"]), int(key["heads"])
+    """Rows (one per pass) of one sweep point ``key`` = ``{"sweep", "length", "heads"}`` (and
+    ``"q_start"`` for a piece: query rows ``[q_start, length)`` of the document, keys ``[0, length)``)."""
+    length, heads, q0 = int(key["length"]), int(key["heads"]), int(key.get("q_start", 0))
     kvh = kv_heads_per_call(heads, cfg.group)
-    seg = Segments([length], [length])
-    area = float(sample_area(length))
+    seg = Segments([length - q0], [length])
+    area = float(sample_area(length) - sample_area(q0))
     try:
-        res = measure_call(backend, seg, heads, kvh, cfg, device, dtype, seed=cfg.seed + length * 131 + heads)
+        res = measure_call(backend, seg, heads, kvh, cfg, device, dtype,
+                           seed=cfg.seed + length * 131 + heads + q0 * 7)
     except torch.OutOfMemoryError:
         # e.g. the plain-PyTorch fallback materialises (heads, L, L) scores: record the point as
         # unmeasured (NaN, left out of the fit) instead of losing the whole sweep
@@ -203,8 +211,8 @@ def kernel_point(key: dict, backend, cfg: CalibrateConfig, device, dtype) -> lis
     for pas in ("fwd", "bwd"):
         flops = float(attention_flops(area, heads, cfg.head_dim, backward=pas == "bwd"))
         s = res[pas]
-        rows.append({"sweep": key["sweep"], "pass": pas, "length": length, "heads": heads, "kv_heads": kvh,
-                     "flops": flops, **s, "tflops": flops / (s["ms"] * 1e-3) / 1e12, "rotation": res["rotation"],
+        rows.append({"sweep": key["sweep"], "pass": pas, "length": length, "q_start": q0, "heads": heads,
+                     "kv_heads": kvh, "flops": flops, **s, "tflops": flops / (s["ms"] * 1e-3) / 1e12, "rotation": res["rotation"],
                      "gbps": np.nan, "bytes": np.nan})
     return rows
 
@@ -331,6 +339,7 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                          launch_ms=_sig(launch), reference_heads=cfg.q_heads, heads_half=_sig(heads_half),
                          backward_time_ratio=_sig(bwd_ratio), backward_rate_inf_tflops=_sig(b_rate),
                          backward_half_length=_sig(b_half), backward_exponent=_sig(b_expo))
+    kernel, pieces = fit_piece_pricing(df, kernel, cfg)
     copy = df[df.sweep == "copy"]
     copy_gbps = float(copy["gbps"].iloc[0]) if len(copy) else None
     peak = base.peak_tflops
@@ -368,6 +377,7 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                                     "this); a local-memory figure, not a link measurement"}
                         if copy_gbps is not None else None),
         "peak_tflops": peak_note,
+        "piece_pricing": pieces,
         "links": f"kept from base profile {base.name!r} (one device measures no link): "
                  f"{base.source.get('links', 'see base profile')}",
         "base_profile": base.name,
@@ -380,8 +390,42 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
     fit = {"rate_inf_tflops": rate, "half_length": half, "exponent": expo, "length_fit_max_rel_err": err,
            "launch_ms": launch, "heads_half": heads_half, "heads_fit_max_rel_err": heads_err,
            "backward_time_ratio": bwd_ratio, "backward_rate_inf_tflops": b_rate, "backward_half_length": b_half,
-           "backward_exponent": b_expo, "backward_fit_max_rel_err": b_err, "device_copy_gbps": copy_gbps}
+           "backward_exponent": b_expo, "backward_fit_max_rel_err": b_err, "device_copy_gbps": copy_gbps,
+           "piece_pricing": kernel.piece_pricing, "piece_median_abs_err": pieces.get("median_abs_err")}
     return profile, fit
+
+
+def piece_points(lengths) -> list[tuple[int, int]]:
+    """``(length, q_start)`` of the piece sweep: per document length ``L`` of the length sweep, its
+    second half ``[L/2, L)`` and its last eighth ``[L - L/8, L)``, each reading keys ``[0, L)``
+    (a late tile of a sample; the whole document is the length sweep's point)."""
+    return [(int(L), q0) for L in lengths if L >= PIECE_BLOCKS for q0 in (L // 2, L - L // PIECE_BLOCKS)]
+
+
+def fit_piece_pricing(df: pd.DataFrame, kernel: KernelModel, cfg: CalibrateConfig) -> tuple[KernelModel, dict]:
+    """``kernel`` with the :data:`~libra.sim.kernel.PIECE_PRICINGS` rule that prices the measured
+    pieces best (:func:`~libra.sim.kernel.choose_piece_pricing`), and the record of why (the
+    profile's ``source.piece_pricing``). Without piece rows the default rule stays, recorded as unmeasured."""
+    sub = df[(df.sweep == "piece") & np.isfinite(df["ms"])]
+    fwd, bwd = ((sub[sub["pass"] == p].sort_values(["length", "q_start"]) if len(sub) else sub)
+                for p in ("fwd", "bwd"))
+    if not len(fwd) or len(bwd) != len(fwd):
+        return kernel, {"rule": kernel.piece_pricing, "measured": False,
+                        "meaning": "no piece sweep in this calibration: the default rule, unmeasured"}
+    errors = [piece_pricing_errors(kernel, t["q_start"].to_numpy(), t["length"].to_numpy(), t["ms"].to_numpy(),
+                                   cfg.q_heads, cfg.head_dim, backward=p == "bwd")
+              for p, t in (("fwd", fwd), ("bwd", bwd))]
+    rule, med = choose_piece_pricing(errors)
+    return replace(kernel, piece_pricing=rule), {
+        "rule": rule, "measured": True, "median_abs_err": med,
+        "meaning": ("query rows [q_start, length) of one length-token document reading keys [0, length), "
+                    "forward and backward, priced from the fitted whole-document curves by each rule; the rule "
+                    "with the smaller median |error| over all of them is kept"),
+        "q_start": fwd["q_start"].astype(int).tolist(), "length": fwd["length"].astype(int).tolist(),
+        "times_ms": [round(x, 6) for x in fwd["ms"].tolist()],
+        "backward_times_ms": [round(x, 6) for x in bwd["ms"].tolist()],
+        "errors": {f"{p}:{r}": [round(float(x), 4) for x in e[r]] for p, e in zip(("fwd", "bwd"), errors)
+                   for r in e}}
 
 
 # --------------------------------------------------------------------------------------------
@@ -444,6 +488,7 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     keys = ([{"sweep": "launch", "length": LAUNCH_PROBE_TOKENS, "heads": 1}]
             + [{"sweep": "length", "length": L, "heads": cfg.q_heads} for L in cfg.lengths]
             + [{"sweep": "heads", "length": cfg.heads_length, "heads": h} for h in cfg.heads]
+            + [{"sweep": "piece", "length": L, "q_start": a, "heads": cfg.q_heads} for L, a in piece_points(cfg.lengths)]
             + [{"sweep": "copy"}] + ([{"sweep": "link"}] if cfg.links else []))
 
     def point(key):

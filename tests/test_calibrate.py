@@ -10,7 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from experiments.calibrate import CalibrateConfig, calibrate, fit_heads_half, fit_profile
+from experiments.calibrate import CalibrateConfig, calibrate, fit_heads_half, fit_profile, piece_points
 from experiments.gpu_common import (
     device_info,
     kv_heads_per_call,
@@ -43,7 +43,13 @@ def test_cli_writes_csv_png_profile_run(tiny_run):
         assert (out / name).stat().st_size > 0, name
     df = pd.read_csv(out / "calibrate.csv")
     counts = df.groupby("sweep").size().to_dict()
-    assert counts == {"launch": 2, "length": 6, "heads": 4, "copy": 1}
+    assert counts == {"launch": 2, "length": 6, "heads": 4, "piece": 12, "copy": 1}
+    # the piece sweep: each document's second half and last eighth, FLOPs of those rows only
+    pieces = df[(df.sweep == "piece") & (df["pass"] == "fwd")].sort_values(["length", "q_start"])
+    assert list(zip(pieces["length"], pieces["q_start"])) == [(64, 32), (64, 56), (128, 64), (128, 112),
+                                                              (256, 128), (256, 224)]
+    row = pieces.iloc[-1]
+    assert row.flops == pytest.approx(attention_flops(sample_area(256) - sample_area(224), 2, 16))
     kern = df[df.sweep.isin(["length", "heads"])]
     assert np.all(kern["ms"] > 0) and np.all(kern["rotation"] >= 1)
     # each Figure 5 curve is normalised to its own best point
@@ -79,7 +85,7 @@ def test_rerun_reuses_finished_points(tiny_run):
     res = CliRunner().invoke(calibrate, [*TINY, "--out", str(out)])
     assert res.exit_code == 0, res.output
     run = json.loads((out / "run.json").read_text())
-    assert run["points_computed"] == 0 and run["points_reused"] == 1 + 3 + 2 + 1
+    assert run["points_computed"] == 0 and run["points_reused"] == 1 + 3 + 2 + 6 + 1
 
 
 def _synthetic_df(model: KernelModel, cfg: CalibrateConfig) -> pd.DataFrame:
@@ -279,3 +285,27 @@ def test_links_check_runs_before_the_sweep(tmp_path, monkeypatch):
                           warmup=0, repeats=1, rotate=1, copy_mb=1, links=True)
     with pytest.raises(ValueError, match="no link here"):
         cal.run_calibrate(cfg, device="cpu", out=tmp_path)
+
+
+@pytest.mark.parametrize("truth", ["effective-length", "prefix-difference"])
+def test_fit_keeps_the_piece_rule_the_device_follows(truth):
+    device = KernelModel(rate_inf_tflops=0.1, half_length=3000.0, exponent=0.8, launch_ms=0.01, reference_heads=8,
+                         heads_half=0.0, backward_time_ratio=2.0, piece_pricing=truth)
+    cfg = CalibrateConfig(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), q_heads=8, kv_heads=2, head_dim=64,
+                          heads=(1, 2, 4, 8), heads_length=2048)
+    rows = []
+    for L, a in piece_points(cfg.lengths):
+        area = float(sample_area(L) - sample_area(a))
+        for pas, price, launch in (("fwd", device.segment_forward_ms, 0.01), ("bwd", device.segment_backward_ms, 0.02)):
+            rows.append({"sweep": "piece", "pass": pas, "length": L, "q_start": a, "heads": 8,
+                         "ms": float(price(area, 8, 64, L)) + launch})
+    df = pd.concat([_synthetic_df(device, cfg), pd.DataFrame(rows)], ignore_index=True)
+    prof, fit = fit_profile(df, cfg, load_profile("h100-roce-v1"), {"name": "cpu"}, "fp32")
+    rec = prof.source["piece_pricing"]
+    assert prof.kernel.piece_pricing == fit["piece_pricing"] == rec["rule"] == truth and rec["measured"]
+    assert rec["length"][-2:] == [8192, 8192] and rec["q_start"][-2:] == [4096, 7168] and len(rec["errors"]) == 4
+    other = next(r for r in rec["median_abs_err"] if r != truth)
+    assert rec["median_abs_err"][truth] < 0.01 < rec["median_abs_err"][other]
+    # without a piece sweep (e.g. a profile measured before it existed) the default stays, marked unmeasured
+    prof, _ = fit_profile(_synthetic_df(device, cfg), cfg, load_profile("h100-roce-v1"), {"name": "cpu"}, "fp32")
+    assert prof.kernel.piece_pricing == "effective-length" and not prof.source["piece_pricing"]["measured"]

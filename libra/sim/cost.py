@@ -5,7 +5,8 @@ global worker id (arrays of length ``DP * CP``; workers outside the plan's pools
 Terms are named and summed (vidur style):
 
 * ``compute_ms = compute_fwd_ms + compute_bwd_ms``. Forward is the sum over the worker's kernel
-  segments (:func:`libra.plan.segments`) of :meth:`KernelModel.chunked_forward_ms` with the calls of
+  segments (:func:`libra.plan.segments`) of :meth:`KernelModel.chunked_forward_ms` (each segment
+  a piece of its sample, priced by the profile's ``piece_pricing``) with the calls of
   the pool's :class:`~libra.tap.pipeline.ChunkSchedule` (M calls of hq/(H*M) heads, Libra sec.
   4.4), plus ``M`` kernel launches; backward is ``backward_time_ratio`` x forward, or the kernel
   model's own backward length curve where the profile has one. A per-worker
@@ -331,9 +332,9 @@ class CostModel:
                 continue
             dest = self.topology.check_ids(seg["dest"])
             chunk, heads, ncalls = sched.segment_calls(seg)
-            times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls)]
+            times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls, seg["kv_len"])]
             if k.has_backward_curve:
-                times.append(k.chunked_backward_ms(seg["area"], heads, d, ncalls))
+                times.append(k.chunked_backward_ms(seg["area"], heads, d, ncalls, seg["kv_len"]))
             for acc, t in zip((fwd, bwd), times):
                 acc += _by_chunk(dest, chunk, t, n, M) if per_chunk else np.bincount(dest, weights=t, minlength=n)
             flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)

@@ -18,17 +18,35 @@ square with the segment's (query, key) area, so a whole sample of length L has `
 KV prefix, counts as long. :func:`fit_length_efficiency` fits ``rate_inf, half_length, exponent``
 to a table of (length, ms) measurements of whole causal documents; the default profile's numbers
 come from running it on the public FlashAttention-2 H100 table (DESIGN.md sec. 5).
+
+**Pieces of a sample** (``piece_pricing``). A tile's segment is query rows ``[kv - q, kv)`` of a
+sample reading its keys ``[0, kv)``. Two rules price it from the whole-document curve:
+
+* ``effective-length`` (the default): the whole-document formula at ``L_eff = sqrt(2 * area)``;
+* ``prefix-difference``: ``T(kv) - T(kv - q)``, ``T`` the time of a whole document of that many
+  tokens. A flash kernel's work for a query row depends only on the keys it reads, so the rows of
+  a piece cost what they cost inside the whole document; pieces of a sample then add up to the
+  sample exactly, and a late block streams a long prefix at a long document's rate. Never below
+  the best rate's time (an ``exponent > 2`` curve would otherwise price some pieces faster).
+
+Which rule a device follows is measured (``libra-bench calibrate``'s piece sweep, which records
+both rules' errors). On ATen's CPU flash kernel, pieces of one 8K (2K) document summed to within
+3% (8%) of the whole document, and ``effective-length`` overpriced late blocks by up to 22% (59%):
+a planner balancing on it moves the wrong work. The built-in GPU profiles keep the default: no GPU
+piece measurement backs the other rule there yet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from libra.workload import attention_flops, sample_area
 
 _BACKWARD_CURVE = ("backward_rate_inf_tflops", "backward_half_length", "backward_exponent")
+PIECE_PRICINGS = ("effective-length", "prefix-difference")
+"""How a segment that is a piece of a sample is priced (module docstring); the first is the default."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +67,7 @@ class KernelModel:
 
     Raises:
         ValueError: a non-positive rate/length/exponent/ratio, negative launch or heads_half, or
-            only some of the backward curve's fields.
+            only some of the backward curve's fields, or an unknown ``piece_pricing``.
     """
 
     rate_inf_tflops: float
@@ -62,8 +80,12 @@ class KernelModel:
     backward_rate_inf_tflops: float | None = None
     backward_half_length: float | None = None
     backward_exponent: float | None = None
+    piece_pricing: str = PIECE_PRICINGS[0]
 
     def __post_init__(self) -> None:
+        if self.piece_pricing not in PIECE_PRICINGS:
+            raise ValueError(f"kernel.piece_pricing must be one of {', '.join(PIECE_PRICINGS)}, "
+                             f"got {self.piece_pricing!r}")
         for name in ("rate_inf_tflops", "half_length", "exponent", "backward_time_ratio", "reference_heads"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -98,37 +120,53 @@ class KernelModel:
         ref = self.reference_heads / (self.reference_heads + self.heads_half)
         return heads / (heads + self.heads_half) / ref
 
-    def segment_forward_ms(self, area, heads, head_dim: int) -> np.ndarray:
+    def _whole_ms(self, area: np.ndarray, heads, head_dim: int, backward: bool) -> np.ndarray:
+        """Time (ms) of segments priced as a whole document of the same causal area (``L_eff``)."""
+        flops = attention_flops(area, 1, head_dim) * np.asarray(heads, dtype=np.float64)
+        best = self.backward_rate_inf_tflops if backward else self.rate_inf_tflops
+        rate = best * 1e12 * self.length_efficiency(np.sqrt(2.0 * area), backward=backward)
+        rate = rate * self.heads_efficiency(heads)
+        return np.where(area > 0, flops / np.where(area > 0, rate, 1.0) * 1e3, 0.0)
+
+    def _segment_ms(self, area, heads, head_dim: int, kv_len, backward: bool) -> np.ndarray:
+        """One pass's time of segments under :attr:`piece_pricing` (module docstring)."""
+        area = np.asarray(area, dtype=np.float64)
+        if self.piece_pricing == "effective-length" or kv_len is None:
+            return self._whole_ms(area, heads, head_dim, backward)
+        whole = np.asarray(sample_area(np.asarray(kv_len, dtype=np.int64)), dtype=np.float64)
+        if np.any(area > whole):
+            raise ValueError("a segment's causal area exceeds that of its whole key prefix (kv_len)")
+        t = self._whole_ms(whole, heads, head_dim, backward) - self._whole_ms(whole - area, heads, head_dim, backward)
+        best = self.backward_rate_inf_tflops if backward else self.rate_inf_tflops
+        floor = attention_flops(area, 1, head_dim) * np.asarray(heads, dtype=np.float64) / (
+            best * 1e12 * self.heads_efficiency(heads)) * 1e3
+        return np.maximum(t, floor)
+
+    def segment_forward_ms(self, area, heads, head_dim: int, kv_len=None) -> np.ndarray:
         """Forward time (ms, launch excluded) of causal segments.
 
         Args:
             area: ``(G,)`` causal (query, key) pairs per head of each segment.
             heads: ``(G,)`` or scalar query heads computed per call for the segment.
             head_dim: head width.
+            kv_len: ``(G,)`` keys each segment reads (its query rows are the last rows of that
+                prefix of its sample); None: whole samples. Only ``prefix-difference`` uses it.
 
         Returns:
             ``(G,)`` float64 milliseconds.
         """
-        area = np.asarray(area, dtype=np.float64)
-        flops = attention_flops(area, 1, head_dim) * np.asarray(heads, dtype=np.float64)
-        rate = self.rate_inf_tflops * 1e12 * self.length_efficiency(np.sqrt(2.0 * area))
-        rate = rate * self.heads_efficiency(heads)
-        return np.where(area > 0, flops / rate * 1e3, 0.0)
+        return self._segment_ms(area, heads, head_dim, kv_len, backward=False)
 
-    def segment_backward_ms(self, area, heads, head_dim: int) -> np.ndarray:
+    def segment_backward_ms(self, area, heads, head_dim: int, kv_len=None) -> np.ndarray:
         """Backward time (ms, launch excluded) of causal segments: the backward curve where the
         profile has one, else ``backward_time_ratio`` x :meth:`segment_forward_ms`."""
         if not self.has_backward_curve:
-            return self.backward_time_ratio * self.segment_forward_ms(area, heads, head_dim)
-        area = np.asarray(area, dtype=np.float64)
-        flops = attention_flops(area, 1, head_dim) * np.asarray(heads, dtype=np.float64)
-        eff = self.length_efficiency(np.sqrt(2.0 * area), backward=True)
-        rate = self.backward_rate_inf_tflops * 1e12 * eff * self.heads_efficiency(heads)
-        return np.where(area > 0, flops / rate * 1e3, 0.0)
+            return self.backward_time_ratio * self.segment_forward_ms(area, heads, head_dim, kv_len)
+        return self._segment_ms(area, heads, head_dim, kv_len, backward=True)
 
-    def chunked_backward_ms(self, area, heads_per_call, head_dim: int, calls: int) -> np.ndarray:
+    def chunked_backward_ms(self, area, heads_per_call, head_dim: int, calls: int, kv_len=None) -> np.ndarray:
         """Backward counterpart of :meth:`chunked_forward_ms` (same calls, launch excluded)."""
-        return calls * self.segment_backward_ms(area, heads_per_call, head_dim)
+        return calls * self.segment_backward_ms(area, heads_per_call, head_dim, kv_len)
 
     def best_backward_ratio(self) -> float:
         """Backward / forward time at the best rates (long segments): the balance bound's backward share."""
@@ -136,15 +174,15 @@ class KernelModel:
             return float(self.backward_time_ratio)
         return float(self.rate_inf_tflops / self.backward_rate_inf_tflops)
 
-    def chunked_forward_ms(self, area, heads_per_call, head_dim: int, calls: int) -> np.ndarray:
+    def chunked_forward_ms(self, area, heads_per_call, head_dim: int, calls: int, kv_len=None) -> np.ndarray:
         """Forward time (ms, launch excluded) of segments run as ``calls`` kernel calls of
         ``heads_per_call`` heads each: the same FLOPs at the rate of fewer heads per call.
 
         The Pipeliner decides the split (Libra sec. 4.4: ``M`` calls of ``width / M`` heads,
         :meth:`libra.tap.pipeline.ChunkSchedule.heads_per_call`); the cost model and TAP's
-        kernel-time weights both pass its numbers here.
+        kernel-time weights both pass its numbers here, with each segment's ``kv_len``.
         """
-        return calls * self.segment_forward_ms(area, heads_per_call, head_dim)
+        return calls * self.segment_forward_ms(area, heads_per_call, head_dim, kv_len)
 
     def document_forward_ms(self, lengths, heads: int, head_dim: int) -> np.ndarray:
         """Forward time of whole causal documents, one kernel call each (the calibration geometry)."""
@@ -156,10 +194,12 @@ class KernelModel:
         return float(self.rate_inf_tflops)
 
     def to_dict(self) -> dict:
-        """The profile JSON's ``kernel`` object (the backward curve only where there is one, so a
-        profile without it records exactly what it did before the curve existed)."""
+        """The profile JSON's ``kernel`` object (the backward curve only where there is one, and
+        ``piece_pricing`` only where it is not the default, so a profile without them records
+        exactly what it did before they existed)."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__
-                if not (k in _BACKWARD_CURVE and getattr(self, k) is None)}
+                if not (k in _BACKWARD_CURVE and getattr(self, k) is None)
+                and not (k == "piece_pricing" and self.piece_pricing == PIECE_PRICINGS[0])}
 
 
 def fit_length_efficiency(lengths, times_ms, heads: int, head_dim: int, launch_ms: float = 0.0):
@@ -199,3 +239,50 @@ def fit_length_efficiency(lengths, times_ms, heads: int, head_dim: int, launch_m
         if best is None or err[i] < best[3]:
             best = (float(1.0 / a[i]), float(half), float(exps[i, 0]), float(err[i]))
     return best
+
+
+def piece_pricing_errors(kernel: KernelModel, q_start, kv_len, times_ms, heads: int, head_dim: int,
+                         backward: bool = False) -> dict[str, np.ndarray]:
+    """Each :data:`PIECE_PRICINGS` rule's relative error (predicted / measured - 1) on measured pieces.
+
+    Args:
+        kernel: the model fitted to whole documents (its ``piece_pricing`` is ignored).
+        q_start, kv_len: ``(n,)`` each piece is query rows ``[q_start, kv_len)`` of one causal
+            document reading keys ``[0, kv_len)``.
+        times_ms: ``(n,)`` measured time of each piece, one kernel call (launch included).
+        heads, head_dim: query heads per call and head width of the measurement.
+        backward: the times are backward passes.
+
+    Returns:
+        ``{rule: (n,) float64 errors}``.
+
+    Raises:
+        ValueError: mismatched shapes, ``q_start`` outside ``[0, kv_len)`` or a non-positive time.
+    """
+    q0, kv = np.asarray(q_start, dtype=np.int64), np.asarray(kv_len, dtype=np.int64)
+    times = np.asarray(times_ms, dtype=np.float64)
+    if not (q0.shape == kv.shape == times.shape) or q0.ndim != 1:
+        raise ValueError(f"q_start, kv_len and times_ms must be matching 1-D arrays, got {q0.shape}, {kv.shape}, "
+                         f"{times.shape}")
+    if np.any(q0 < 0) or np.any(q0 >= kv) or not np.all(times > 0):
+        raise ValueError("each piece needs 0 <= q_start < kv_len and a positive time")
+    area = np.asarray(sample_area(kv) - sample_area(q0), dtype=np.float64)
+    launch = kernel.launch_ms * (kernel.backward_time_ratio if backward else 1.0)
+    out = {}
+    for rule in PIECE_PRICINGS:
+        k = replace(kernel, piece_pricing=rule)
+        price = k.segment_backward_ms if backward else k.segment_forward_ms
+        out[rule] = (price(area, heads, head_dim, kv) + launch) / times - 1.0
+    return out
+
+
+def choose_piece_pricing(errors: list[dict[str, np.ndarray]]) -> tuple[str, dict[str, float]]:
+    """The rule with the smallest median absolute error over every piece of ``errors`` (one
+    :func:`piece_pricing_errors` result per pass); ties keep the default.
+
+    Returns:
+        ``(rule, {rule: median |error|})``.
+    """
+    med = {rule: float(np.median(np.abs(np.concatenate([e[rule] for e in errors])))) for rule in PIECE_PRICINGS}
+    best = min(PIECE_PRICINGS, key=lambda r: (med[r], PIECE_PRICINGS.index(r)))
+    return best, med

@@ -5,7 +5,8 @@ rate (Libra sec. 3.3, Figure 5; :class:`libra.sim.kernel.KernelModel`), so a til
 short sample pieces costs more time per FLOP than one inside a long sample, and a FLOPs-balanced
 pool is not time-balanced. :func:`kernel_time_weights` prices each tile as the cost model
 (:mod:`libra.sim.cost`) prices its compute: the tile is split into the kernel segments of
-:func:`libra.plan.segments` (per sample: query rows, key prefix) and each segment costs
+:func:`libra.plan.segments` (per sample: query rows, key prefix; priced by the profile's
+``piece_pricing``) and each segment costs
 ``KernelModel.chunked_forward_ms`` with the calls of the Pipeliner's
 :class:`~libra.tap.pipeline.ChunkSchedule` (``M`` calls of ``heads / M`` heads, Libra sec. 4.4). Per-call launch cost is left out: it is paid once per
 worker per call, not per tile, so it does not move the balance. Without a backward curve, backward
@@ -74,7 +75,7 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
     sched = ChunkSchedule(shape, tiles.head_start, tiles.head_end, pipeline_chunks)  # checks M | widths
     seg = segments(sequences, tiles, index)
     heads = sched.heads_per_call(seg["heads"])
-    t = kernel.chunked_forward_ms(seg["area"], heads, shape.head_dim, sched.chunks)
+    t = kernel.chunked_forward_ms(seg["area"], heads, shape.head_dim, sched.chunks, seg["kv_len"])
     if kernel.has_backward_curve:
-        t = t + kernel.chunked_backward_ms(seg["area"], heads, shape.head_dim, sched.chunks)
+        t = t + kernel.chunked_backward_ms(seg["area"], heads, shape.head_dim, sched.chunks, seg["kv_len"])
     return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
