@@ -53,6 +53,7 @@ from experiments.options import SizeType, tap_options
 from experiments.runner import ExperimentRun
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments, get_backend
+from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import AttentionShape
 
 METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")
@@ -194,8 +195,9 @@ def window_rows(w: int, plan, cfg: FidelityConfig, backend, low: torch.dtype, re
         out_i = torch.full_like(q, float("nan"))
         dq_i = torch.full_like(q, float("nan"))
         dk_i, dv_i = torch.zeros_like(k), torch.zeros_like(v)
+        sched = schedule_for_pool(pool, shape, plan.pipeline_chunks)
         for worker in pool.workers:
-            pieces = worker_pieces(pool, shape, worker)
+            pieces = worker_pieces(pool, shape, worker, sched)
             if not len(pieces["q_len"]):
                 continue
             werr = {name: [0.0, 0.0] for name in QUANTITIES}

@@ -6,7 +6,7 @@
   stream's own clock, no host overhead between events), ``time.perf_counter`` on CPU -- with the
   caller rotating over several pre-allocated input sets so caches do not flatter the figures;
 * :func:`make_inputs`: seeded, pre-allocated kernel input sets for one varlen batch;
-* :func:`worker_pieces`: a worker's kernel work list from ``PoolPlan.segments`` with the token and
+* :func:`worker_pieces`: a worker's kernel work list (its merged segments) with the token and
   head coordinates needed to gather its inputs from a pool's packed tensors;
 * :func:`device_info`: device, driver, torch, CUDA and kernel versions recorded with every result;
 * :class:`OnePoolLayout`: the one-pool layout of ``sim-check`` / ``fidelity`` and its planner, whose
@@ -32,6 +32,7 @@ import torch
 
 from experiments.options import overwrite_option
 from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.plan import merge_pieces
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend, resolve_backend_name
 from libra.workload import AttentionShape
 
@@ -327,23 +328,31 @@ class OnePoolLayout:
         return get_planner(self.method, **options_from_tap(self.method, tap))
 
 
-def worker_pieces(pool, shape: AttentionShape, worker: int) -> dict[str, np.ndarray]:
-    """The kernel pieces worker ``worker`` computes for ``pool`` (``PoolPlan.segments`` rows with
-    ``dest == worker``, in tile order), with pool-token-axis coordinates.
+def worker_pieces(pool, shape: AttentionShape, worker: int, sched) -> dict[str, np.ndarray]:
+    """The kernel segments worker ``worker`` computes for ``pool``: ``PoolPlan.segments`` rows with
+    ``dest == worker``, adjacent pieces merged under ``sched`` (:func:`libra.plan.merge_pieces`, as
+    the runtime runs them and the cost model prices them), with pool-token-axis coordinates.
 
-    Returns a dict of ``(G,)`` int64 arrays: ``tile``, ``q_len``, ``kv_len``, ``heads``, ``area``,
-    ``head_start``, ``head_end`` (query heads of the piece's tile), ``q_tok`` (first query token on
-    the pool token axis) and ``kv_tok`` (first key token = the sample's start on that axis).
+    Args:
+        sched: the pool's Pipeliner schedule (``libra.tap.tile_chunks.schedule_for_pool``).
+
+    Returns a dict of ``(G,)`` int64 arrays: ``tile`` (the first piece's), ``q_len``, ``kv_len``,
+    ``heads``, ``area``, ``head_start``, ``head_end`` (query heads of the segment's tile), ``q_tok``
+    (first query token on the pool token axis) and ``kv_tok`` (first key token = the sample's start
+    on that axis).
     """
-    segs = pool.segments()  # ordered by tile, then position
+    segs = pool.segments()
     mine = np.nonzero(segs["dest"] == worker)[0]
     tiles = pool.tiles
     tile = segs["tile"][mine]
-    seq_off = pool.index().base[segs["seq"][mine]]
-    return {"tile": tile, "q_len": segs["q_len"][mine], "kv_len": segs["kv_len"][mine],
-            "heads": segs["heads"][mine], "area": segs["area"][mine],
-            "head_start": tiles.head_start[tile].astype(np.int64), "head_end": tiles.head_end[tile].astype(np.int64),
-            "q_tok": seq_off + segs["q_start"][mine], "kv_tok": seq_off + segs["sample_start"][mine]}
+    segs, _ = merge_pieces({k: v[mine] for k, v in segs.items()}, sched.segment_calls(segs)[0][mine],
+                           tiles.head_start[tile], tiles.head_end[tile])
+    tile = segs["tile"]
+    seq_off = pool.index().base[segs["seq"]]
+    return {"tile": tile, "q_len": segs["q_len"], "kv_len": segs["kv_len"], "heads": segs["heads"],
+            "area": segs["area"], "head_start": tiles.head_start[tile].astype(np.int64),
+            "head_end": tiles.head_end[tile].astype(np.int64), "q_tok": seq_off + segs["q_start"],
+            "kv_tok": seq_off + segs["sample_start"]}
 
 
 # --------------------------------------------------------------------------------------------

@@ -166,10 +166,11 @@ def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device)
     rows = []
     for pool in plan.pools:
         for rank, worker in enumerate(pool.workers):
-            pieces = worker_pieces(pool, shape, worker)
+            sched = schedule_for_pool(pool, shape, plan.pipeline_chunks)
+            pieces = worker_pieces(pool, shape, worker, sched)
             if not len(pieces["q_len"]):
                 continue
-            calls = worker_calls(pieces, shape, schedule_for_pool(pool, shape, plan.pipeline_chunks))
+            calls = worker_calls(pieces, shape, sched)
             meas = measure_worker(backend, calls, shape.head_dim, dtype, device, cfg,
                                   seed=cfg.seed * 100003 + w * 1009 + worker)
             pf, pb = float(cost.compute_fwd_ms[worker]), float(cost.compute_bwd_ms[worker])
@@ -178,7 +179,7 @@ def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device)
                                  * pieces["heads"]))
             rows.append({
                 "window": w, "ga_index": int(plan.ga_index), "pool": int(pool.pool_index), "worker": int(worker),
-                "pool_rank": rank, "pieces": int(len(pieces["q_len"])), "tiles": int(len(np.unique(pieces["tile"]))),
+                "pool_rank": rank, "pieces": int(len(pieces["q_len"])), "tiles": int(np.sum(pool.tiles.dest == worker)),
                 "calls": len(calls), "heads_per_call": int(calls[0][1]), "q_tokens": int(pieces["q_len"].sum()),
                 "kv_tokens": int(pieces["kv_len"].sum()), "flops_fwd": flops,
                 "pred_fwd_ms": pf, "pred_bwd_ms": pb, "pred_ms": pf + pb,

@@ -68,10 +68,13 @@ def test_cost_model_prices_backward_with_the_curve():
     np.testing.assert_allclose(ratio_cost.compute_bwd_ms, 2.0 * ratio_cost.compute_fwd_ms)
     np.testing.assert_allclose(curve_cost.compute_fwd_ms, ratio_cost.compute_fwd_ms)  # forward untouched
     pool = plan.pools[0]
-    seg = pool.segments()
+    from libra.plan import merge_pieces  # noqa: PLC0415
     from libra.tap.pipeline import ChunkSchedule  # noqa: PLC0415
 
     sched = ChunkSchedule.for_pool(pool, shape, plan.pipeline_chunks)
+    seg = pool.segments()  # priced as the runtime runs them: adjacent pieces on one worker merged
+    seg, _ = merge_pieces(seg, sched.segment_calls(seg)[0], pool.tiles.head_start[seg["tile"]],
+                          pool.tiles.head_end[seg["tile"]])
     t = CURVE.chunked_backward_ms(seg["area"], sched.heads_per_call(seg["heads"]), 64, sched.chunks)
     want = np.bincount(seg["dest"], weights=t, minlength=2) + sched.chunks * CURVE.launch_ms * 2.0
     np.testing.assert_allclose(curve_cost.compute_bwd_ms, want)

@@ -22,6 +22,7 @@ from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import ChunkSchedule
+from libra.tap.tile_chunks import schedule_for_pool
 
 TINY = ["--device", "cpu", "--seq-len", "1024", "--pool-size", "2", "--cp", "2", "--block-size", "128",
         "--head-split", "2", "--chunks", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "16",
@@ -43,7 +44,7 @@ def test_worker_pieces_cover_every_query_token_and_head_once(plan):
     T = int(pool.index().base[-1])
     cover = np.zeros((T, shape.num_q_heads), dtype=np.int64)
     for w in pool.workers:
-        p = worker_pieces(pool, shape, w)
+        p = worker_pieces(pool, shape, w, schedule_for_pool(pool, shape, plan.pipeline_chunks))
         for qt, ql, h0, h1, kt, kl in zip(p["q_tok"], p["q_len"], p["head_start"], p["head_end"], p["kv_tok"],
                                           p["kv_len"]):
             cover[qt:qt + ql, h0:h1] += 1
@@ -54,7 +55,7 @@ def test_worker_pieces_cover_every_query_token_and_head_once(plan):
 
 def test_worker_calls_match_the_cost_model_geometry(plan):
     (pool,) = plan.pools
-    p = worker_pieces(pool, plan.shape, pool.workers[0])
+    p = worker_pieces(pool, plan.shape, pool.workers[0], ChunkSchedule.for_pool(pool, plan.shape, plan.pipeline_chunks))
     calls = worker_calls(p, plan.shape, ChunkSchedule.for_pool(pool, plan.shape, plan.pipeline_chunks))
     assert len(calls) == plan.pipeline_chunks == 2
     seg, qh, kvh = calls[0]
@@ -186,7 +187,7 @@ def test_property_pieces_partition_the_pool(seed, block, method, cp):
             starts = set(np.concatenate([pool.index().base[i] + s.sample_offsets[:-1]
                                          for i, s in enumerate(pool.sequences)]).tolist())
             for w in pool.workers:
-                p = worker_pieces(pool, plan.shape, w)
+                p = worker_pieces(pool, plan.shape, w, schedule_for_pool(pool, plan.shape, plan.pipeline_chunks))
                 for qt, ql, h0, h1, kt, kl in zip(p["q_tok"], p["q_len"], p["head_start"], p["head_end"],
                                                   p["kv_tok"], p["kv_len"]):
                     cover[qt:qt + ql, h0:h1] += 1

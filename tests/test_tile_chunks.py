@@ -127,7 +127,10 @@ def test_cost_model_prices_each_tile_chunk_its_own_compute():
     seqs = (_seq(0, [512], [0, 1], 0), _seq(1, [32] * 16, [2, 3], 1))
     tap = TapConfig(pool_size=2, block_size=64, head_split=2, pipeline_chunks=2)
     pp = plan_pool(0, seqs, (0, 1, 2, 3), tap, shape)
-    profile = load_profile("h100-roce-v1")
+    # prefix-difference prices merged and unmerged pieces alike, so only the calls' heads differ here
+    # (head chunks merge a worker's adjacent blocks into one segment; tile chunks cannot across chunks)
+    base = load_profile("h100-roce-v1")
+    profile = replace(base, kernel=replace(base.kernel, piece_pricing="prefix-difference"))
     cost = CostModel(profile, Topology(profile, ParallelConfig(dp=2, cp=2, gbs=2, seq_len=512)))
     heads = Plan("x", 0, shape, 2, 2, (pp,))
     tiles = replace(heads, pools=(replace(pp, chunking=TILES),))

@@ -16,6 +16,7 @@ from libra.plan.layout import (
     PoolIndex,
     SequenceLayout,
     kv_need_start,
+    merge_pieces,
     pool_index,
     segments,
     tile_flops,
@@ -33,4 +34,4 @@ from libra.plan.tables import (
 
 __all__ = ["CHUNKINGS", "HEADS", "KIND_NAMES", "KV", "TILES", "O", "Q", "SEGMENT_FIELDS", "Plan", "PlanMismatchError", "PlanValidationError",
            "PoolIndex", "PoolPlan", "SequenceLayout", "TileTable", "TransferTable", "check_plan_agreement",
-           "check_pool", "kv_need_start", "pool_index", "segments", "tile_flops"]
+           "check_pool", "kv_need_start", "merge_pieces", "pool_index", "segments", "tile_flops"]

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from libra.arrays import expand_counts
+from libra.arrays import expand_counts, lexsort
 from libra.plan.tables import TileTable, frozen_array
 from libra.workload import attention_flops, causal_area, range_areas
 
@@ -206,6 +206,44 @@ def segments(sequences: Sequence[SequenceLayout], tiles: TileTable,
             "sample_len": idx.offs[sample + 1] - s0, "q_start": start + lo, "q_len": hi - lo, "kv_len": hi,
             "heads": (tiles.head_end - tiles.head_start)[rep].astype(np.int64),
             "area": causal_area(lo, hi).astype(np.int64)}
+
+
+def merge_pieces(seg: dict, chunk: np.ndarray, head_start: np.ndarray, head_end: np.ndarray) -> tuple[dict, np.ndarray]:
+    """The kernel segments a worker runs: adjacent pieces merged (the runtime executes them, the
+    cost model prices them; one rule for both).
+
+    Pieces of one sample on one worker, in one Pipeliner chunk and with one head range, whose query
+    rows are contiguous (adjacent blocks placed together; a sample that crosses a holder boundary)
+    are one segment: rows ``[first q_start, last q_start + q_len)`` reading the last piece's key
+    prefix once, instead of a prefix per block.
+
+    Args:
+        seg: :func:`segments` of a pool (or a subset of its rows).
+        chunk: ``(G,)`` each piece's chunk (-1: a head slice in every chunk;
+            :meth:`libra.tap.pipeline.ChunkSchedule.segment_calls`).
+        head_start, head_end: ``(G,)`` each piece's tile head range.
+
+    Returns:
+        ``(merged, chunk)``: :data:`SEGMENT_FIELDS` of the merged segments (``tile`` the first
+        piece's; ``q_len`` and ``area`` summed; ``kv_len`` the last piece's) ordered by destination,
+        chunk, head range, sequence, sample and position, and the chunk of each.
+    """
+    cols = {k: np.asarray(seg[k]) for k in SEGMENT_FIELDS}
+    hs, he, chunk = (np.asarray(x, dtype=np.int64) for x in (head_start, head_end, chunk))
+    if not len(chunk):
+        return cols, chunk
+    order = lexsort((cols["q_start"], cols["sample_start"], cols["seq"], he, hs, chunk, cols["dest"]))
+    c = {k: v[order] for k, v in cols.items()}
+    keys = [c["dest"], chunk[order], hs[order], he[order], c["seq"], c["sample_start"]]
+    cont = np.zeros(len(order), dtype=bool)
+    cont[1:] = np.logical_and.reduce([k[1:] == k[:-1] for k in keys]
+                                     + [c["q_start"][1:] == c["q_start"][:-1] + c["q_len"][:-1]])
+    first = np.nonzero(~cont)[0]
+    last = np.append(first[1:], len(order)) - 1
+    out = {k: v[first] for k, v in c.items()}
+    out["q_len"], out["area"] = np.add.reduceat(c["q_len"], first), np.add.reduceat(c["area"], first)
+    out["kv_len"] = c["kv_len"][last]
+    return out, chunk[order][first]
 
 
 def tile_flops(seq: SequenceLayout, q_start, q_end, heads, head_dim: int) -> np.ndarray:

@@ -20,8 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libra.arrays import lexsort
-from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
+from libra.plan import KV, O, PlanValidationError, PoolPlan, Q, merge_pieces
 from libra.runtime.blocks import (
     DK,
     DO,
@@ -301,36 +300,25 @@ def _dispatch(ctx: _Context, m: int) -> tuple[Message, Message, dict]:
 
 
 def _work_list(pool: PoolPlan, me: int, sched) -> dict:
-    """This worker's kernel segments (:meth:`PoolPlan.segments`), adjacent pieces merged, with the
-    chunk each runs in (-1: a head slice in every chunk; :meth:`ChunkSchedule.segment_calls`).
+    """This worker's kernel segments (:meth:`PoolPlan.segments`), adjacent pieces merged
+    (:func:`libra.plan.merge_pieces`, the segments the cost model prices), with the chunk each runs
+    in (-1: a head slice in every chunk; :meth:`ChunkSchedule.segment_calls`).
 
-    Pieces of one sample, head range and chunk whose query rows are contiguous here (adjacent blocks
-    placed on the same worker) become one segment: it reads the KV prefix once instead of once per
-    block.
+    Ordered by chunk, head range, then sample: a chunk's segments of one head range over consecutive
+    local samples read consecutive rows of the local q/k/v, so a CPU backend runs them as one call on
+    views (libra.runtime.calls) instead of one call per sample.
     """
     segs = pool.segments()
     mine = np.nonzero(segs["dest"] == me)[0]
     tiles = pool.tiles
     chunk = sched.segment_calls(segs)[0][mine] if len(mine) else np.zeros(0, np.int64)
-    cols = {"chunk": chunk, "seq": segs["seq"][mine], "s0": segs["sample_start"][mine],
-            "hs": tiles.head_start[segs["tile"][mine]].astype(np.int64),
-            "he": tiles.head_end[segs["tile"][mine]].astype(np.int64),
-            "qtok": segs["q_start"][mine], "q": segs["q_len"][mine], "kv": segs["kv_len"][mine]}
-    if not len(mine):
-        return cols
-    # head range first, then sample: a chunk's segments of one head range over consecutive local
-    # samples read consecutive rows of the local q/k/v, so a CPU backend runs them as one call on
-    # views (libra.runtime.calls) instead of one call per sample
-    order = lexsort((cols["qtok"], cols["s0"], cols["seq"], cols["he"], cols["hs"], cols["chunk"]))
-    c = {k: v[order] for k, v in cols.items()}
-    cont = np.zeros(len(order), dtype=bool)
-    same = [c[k][1:] == c[k][:-1] for k in ("chunk", "seq", "s0", "hs", "he")]
-    cont[1:] = np.logical_and.reduce(same + [c["qtok"][1:] == c["qtok"][:-1] + c["q"][:-1]])
-    first = np.nonzero(~cont)[0]
-    last = np.append(first[1:], len(order)) - 1
-    out = {k: v[first] for k, v in c.items()}
-    out["q"], out["kv"] = np.add.reduceat(c["q"], first), c["kv"][last]
-    return out
+    tile = segs["tile"][mine]
+    merged, chunk = merge_pieces({k: v[mine] for k, v in segs.items()}, chunk,
+                                 tiles.head_start[tile], tiles.head_end[tile])
+    t = merged["tile"]
+    return {"chunk": chunk, "seq": merged["seq"], "s0": merged["sample_start"],
+            "hs": tiles.head_start[t].astype(np.int64), "he": tiles.head_end[t].astype(np.int64),
+            "qtok": merged["q_start"], "q": merged["q_len"], "kv": merged["kv_len"]}
 
 
 def _kv_requests(ctx: _Context, w: dict, c0: np.ndarray, qh: int, ck: np.ndarray):
