@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -288,7 +289,7 @@ def test_links_check_runs_before_the_sweep(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("truth", ["effective-length", "prefix-difference"])
-def test_fit_keeps_the_piece_rule_the_device_follows(truth):
+def test_the_piece_sweep_finds_the_rule_the_device_follows(truth):
     device = KernelModel(rate_inf_tflops=0.1, half_length=3000.0, exponent=0.8, launch_ms=0.01, reference_heads=8,
                          heads_half=0.0, backward_time_ratio=2.0, piece_pricing=truth)
     cfg = CalibrateConfig(lengths=(128, 256, 512, 1024, 2048, 4096, 8192), q_heads=8, kv_heads=2, head_dim=64,
@@ -300,12 +301,26 @@ def test_fit_keeps_the_piece_rule_the_device_follows(truth):
             rows.append({"sweep": "piece", "pass": pas, "length": L, "q_start": a, "heads": 8,
                          "ms": float(price(area, 8, 64, L)) + launch})
     df = pd.concat([_synthetic_df(device, cfg), pd.DataFrame(rows)], ignore_index=True)
-    prof, fit = fit_profile(df, cfg, load_profile("h100-roce-v1"), {"name": "cpu"}, "fp32")
+    base = load_profile("h100-roce-v1")
+    # --piece-pricing measured keeps the rule with the smaller median error: the device's
+    prof, fit = fit_profile(df, replace(cfg, piece_pricing="measured"), base, {"name": "cpu"}, "fp32")
     rec = prof.source["piece_pricing"]
-    assert prof.kernel.piece_pricing == fit["piece_pricing"] == rec["rule"] == truth and rec["measured"]
+    assert prof.kernel.piece_pricing == fit["piece_pricing"] == rec["rule"] == rec["smaller_median_error"] == truth
+    assert rec["measured"] and rec["chosen_by"] == "--piece-pricing measured"
     assert rec["length"][-2:] == [8192, 8192] and rec["q_start"][-2:] == [4096, 7168] and len(rec["errors"]) == 4
     other = next(r for r in rec["median_abs_err"] if r != truth)
     assert rec["median_abs_err"][truth] < 0.01 < rec["median_abs_err"][other]
-    # without a piece sweep (e.g. a profile measured before it existed) the default stays, marked unmeasured
-    prof, _ = fit_profile(_synthetic_df(device, cfg), cfg, load_profile("h100-roce-v1"), {"name": "cpu"}, "fp32")
+    # the default keeps effective-length whatever the sweep says, and records what it said
+    prof, _ = fit_profile(df, cfg, base, {"name": "cpu"}, "fp32")
+    assert prof.kernel.piece_pricing == "effective-length" and prof.source["piece_pricing"]["smaller_median_error"] == truth
+    # without a piece sweep (e.g. a profile measured before it existed) the rule is marked unmeasured
+    prof, _ = fit_profile(_synthetic_df(device, cfg), replace(cfg, piece_pricing="measured"), base, {"name": "cpu"},
+                          "fp32")
     assert prof.kernel.piece_pricing == "effective-length" and not prof.source["piece_pricing"]["measured"]
+
+
+def test_piece_pricing_choice_is_checked():
+    with pytest.raises(ValueError, match="piece_pricing must be one of"):
+        CalibrateConfig(piece_pricing="tokens")
+    res = CliRunner().invoke(calibrate, [*TINY, "--piece-pricing", "tokens"])
+    assert res.exit_code != 0 and "tokens" in res.output

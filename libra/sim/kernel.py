@@ -29,11 +29,14 @@ sample reading its keys ``[0, kv)``. Two rules price it from the whole-document 
   sample exactly, and a late block streams a long prefix at a long document's rate. Never below
   the best rate's time (an ``exponent > 2`` curve would otherwise price some pieces faster).
 
-Which rule a device follows is measured (``libra-bench calibrate``'s piece sweep, which records
-both rules' errors). On ATen's CPU flash kernel, pieces of one 8K (2K) document summed to within
-3% (8%) of the whole document, and ``effective-length`` overpriced late blocks by up to 22% (59%):
-a planner balancing on it moves the wrong work. The built-in GPU profiles keep the default: no GPU
-piece measurement backs the other rule there yet.
+``libra-bench calibrate``'s piece sweep measures both rules' errors and records them in the
+profile (``--piece-pricing measured`` keeps the smaller). On ATen's CPU flash kernel, pieces of one
+8K (2K) document summed to within 3% (8%) of the whole document, as ``prefix-difference`` says,
+and ``effective-length`` overpriced late blocks by up to 22% (59%). Priced from the fitted
+whole-document curve (worst error 16% on CPU) ``prefix-difference`` still erred by 5-20% on the
+pieces that matter, and ``libra-kt`` balanced the 8K microbench worse with it than with the
+default (``experiments.calibrate.fit_piece_pricing``), so every profile keeps the default unless
+told otherwise; no GPU piece measurement has been made yet.
 """
 
 from __future__ import annotations
