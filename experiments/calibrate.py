@@ -641,6 +641,9 @@ def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_th
                f"exponent {fit['exponent']:.3g} (worst err {fit['length_fit_max_rel_err']:.2%}); heads_half "
                f"{fit['heads_half']:.4g} (worst err {fit['heads_fit_max_rel_err']:.2%}); launch "
                f"{fit['launch_ms']:.4g} ms; bwd/fwd {fit['backward_time_ratio']:.3f}")
+    if fit.get("piece_median_abs_err"):
+        errs = ", ".join(f"{r} {e:.1%}" for r, e in fit["piece_median_abs_err"].items())
+        click.echo(f"late pieces (piece sweep), median |error|: {errs}; profile keeps {fit['piece_pricing']}")
     if fit["device_copy_gbps"] is not None:
         click.echo(f"device copy: {fit['device_copy_gbps']:.4g} GB/s (bytes copied per second on one device)")
     if fit["link_bandwidth_gbps"] is not None:

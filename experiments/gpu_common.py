@@ -509,6 +509,10 @@ def gpu_summary_markdown(out_dir, status: dict | None = None, title: str = "GPU 
                      f"{f['half_length']:.4g}, exponent {f['exponent']:.3g} (worst fit error "
                      f"{f['length_fit_max_rel_err']:.2%}), heads_half {f['heads_half']:.4g}, launch "
                      f"{f['launch_ms']:.4g} ms, bwd/fwd {f['backward_time_ratio']:.3f}.")
+        if f.get("piece_median_abs_err"):
+            errs = ", ".join(f"{r} {e:.1%}" for r, e in f["piece_median_abs_err"].items())
+            lines.append(f"Late pieces of a document (piece sweep), median |error| per pricing rule: {errs}; the "
+                         f"profile keeps `{f['piece_pricing']}` (docs/profile.md).")
         if f.get("device_copy_gbps") is not None:
             lines.append(f"Device-to-device copy: {f['device_copy_gbps']:.4g} GB/s (bytes copied per second on one "
                          "device; a memory figure, not a link).")

@@ -60,7 +60,9 @@ def test_summary_markdown_quotes_every_figure(tmp_path):
         "figure5": {"heads": {"fwd": {"1": 0.81, "32": 1.0}, "bwd": {"1": 0.77, "32": 1.0}},
                     "length": {"fwd": {"1024": 0.38, "65536": 1.0}, "bwd": {"1024": 0.3, "65536": 1.0}}},
         "fit": {"rate_inf_tflops": 420.0, "half_length": 1500.0, "exponent": 1.1, "length_fit_max_rel_err": 0.02,
-                "heads_half": 0.3, "launch_ms": 0.02, "backward_time_ratio": 3.1, "device_copy_gbps": 2100.0}})
+                "heads_half": 0.3, "launch_ms": 0.02, "backward_time_ratio": 3.1, "device_copy_gbps": 2100.0,
+                "piece_pricing": "effective-length",
+                "piece_median_abs_err": {"effective-length": 0.12, "prefix-difference": 0.031}}})
     _fake_run(tmp_path / "sim-check", {
         "profile": "nvidia-h200-torch-varlen-measured", "workers": 32, "median_abs_err_total": 0.061,
         "median_abs_err_fwd": 0.05, "median_abs_err_bwd": 0.07, "worst_abs_err_total": 0.19,
@@ -69,6 +71,7 @@ def test_summary_markdown_quotes_every_figure(tmp_path):
     text = gpu_summary_markdown(tmp_path, {"calibrate": "ok (40s)"}, "GPU check (nvidia-h200)")
     assert "| 1 | 0.810 | 0.770 |" in text and "| 65536 | 1.000 | 1.000 |" in text
     assert "median |error|: 6.1%" in text and "worst |error|: 19.0%" in text and "target <= 10%: met" in text
+    assert "effective-length 12.0%, prefix-difference 3.1%" in text and "keeps `effective-length`" in text
     assert "missing (fidelity did not finish)" in text
     assert "torch: 2.11.0" in text and "driver: 570.1" in text and "calibrate: ok (40s)" in text
 
