@@ -528,7 +528,11 @@ def gpu_summary_markdown(out_dir, status: dict | None = None, title: str = "GPU 
                   f"- worst |error|: {s['worst_abs_err_total']:.1%} (fwd {s['worst_abs_err_fwd']:.1%}, bwd "
                   f"{s['worst_abs_err_bwd']:.1%})",
                   f"- mean signed error: {s['mean_signed_err_total']:+.1%}; straggler worker agrees in "
-                  f"{s['straggler_worker_agrees']}", ""]
+                  f"{s['straggler_worker_agrees']}"]
+        if "median_abs_err_other_rule" in s:
+            lines.append(f"- piece pricing: the profile's `{s['piece_pricing']}`; under `{s['other_rule']}` the "
+                         f"median |error| would be {s['median_abs_err_other_rule']:.1%}")
+        lines.append("")
     else:
         lines += ["missing (sim-check did not finish)", ""]
     lines += ["## Numerical fidelity (fidelity): max error / max error of bf16 plain PyTorch", ""]

@@ -17,7 +17,10 @@ Workers are run one after another on the one device (the single-GPU emulation of
 communication is timed -- that is the cost model's other half, which one device cannot check).
 Outputs (``results/gpu/<device>/sim-check/`` or ``--out``): ``sim_check.csv`` (one row per window
 and worker), ``sim_check.png`` (predicted vs measured, with y = x and a +-10 % band),
-``run.json`` with the median and worst relative error (target: median within 10 %).
+``run.json`` with the median and worst relative error (target: median within 10 %). Every worker
+is also priced under the profile's other piece-pricing rule (``KernelModel.piece_pricing``:
+``pred_ms_other_rule``, ``rel_err_other_rule``, and its median in ``run.json``), so one device run
+says which rule that device's tile batches follow.
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
 ``--pipeline-chunks``, alias ``--chunks``) come from
@@ -57,6 +60,7 @@ from experiments.runner import ExperimentRun
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments
 from libra.sim.cost import CostModel
+from libra.sim.kernel import PIECE_PRICINGS
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import ChunkSchedule
@@ -160,8 +164,9 @@ def measure_worker(backend, calls, head_dim: int, dtype, device, cfg: SimCheckCo
     return res
 
 
-def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device) -> list[dict]:
-    """One row per worker of window ``w``'s plan: predicted vs measured compute."""
+def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device, other=None) -> list[dict]:
+    """One row per worker of window ``w``'s plan: predicted vs measured compute (``other``: the same
+    plan priced under the profile's other piece-pricing rule, :func:`other_rule_model`)."""
     shape = plan.shape
     rows = []
     for pool in plan.pools:
@@ -188,6 +193,9 @@ def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device)
                 "meas_bwd_p10": meas["bwd"]["ms_p10"], "meas_bwd_p90": meas["bwd"]["ms_p90"],
                 "rel_err_fwd": pf / mf - 1.0, "rel_err_bwd": pb / mb - 1.0, "rel_err": (pf + pb) / (mf + mb) - 1.0,
                 "rotation": meas["rotation"],
+                **({} if other is None else {
+                    "pred_ms_other_rule": float(other.compute_ms[worker]),
+                    "rel_err_other_rule": float(other.compute_ms[worker]) / (mf + mb) - 1.0}),
             })
     return rows
 
@@ -208,7 +216,19 @@ def summarize(df: pd.DataFrame) -> dict:
     out["straggler_worker_agrees"] = f"{sum(same)}/{len(same)} windows"
     out["max_over_mean_rel_err_median"] = float(np.median(np.abs(ratio_err))) if ratio_err else float("nan")
     out["median_within_target"] = bool(out["median_abs_err_total"] <= TARGET_MEDIAN_ERR)
+    if "rel_err_other_rule" in df:
+        out["median_abs_err_other_rule"] = float(df["rel_err_other_rule"].abs().median())
     return out
+
+
+def other_rule_model(profile, par) -> CostModel:
+    """The cost model of ``profile`` with its kernel's other :data:`~libra.sim.kernel.PIECE_PRICINGS`
+    rule: ``sim-check`` prices every worker both ways, so one device run says which rule its tile
+    batches follow."""
+    k = profile.kernel
+    rule = next(r for r in PIECE_PRICINGS if r != k.piece_pricing)
+    prof = replace(profile, kernel=replace(k, piece_pricing=rule))
+    return CostModel(prof, Topology(prof, par))
 
 
 def plot_scatter(df: pd.DataFrame, path: Path) -> None:
@@ -260,6 +280,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     windows = gbs_windows(cfg.workload, cfg.seq_len, par.gbs, cfg.windows, seed=cfg.seed)
     planner = cfg.planner()
     model = CostModel(prof, Topology(prof, par))
+    other = other_rule_model(prof, par)
     out_dir = Path(out) if out is not None else Path("results") / "gpu" / device_slug(info) / "sim-check"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "profile": prof.to_dict(), "torch": info["torch"],
@@ -269,8 +290,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     def point(w):
         rows = []
         for plan in planner.plan_window(windows[w], par, shape):
-            cost = model.price(plan)
-            rows.extend(window_rows(w, plan, cost, be, cfg, dt, dev))
+            rows.extend(window_rows(w, plan, model.price(plan), be, cfg, dt, dev, other.price(plan)))
         return rows
 
     with cpu_threads(dev, cpu_threads_n):
@@ -280,6 +300,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
         raise ValueError("no worker computed any tile: nothing to compare")
     df.attrs.update({"device": info.get("name"), "profile": prof.name})
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "profile": prof.name,
+               "piece_pricing": prof.kernel.piece_pricing, "other_rule": other.profile.kernel.piece_pricing,
                **summarize(df)}
     paths = run.finish(df, plot_scatter, extra={"environment_device": info, "summary": summary,
                                                "profile": prof.to_dict()})
@@ -329,4 +350,6 @@ def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, c
                f"{s['median_abs_err_bwd']:.1%}); worst {s['worst_abs_err_total']:.1%}; target median <= "
                f"{TARGET_MEDIAN_ERR:.0%}: {'met' if s['median_within_target'] else 'NOT met'}; straggler worker "
                f"agrees in {s['straggler_worker_agrees']}")
+    click.echo(f"piece pricing: {s['piece_pricing']} (the profile's) median |err| {s['median_abs_err_total']:.1%}; "
+               f"{s['other_rule']} would give {s['median_abs_err_other_rule']:.1%}")
     click.echo(f"wrote {res['paths']['csv']}, {res['paths']['png']}")

@@ -67,10 +67,12 @@ def test_summary_markdown_quotes_every_figure(tmp_path):
         "profile": "nvidia-h200-torch-varlen-measured", "workers": 32, "median_abs_err_total": 0.061,
         "median_abs_err_fwd": 0.05, "median_abs_err_bwd": 0.07, "worst_abs_err_total": 0.19,
         "worst_abs_err_fwd": 0.2, "worst_abs_err_bwd": 0.18, "mean_signed_err_total": -0.02,
-        "straggler_worker_agrees": "4/4 windows", "median_within_target": True})
+        "straggler_worker_agrees": "4/4 windows", "median_within_target": True,
+        "piece_pricing": "effective-length", "other_rule": "prefix-difference", "median_abs_err_other_rule": 0.044})
     text = gpu_summary_markdown(tmp_path, {"calibrate": "ok (40s)"}, "GPU check (nvidia-h200)")
     assert "| 1 | 0.810 | 0.770 |" in text and "| 65536 | 1.000 | 1.000 |" in text
     assert "median |error|: 6.1%" in text and "worst |error|: 19.0%" in text and "target <= 10%: met" in text
+    assert "under `prefix-difference` the median |error| would be 4.4%" in text
     assert "effective-length 12.0%, prefix-difference 3.1%" in text and "keeps `effective-length`" in text
     assert "missing (fidelity did not finish)" in text
     assert "torch: 2.11.0" in text and "driver: 570.1" in text and "calibrate: ok (40s)" in text

@@ -78,11 +78,19 @@ def test_cli_rows_predictions_equal_cost_model(tmp_path, plan):
         assert r.meas_fwd_ms > 0 and r.meas_bwd_ms > 0
         assert r.rel_err == pytest.approx(r.pred_ms / r.meas_ms - 1)
     assert df.flops_fwd.sum() == pytest.approx(cost.flops_fwd.sum())
+    # every worker priced under the other piece-pricing rule too
+    other = dataclasses.replace(prof, kernel=dataclasses.replace(prof.kernel, piece_pricing="prefix-difference"))
+    alt = CostModel(other, Topology(other, CFG.par())).price(plan)
+    for r in df.itertuples():
+        assert r.pred_ms_other_rule == pytest.approx(alt.compute_ms[r.worker])
+        assert r.rel_err_other_rule == pytest.approx(r.pred_ms_other_rule / r.meas_ms - 1)
     run = json.loads((tmp_path / "run.json").read_text())
     s = run["summary"]
     assert s["median_abs_err_total"] == pytest.approx(df.rel_err.abs().median())
     assert s["worst_abs_err_total"] == pytest.approx(df.rel_err.abs().max())
-    assert "median |err|" in res.output
+    assert "median |err|" in res.output and "prefix-difference would give" in res.output
+    assert s["other_rule"] == "prefix-difference"
+    assert s["median_abs_err_other_rule"] == pytest.approx(df.rel_err_other_rule.abs().median())
 
 
 def test_summarize_hand_computed():
