@@ -32,11 +32,11 @@ sample reading its keys ``[0, kv)``. Two rules price it from the whole-document 
 ``libra-bench calibrate``'s piece sweep measures both rules' errors and records them in the
 profile (``--piece-pricing measured`` keeps the smaller). On ATen's CPU flash kernel, pieces of one
 8K (2K) document summed to within 3% (8%) of the whole document, as ``prefix-difference`` says,
-and ``effective-length`` overpriced late blocks by up to 22% (59%). Priced from the fitted
-whole-document curve (worst error 16% on CPU) ``prefix-difference`` still erred by 5-20% on the
-pieces that matter, and ``libra-kt`` balanced the 8K microbench worse with it than with the
-default (``experiments.calibrate.fit_piece_pricing``), so every profile keeps the default unless
-told otherwise; no GPU piece measurement has been made yet.
+and ``effective-length`` overpriced late blocks by up to 22% (59%); on ``libra``'s 8K tile batches
+``sim-check`` measured 2.5% median error for ``prefix-difference`` against 8.5%. ``libra-kt``
+nonetheless balanced the 8K microbench worse with it (one half-tile within Alg. 2's soft target
+decides that two-worker pool; ``experiments.calibrate.fit_piece_pricing``), so every profile keeps
+the default unless told otherwise; no GPU piece measurement has been made yet.
 """
 
 from __future__ import annotations
