@@ -103,3 +103,21 @@ def test_the_runtime_runs_the_segments_the_cost_model_prices():
         mine = merged["dest"] == w
         assert sorted(zip(got["qtok"].tolist(), got["q"].tolist(), got["kv"].tolist())) == sorted(
             zip(merged["q_start"][mine].tolist(), merged["q_len"][mine].tolist(), merged["kv_len"][mine].tolist()))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(-1, 1), st.sampled_from([0, 4]), st.integers(0, 3),
+                          st.integers(0, 6)), min_size=1, max_size=30))
+def test_unordered_merging_gives_the_same_segments(spec):
+    # sequences 0-1: blocks of 64 rows of one 512-token sample; 2-3: a whole 64-token sample per block
+    rows, lens = [], []
+    for d, c, h, s, b in sorted(set(spec)):
+        whole = s >= 2
+        rows.append((d, c, h, s, 64 * b if whole else 0, 64 * b, 64, 64 if whole else 64 * (b + 1)))
+        lens.append(64 if whole else 512)
+    seg, chunk, hs, he = _pieces(rows)
+    seg["sample_len"] = np.array(lens)
+    a, ca = merge_pieces(seg, chunk, hs, he)
+    b, cb = merge_pieces(seg, chunk, hs, he, ordered=False)
+    key = ("dest", "seq", "sample_start", "q_start", "q_len", "kv_len", "area", "heads", "tile")
+    assert sorted(zip(ca.tolist(), *(a[k].tolist() for k in key))) == sorted(zip(cb.tolist(), *(b[k].tolist() for k in key)))

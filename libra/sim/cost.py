@@ -334,7 +334,7 @@ class CostModel:
             # the segments the runtime runs: adjacent pieces on one worker merged (one home)
             tile = seg["tile"]
             seg, _ = merge_pieces(seg, sched.segment_calls(seg)[0], pool.tiles.head_start[tile],
-                                  pool.tiles.head_end[tile])
+                                  pool.tiles.head_end[tile], ordered=False)
             dest = self.topology.check_ids(seg["dest"])
             chunk, heads, ncalls = sched.segment_calls(seg)
             times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls, seg["kv_len"])]
