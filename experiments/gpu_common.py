@@ -32,7 +32,6 @@ import torch
 
 from experiments.options import overwrite_option
 from libra.config import ParallelConfig, TapConfig, check_layout
-from libra.plan import merge_pieces
 from libra.runtime.kernels import AttentionBackend, Segments, get_backend, resolve_backend_name
 from libra.workload import AttentionShape
 
@@ -330,7 +329,7 @@ class OnePoolLayout:
 
 def worker_pieces(pool, shape: AttentionShape, worker: int, sched) -> dict[str, np.ndarray]:
     """The kernel segments worker ``worker`` computes for ``pool``: ``PoolPlan.segments`` rows with
-    ``dest == worker``, adjacent pieces merged under ``sched`` (:func:`libra.plan.merge_pieces`, as
+    ``dest == worker``, adjacent pieces merged under ``sched`` (:meth:`PoolPlan.kernel_segments`, as
     the runtime runs them and the cost model prices them), with pool-token-axis coordinates.
 
     Args:
@@ -341,13 +340,8 @@ def worker_pieces(pool, shape: AttentionShape, worker: int, sched) -> dict[str, 
     (first query token on the pool token axis) and ``kv_tok`` (first key token = the sample's start
     on that axis).
     """
-    segs = pool.segments()
-    mine = np.nonzero(segs["dest"] == worker)[0]
-    tiles = pool.tiles
-    tile = segs["tile"][mine]
-    segs, _ = merge_pieces({k: v[mine] for k, v in segs.items()}, sched.segment_calls(segs)[0][mine],
-                           tiles.head_start[tile], tiles.head_end[tile])
-    tile = segs["tile"]
+    segs, _ = pool.kernel_segments(sched, worker)
+    tiles, tile = pool.tiles, segs["tile"]
     seq_off = pool.index().base[segs["seq"]]
     return {"tile": tile, "q_len": segs["q_len"], "kv_len": segs["kv_len"], "heads": segs["heads"],
             "area": segs["area"], "head_start": tiles.head_start[tile].astype(np.int64),

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libra.plan.checks import check_pool
-from libra.plan.layout import PoolIndex, SequenceLayout, pool_index, segments
+from libra.plan.layout import SEGMENT_FIELDS, PoolIndex, SequenceLayout, merge_pieces, pool_index, segments
 from libra.plan.tables import PlanValidationError, TileTable, TransferTable
 from libra.workload import AttentionShape
 
@@ -107,6 +107,20 @@ class PoolPlan:
     def segments(self) -> dict[str, np.ndarray]:
         """The pool's kernel segments (:func:`libra.plan.layout.segments` of its tiles)."""
         return segments(self.sequences, self.tiles, self.index())
+
+    def kernel_segments(self, sched, worker: int | None = None, ordered: bool = True) -> tuple[dict, np.ndarray]:
+        """The segments the runtime runs and the cost model prices under Pipeliner schedule
+        ``sched`` -- :meth:`segments` with adjacent pieces merged (:func:`libra.plan.layout.merge_pieces`)
+        -- of the whole pool or of one ``worker``, and the chunk of each (``ordered``: as there)."""
+        seg = self.segments()
+        if worker is not None:
+            mine = np.flatnonzero(seg["dest"] == worker)
+            seg = {k: v[mine] for k, v in seg.items()}
+        if not len(seg["tile"]):
+            return {k: np.zeros(0, np.int64) for k in SEGMENT_FIELDS}, np.zeros(0, np.int64)
+        tile = seg["tile"]
+        return merge_pieces(seg, sched.segment_calls(seg)[0], self.tiles.head_start[tile], self.tiles.head_end[tile],
+                            ordered)
 
     def to_dict(self) -> dict:
         out = {"pool_index": self.pool_index, "workers": list(self.workers),

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libra.plan import KV, O, PlanValidationError, PoolPlan, Q, merge_pieces
+from libra.plan import KV, O, PlanValidationError, PoolPlan, Q
 from libra.runtime.blocks import (
     DK,
     DO,
@@ -300,24 +300,18 @@ def _dispatch(ctx: _Context, m: int) -> tuple[Message, Message, dict]:
 
 
 def _work_list(pool: PoolPlan, me: int, sched) -> dict:
-    """This worker's kernel segments (:meth:`PoolPlan.segments`), adjacent pieces merged
-    (:func:`libra.plan.merge_pieces`, the segments the cost model prices), with the chunk each runs
-    in (-1: a head slice in every chunk; :meth:`ChunkSchedule.segment_calls`).
+    """This worker's kernel segments (:meth:`PoolPlan.kernel_segments`: adjacent pieces merged, the
+    segments the cost model prices), with the chunk each runs in (-1: a head slice in every chunk;
+    :meth:`ChunkSchedule.segment_calls`).
 
     Ordered by chunk, head range, then sample: a chunk's segments of one head range over consecutive
     local samples read consecutive rows of the local q/k/v, so a CPU backend runs them as one call on
     views (libra.runtime.calls) instead of one call per sample.
     """
-    segs = pool.segments()
-    mine = np.nonzero(segs["dest"] == me)[0]
-    tiles = pool.tiles
-    chunk = sched.segment_calls(segs)[0][mine] if len(mine) else np.zeros(0, np.int64)
-    tile = segs["tile"][mine]
-    merged, chunk = merge_pieces({k: v[mine] for k, v in segs.items()}, chunk,
-                                 tiles.head_start[tile], tiles.head_end[tile])
+    merged, chunk = pool.kernel_segments(sched, me)
     t = merged["tile"]
     return {"chunk": chunk, "seq": merged["seq"], "s0": merged["sample_start"],
-            "hs": tiles.head_start[t].astype(np.int64), "he": tiles.head_end[t].astype(np.int64),
+            "hs": pool.tiles.head_start[t].astype(np.int64), "he": pool.tiles.head_end[t].astype(np.int64),
             "qtok": merged["q_start"], "q": merged["q_len"], "kv": merged["kv_len"]}
 
 

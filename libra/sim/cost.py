@@ -5,10 +5,9 @@ global worker id (arrays of length ``DP * CP``; workers outside the plan's pools
 Terms are named and summed (vidur style):
 
 * ``compute_ms = compute_fwd_ms + compute_bwd_ms``. Forward is the sum over the worker's kernel
-  segments (:func:`libra.plan.segments`, adjacent pieces merged as the runtime runs them:
-  :func:`libra.plan.merge_pieces`) of :meth:`KernelModel.chunked_forward_ms` (each segment
-  a piece of its sample, priced by the profile's ``piece_pricing``) with the calls of
-  the pool's :class:`~libra.tap.pipeline.ChunkSchedule` (M calls of hq/(H*M) heads, Libra sec.
+  segments (:meth:`PoolPlan.kernel_segments`: adjacent pieces merged as the runtime runs them) of
+  :meth:`KernelModel.chunked_forward_ms` (each segment a piece of its sample, priced by the
+  profile's ``piece_pricing``) with the calls of the pool's :class:`~libra.tap.pipeline.ChunkSchedule` (M calls of hq/(H*M) heads, Libra sec.
   4.4), plus ``M`` kernel launches; backward is ``backward_time_ratio`` x forward, or the kernel
   model's own backward length curve where the profile has one. A per-worker
   ``speed`` multiplier divides both (device variability, Libra sec. 3.2).
@@ -51,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from libra.arrays import sorted_unique
-from libra.plan import HEADS, Plan, merge_pieces
+from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import (
@@ -328,13 +327,9 @@ class CostModel:
         flops, calls = np.zeros(n), np.zeros(n)
         d, k = plan.shape.head_dim, self.kernel
         for pool, sched in zip(plan.pools, schedules):
-            seg = pool.segments()
+            seg, _ = pool.kernel_segments(sched, ordered=False)  # as the runtime runs them (merged)
             if not len(seg["dest"]):
                 continue
-            # the segments the runtime runs: adjacent pieces on one worker merged (one home)
-            tile = seg["tile"]
-            seg, _ = merge_pieces(seg, sched.segment_calls(seg)[0], pool.tiles.head_start[tile],
-                                  pool.tiles.head_end[tile], ordered=False)
             dest = self.topology.check_ids(seg["dest"])
             chunk, heads, ncalls = sched.segment_calls(seg)
             times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls, seg["kv_len"])]
