@@ -307,10 +307,15 @@ class LibraAdaptiveConfig(LibraKtConfig):
         deepen_pipeline: run :data:`DEEPER_CHUNKS` times the layout's Pipeliner chunks ``M``
             where the tiles allow it (:meth:`LibraAdaptivePlanner.window_tap`; default True);
             False: the layout's ``M``.
+        device_speeds: known speed multipliers of the cluster's GPUs, one per global worker id
+            (``DP * CP`` of them; e.g. :func:`libra.runtime.speeds.measure_device_speeds`), which
+            the candidates' placement (:func:`libra.tap.adaptive.speed_reserve`) and their pricing
+            take into account; default None: every GPU at the profile's speed.
 
     Raises:
         ValueError: an empty or unknown candidate or chunking list, a negative or non-integer
-            ``rebalance_passes``, a non-bool ``deepen_pipeline``, and :class:`LibraKtConfig`'s errors.
+            ``rebalance_passes``, a non-bool ``deepen_pipeline``, a speed that is not finite and
+            > 0, and :class:`LibraKtConfig`'s errors.
     """
 
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
@@ -318,9 +323,17 @@ class LibraAdaptiveConfig(LibraKtConfig):
     heavy_tile_limits: tuple[float, ...] = HEAVY_TILE_LIMITS
     rebalance_passes: int = REBALANCE_PASSES
     deepen_pipeline: bool = True
+    device_speeds: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.device_speeds is not None:
+            speeds = tuple(self.device_speeds) if np.ndim(self.device_speeds) else ()
+            if not speeds or not all(isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
+                                     and math.isfinite(x) and x > 0 for x in speeds):
+                raise ValueError("libra-adaptive device_speeds must be one finite multiplier > 0 per GPU, "
+                                 f"got {self.device_speeds!r}")
+            object.__setattr__(self, "device_speeds", tuple(float(x) for x in speeds))
         for field_name, allowed in (("candidates", CANDIDATES), ("chunkings", CHUNKINGS)):
             value = getattr(self, field_name)
             if value is None and field_name == "chunkings":
@@ -372,12 +385,17 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
         """See :meth:`TapPlanner.pool_planner`: an :class:`_AdaptivePools` on the profile's cost model."""
         profile = load_profile(self.config.profile)
+        speeds = self.config.device_speeds
+        if speeds is not None and len(speeds) != par.workers:
+            raise ValueError(f"libra-adaptive device_speeds has {len(speeds)} entries; the layout has "
+                             f"{par.workers} GPUs (DP * CP)")
         tap = self.window_tap(par, shape)
         plan_one = _AdaptivePools(profile, par, tap, shape, self.config, layout=super().window_tap(par, shape))
         return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
                           "heavy_tile_limits": list(self.config.heavy_tile_limits),
                           "rebalance_passes": self.config.rebalance_passes,
                           "deepen_pipeline": self.config.deepen_pipeline,
+                          "device_speeds": self.config.device_speeds is not None,
                           "layout_pipeline_chunks": self.tap.pipeline_chunks}
 
     def window_tap(self, par: ParallelConfig, shape: AttentionShape | None = None) -> TapConfig:
@@ -421,6 +439,7 @@ class _AdaptivePools:
                  config: LibraAdaptiveConfig, layout: TapConfig | None = None):
         self.profile, self.par, self.tap, self.shape, self.config = profile, par, tap, shape, config
         self.cost = CostModel(profile, Topology(profile, par))
+        self.speeds = None if config.device_speeds is None else np.asarray(config.device_speeds, dtype=np.float64)
         self.choices: dict[int, str] = {}
         # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
         # back on, and per pool the price of its plan and of the paper's plan at the layout's M
@@ -489,7 +508,7 @@ class _AdaptivePools:
         """
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates, link_cost=self.cost.topology.byte_cost,
-                                limits=self.config.heavy_tile_limits, loads=loads)
+                                limits=self.config.heavy_tile_limits, loads=loads, speeds=self._speeds_of(workers))
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
         # (KV relays run under head chunks only: libra.tap.relay.check_relays)
@@ -554,7 +573,7 @@ class _AdaptivePools:
             if exposure_excess(*times) <= REBALANCE_MIN_EXCESS:
                 break  # too little exposure above the pool's mean to win back (REBALANCE_MIN_EXCESS)
             current = rebalance_exposed(name, current, self.shape, self.tap, load, times[0], reserved,
-                                        link_cost=self.cost.topology.byte_cost)
+                                        link_cost=self.cost.topology.byte_cost, speeds=self._speeds_of(pool.workers))
             times = self._worker_ms(current, cutoff=best if i == passes - 1 else float("inf"))
             if times[1] is None:
                 break  # the last pass, its compute alone above the best
@@ -572,9 +591,13 @@ class _AdaptivePools:
     def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf"), tap: TapConfig | None = None):
         """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``),
         at ``tap``'s Pipeliner chunks (default this planner's)."""
-        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap, cutoff)
+        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap, cutoff, self.speeds)
         ws = list(pool.workers)
         return compute[ws], (None if exposed is None else exposed[ws])
+
+    def _speeds_of(self, workers) -> np.ndarray | None:
+        """The known speeds of ``workers`` (global ids, in their order); None when none are known."""
+        return None if self.speeds is None else self.speeds[list(workers)]
 
     def stages(self, k: int, sequences, workers) -> dict:
         """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
@@ -626,9 +649,10 @@ def price_order(names) -> list[int]:
 
 
 def _pool_worker_ms(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig,
-                    cutoff: float = float("inf")):
+                    cutoff: float = float("inf"), speed=None):
     """``pool`` run alone (its plan as a one-pool Plan): every worker's priced ``(compute, exposed)``
-    (:meth:`libra.sim.cost.CostModel.worker_ms`; ``exposed`` None once compute exceeds ``cutoff``)."""
+    (:meth:`libra.sim.cost.CostModel.worker_ms`, at ``speed``; ``exposed`` None once compute exceeds
+    ``cutoff``)."""
     plan = Plan(method="libra-adaptive", ga_index=0, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                 pools=(pool,), meta={})
-    return cost.worker_ms(plan, cutoff=cutoff)
+    return cost.worker_ms(plan, cutoff=cutoff, speed=speed)

@@ -457,10 +457,12 @@ def straggler_source(sources, setting: str, workload: str = "libra-prod", jitter
     Runs holding every method of the paper's Figure 12 win over subsets, then the run with the
     fewest other methods (``make fig12``'s over ``make extensions``' superset: same windows and
     seed, so the shared methods' numbers are the same), then the latest finished. Runs recorded
-    before the ``jitter`` option existed had jitter on.
+    before the ``jitter`` option existed had jitter on; runs that told planners the GPUs' speeds
+    (``--known-speeds``) are never a Figure 12 source.
     """
     def fits(x: Source) -> bool:
         return (x.workload == workload and bool(x.config.get("jitter", True)) == jitter
+                and not x.config.get("known_speeds", False)
                 and any(_setting_name(st.get("name")) == setting for st in x.config.get("settings", [])
                         if isinstance(st, dict)))
 

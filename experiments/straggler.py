@@ -79,6 +79,7 @@ from experiments.sim_common import (
     workload_record,
 )
 from libra.sim.simulator import simulate_window
+from libra.sim.variability import DeviceJitter
 
 # Speedups over Ulysses that Libra sec. 6.3 states or implies (mean = mean straggler, max = worst step)
 PAPER_SPEEDUP = fig12_speedups()
@@ -100,18 +101,25 @@ def run_options(method: str, setting, profile, wlb_rejoin: str) -> dict:
 def run_straggler(workload: str, profile, settings, methods, windows: int, seed: int, shape,
                   out: str | None = None, force: bool = False, quiet: bool = False,
                   wlb_rejoin: str = WLB_REJOIN_DEFAULT, tap_overrides: dict | None = None,
-                  jitter: bool = True) -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
+                  jitter: bool = True, known_speeds: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
     """Simulate every (setting, method, window); returns (steps, summary, run, timings).
 
     Args:
         settings: paper setting names (:data:`SETTINGS`) or :class:`Setting` objects (a user's layout).
         tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
         jitter: apply the profile's device variability (False: every GPU at speed 1).
+        known_speeds: tell planners that take ``device_speeds`` (``libra-adaptive``) each GPU's
+            persistent speed factor of the window's jitter draw
+            (:meth:`libra.sim.variability.DeviceJitter.persistent_speeds`); needs ``jitter``.
 
     Raises:
-        ValueError: unknown setting/method, a bad workload or a layout the planners reject.
+        ValueError: unknown setting/method, a bad workload, a layout the planners reject, or
+            ``known_speeds`` without ``jitter``.
     """
-    from baselines.registry import get_planner  # noqa: PLC0415
+    from baselines.registry import get_planner, planner_class  # noqa: PLC0415
+
+    if known_speeds and not jitter:
+        raise ValueError("--known-speeds tells planners the jitter model's per-GPU speeds: drop --no-jitter")
 
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
@@ -121,6 +129,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
               "settings": [setting_record(chosen[s]) for s in settings], "methods": list(methods),
               "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin, "jitter": bool(jitter),
+              **({"known_speeds": True} if known_speeds else {}),
               "shape": {"num_q_heads": shape.num_q_heads, "num_kv_heads": shape.num_kv_heads,
                         "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},
               "planner_options": options}
@@ -137,7 +146,11 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
     def point(key):
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
-        planner = get_planner(method, **run_options(method, st, profile, wlb_rejoin))
+        opts = run_options(method, st, profile, wlb_rejoin)
+        if known_speeds and "device_speeds" in planner_class(method).option_names():
+            dev = DeviceJitter(profile.variability, st.par().workers, jitter_seed(seed, w))
+            opts["device_speeds"] = tuple(dev.persistent_speeds().tolist())
+        planner = get_planner(method, **opts)
         steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w),
                                 jitter=jitter, flops_pool_size=st.tap.pool_size)
         return [step_row(r, label, setting_name, w) for r in steps]
@@ -340,10 +353,13 @@ def plot_factors(ax, summary: pd.DataFrame, setting: str) -> None:
               help="WLB-LLM's rejoin option; anything but 'none' gives it more attention work than the others.")
 @click.option("--no-jitter", is_flag=True,
               help="Every GPU at speed 1 (no device variability): shows how much the jitter model contributes.")
+@click.option("--known-speeds", is_flag=True,
+              help="Tell speed-aware planners (libra-adaptive's device_speeds) each GPU's persistent speed factor "
+                   "of the jitter model, as measuring the cluster would; each step's own draw stays unknown.")
 @tap_options("pool_size", "block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-              settings_, dp, cp, seq_len, gbs, methods, wlb_rejoin, no_jitter, pool_size, block_size, head_split, tau,
-              pipeline_chunks):
+              settings_, dp, cp, seq_len, gbs, methods, wlb_rejoin, no_jitter, known_speeds, pool_size, block_size,
+              head_split, tau, pipeline_chunks):
     """Figure 12: mean and worst-step straggler of every method in both paper settings (or your layout:
     --dp --cp --seq-len --gbs)."""
     check_counts(windows, seed)
@@ -360,6 +376,7 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
         df, summary, run, timings = run_straggler(workload, prof, settings, method_list, 1 if quick else windows,
                                                   seed, shape, out=out, force=force, quiet=no_progress,
                                                   wlb_rejoin=wlb_rejoin, jitter=not no_jitter,
+                                                  known_speeds=known_speeds,
                                                   tap_overrides={"pool_size": pool_size, "block_size": block_size,
                                                                  "head_split": head_split,
                                                                  "tau": tau, "pipeline_chunks": pipeline_chunks})

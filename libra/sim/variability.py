@@ -37,6 +37,12 @@ class DeviceJitter:
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 0]))
         self._gpu = variability.sigma_gpu * rng.standard_normal(self.num_workers)
 
+    def persistent_speeds(self) -> np.ndarray:
+        """``(N,)`` float64 persistent factor of every GPU, ``exp(sigma_gpu * z_gpu)``: what a planner
+        that measured the cluster knows (e.g. ``libra-adaptive``'s ``device_speeds``); a step's own
+        factor is not predictable and stays out."""
+        return np.exp(self._gpu)
+
     def speeds(self, step: int) -> np.ndarray:
         """``(N,)`` float64 speed multipliers (> 0) of every GPU in ``step`` (a non-negative int)."""
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:

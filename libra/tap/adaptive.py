@@ -151,7 +151,8 @@ FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     tap: TapConfig, shape: AttentionShape, kernel,
                     names: Sequence[str] = CANDIDATES, link_cost=None,
-                    limits: Sequence[float] = HEAVY_TILE_LIMITS, loads: dict | None = None) -> dict[str, PoolPlan]:
+                    limits: Sequence[float] = HEAVY_TILE_LIMITS, loads: dict | None = None,
+                    speeds=None) -> dict[str, PoolPlan]:
     """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
 
     Args:
@@ -168,6 +169,9 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         loads: optional dict that receives each fine candidate's tile loads as placed
             (``{name: (T,) array}``, :func:`~libra.tap.weights.kernel_time_weights`): what
             :func:`rebalance_exposed` places with, so the planner need not estimate them again.
+        speeds: optional ``(W,)`` known speed multipliers of ``workers`` (in their order): the fine
+            candidates' placers reserve :func:`speed_reserve` of each, so a slower worker gets less
+            work. None (default): equal speeds. The paper's plans (``alg2-*``) ignore them.
 
     Returns:
         ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
@@ -204,20 +208,24 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
             cut_load = kernel_time_weights(cut, sequences, shape, kernel, tap.pipeline_chunks, index=index)
         suffix = f"@{limit:g}" if i else ""
         finer = [n for n in fine if n in RELAYED] or fine  # finer cuts: the relayed plan (HEAVY_TILE_LIMITS)
+        reserved = None if speeds is None else speed_reserve(float(cut_load.sum()), speeds)
         for name, pool in _fine_pools(index_in_group, sequences, workers, tap, shape, cut, cut_load, index,
-                                      finer if i else fine, link_cost).items():
+                                      finer if i else fine, link_cost, reserved).items():
             out[name + suffix] = pool
             if loads is not None:
                 loads[name + suffix] = cut_load
     return out
 
 
-def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, index, names, link_cost):
-    """The :data:`FINE` candidates ``names`` on the fine ``tiles`` (with their ``load``)."""
-    placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tau=tap.tau, weights=load, index=index),
-               "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index),
+def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, index, names, link_cost, reserved=None):
+    """The :data:`FINE` candidates ``names`` on the fine ``tiles`` (with their ``load``; ``reserved``:
+    each worker's starting load, ``place_tiles(reserved=...)``)."""
+    placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tau=tap.tau, weights=load, index=index,
+                                           reserved=reserved),
+               "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
+                                                      reserved=reserved),
                "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
-                                                           link_cost)}
+                                                           link_cost, reserved)}
     relay = "fine-retain-link-relay" in names
     out = {}
     for name in (n for n in placers if n in names or (relay and n == "fine-retain-link")):
@@ -229,6 +237,23 @@ def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, ind
         plain = out["fine-retain-link"] if "fine-retain-link" in names else out.pop("fine-retain-link")
         out["fine-retain-link-relay"] = relay_pool(plain, ChunkSchedule.for_pool(plain, shape, tap.pipeline_chunks))
     return out
+
+
+def speed_reserve(total_load: float, speeds) -> np.ndarray:
+    """float64 ``(W,)``: the load each worker reserves before placement (``place_tiles(reserved=...)``)
+    for being slower than the pool's fastest: ``(s_max - s_w) * L / sum(s)`` for ``total_load`` ``L``
+    and speed multipliers ``speeds`` (> 0; all 0 for equal speeds). A placement that fills every
+    worker to one total then gives worker ``w`` about ``s_w * L / sum(s)`` -- its share at its
+    speed, so the pool's workers finish together on known-unequal devices (Libra sec. 3.2 measures
+    the per-GPU spread; an extension beyond the paper's TAP, which balances FLOPs only).
+
+    Raises:
+        ValueError: a speed that is not finite and > 0.
+    """
+    s = np.asarray(speeds, dtype=np.float64)
+    if s.ndim != 1 or not len(s) or not np.all(np.isfinite(s)) or np.any(s <= 0):
+        raise ValueError(f"speeds must be finite multipliers > 0, one per worker, got {s!r}")
+    return (s.max() - s) * float(total_load) / float(s.sum())
 
 
 REBALANCE_PASSES = 1
@@ -270,7 +295,7 @@ REBALANCED = frozenset({"fine-retain", "fine-retain-link", "fine-retain-link-rel
 
 
 def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: TapConfig, load: np.ndarray,
-                      compute: np.ndarray, exposed: np.ndarray, link_cost=None) -> PoolPlan:
+                      compute: np.ndarray, exposed: np.ndarray, link_cost=None, speeds=None) -> PoolPlan:
     """``pool`` (a :data:`REBALANCED` candidate ``name``, any heavy-tile cut) placed again by its
     own placer with each worker's exposed communication reserved as load, so that compute *plus*
     exposed communication is what the placement balances (an extension beyond Libra sec. 4.3).
@@ -293,6 +318,8 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
         compute, exposed: ``(W,)`` each worker's priced compute and exposed communication (ms) in
             ``pool.workers`` order (:meth:`libra.sim.cost.CostModel.worker_ms`).
         link_cost: the byte cost of the :data:`LINK_PRICED` candidates.
+        speeds: optional ``(W,)`` known speed multipliers (as :func:`candidate_pools`): their
+            :func:`speed_reserve` is reserved on top of the exposure.
 
     Returns:
         The new PoolPlan (same tiles and chunking; destinations, transfers and relays rebuilt).
@@ -307,10 +334,12 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
     if compute.shape != (len(pool.workers),) or exposed.shape != compute.shape:
         raise ValueError(f"compute and exposed must have one entry per pool worker ({len(pool.workers)})")
     per_ms = float(load.sum()) / float(compute.sum()) if compute.sum() > 0 else 0.0
+    reserved = np.maximum(exposed, 0.0) * per_ms
+    if speeds is not None:
+        reserved = reserved + speed_reserve(float(load.sum()), speeds)
     index = pool.index()
     placed, fallback = place_retaining(pool.tiles, pool.sequences, pool.workers, shape, tap.tau, load, index,
-                                       link_cost if base in LINK_PRICED else None,
-                                       reserved=np.maximum(exposed, 0.0) * per_ms)
+                                       link_cost if base in LINK_PRICED else None, reserved=reserved)
     out = replace(pool, tiles=placed, transfers=build_transfers(pool.sequences, placed, shape, index=index),
                   fallback_tiles=fallback)
     if base in RELAYED:
