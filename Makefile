@@ -10,7 +10,7 @@ RESULTS := --overwrite
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-heldout tune-real fig12-nojitter fig13 fig14 fig15 fig16 \
+.PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
         plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke clean
 
 help:  ## list the targets
@@ -64,6 +64,12 @@ tune-real: $(STAMP)  ## tune's layout search at 1M on the two public corpora (th
 	$(BENCH) tune --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --settings 1m --pool-sizes 2,4,8,16 --head-splits 2 --chunk-counts 4,8 --windows 4 --no-progress --out results/tune-wikipedia-1m $(RESULTS)
 	$(BENCH) tune --workload $(WORKLOADS)/distca_dist_prolong.json --settings 1m --pool-sizes 2,4,8,16 --head-splits 2 --chunk-counts 4,8 --windows 4 --no-progress --out results/tune-prolong-1m $(RESULTS)
 
+known-speeds: $(STAMP)  ## libra-adaptive told each GPU's persistent speed (straggler --known-speeds) on the four workloads
+	$(BENCH) straggler --workload libra-prod --methods ulysses,libra,libra-adaptive --known-speeds --out results/straggler-known-speeds/libra-prod $(RESULTS)
+	$(BENCH) straggler --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --methods ulysses,libra,libra-adaptive --known-speeds --out results/straggler-known-speeds/wikipedia $(RESULTS)
+	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_prolong.json --methods ulysses,libra,libra-adaptive --known-speeds --out results/straggler-known-speeds/prolong $(RESULTS)
+	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_wlbllm_synthetic.json --methods ulysses,libra,libra-adaptive --known-speeds --out results/straggler-known-speeds/wlbllm-synthetic $(RESULTS)
+
 fig12-nojitter: $(STAMP)  ## Figure 12 with device jitter off: what the jitter model contributes
 	$(BENCH) straggler --workload libra-prod --no-jitter --out results/straggler-nojitter $(RESULTS)
 
@@ -103,7 +109,7 @@ extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive;
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-heldout tune-real fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh
