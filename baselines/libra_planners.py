@@ -37,6 +37,7 @@ from libra.plan import CHUNKINGS, HEADS, Plan, PoolPlan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
+from libra.sim.variability import check_speeds
 from libra.tap.adaptive import (
     CANDIDATES,
     CHUNKING_OF,
@@ -328,12 +329,8 @@ class LibraAdaptiveConfig(LibraKtConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.device_speeds is not None:
-            speeds = tuple(self.device_speeds) if np.ndim(self.device_speeds) else ()
-            if not speeds or not all(isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool)
-                                     and math.isfinite(x) and x > 0 for x in speeds):
-                raise ValueError("libra-adaptive device_speeds must be one finite multiplier > 0 per GPU, "
-                                 f"got {self.device_speeds!r}")
-            object.__setattr__(self, "device_speeds", tuple(float(x) for x in speeds))
+            speeds = check_speeds(self.device_speeds, what="libra-adaptive device_speeds")
+            object.__setattr__(self, "device_speeds", tuple(speeds.tolist()))
         for field_name, allowed in (("candidates", CANDIDATES), ("chunkings", CHUNKINGS)):
             value = getattr(self, field_name)
             if value is None and field_name == "chunkings":

@@ -82,9 +82,9 @@ from libra.workload import attention_flops, sample_area
 
 LAUNCH_PROBE_TOKENS = 128
 PIECE_BLOCKS = 8
+"""The piece sweep's thin piece is the last ``1 / PIECE_BLOCKS`` of a document (:func:`piece_points`)."""
 PIECE_CHOICES = (*PIECE_PRICINGS, "measured")
 """``--piece-pricing``: a rule kept as is, or ``measured`` (:func:`fit_piece_pricing`)."""
-"""The piece sweep's thin piece is the last ``1 / PIECE_BLOCKS`` of a document (:func:`piece_points`)."""
 CPU_DEFAULTS = {"lengths": [128, 256, 512, 1024, 2048, 4096, 8192], "heads": [1, 2, 4, 8], "q_heads": 8,
                 "kv_heads": 2, "head_dim": 64, "heads_length": 2048, "copy_mb": 256, "warmup": 1, "repeats": 5,
                 "rotate": 2}

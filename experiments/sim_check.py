@@ -170,8 +170,8 @@ def window_rows(w: int, plan, cost, backend, cfg: SimCheckConfig, dtype, device,
     shape = plan.shape
     rows = []
     for pool in plan.pools:
+        sched = schedule_for_pool(pool, shape, plan.pipeline_chunks)
         for rank, worker in enumerate(pool.workers):
-            sched = schedule_for_pool(pool, shape, plan.pipeline_chunks)
             pieces = worker_pieces(pool, shape, worker, sched)
             if not len(pieces["q_len"]):
                 continue

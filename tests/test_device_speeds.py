@@ -39,7 +39,7 @@ def test_speed_reserve_gives_each_worker_its_share(speeds, total):
 
 def test_speed_reserve_equal_speeds_and_errors():
     assert np.all(speed_reserve(10.0, [1.3, 1.3, 1.3]) == 0)
-    for bad in ([], [1.0, 0.0], [1.0, float("nan")], [[1.0]]):
+    for bad in ([], [1.0, 0.0], [1.0, float("nan")], [[1.0]], [True, True], ["1.0"]):
         with pytest.raises(ValueError, match="speeds must be"):
             speed_reserve(1.0, bad)
 

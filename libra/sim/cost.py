@@ -53,6 +53,7 @@ from libra.arrays import sorted_unique
 from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
+from libra.sim.variability import check_speeds
 from libra.tap.pipeline import (
     BWD_DISPATCH,
     BWD_RETURN,
@@ -520,9 +521,7 @@ class CostModel:
         """Compute times divided by the per-worker ``speed`` multipliers; backward filled in as
         ``backward_time_ratio`` x forward where the kernel model has no backward curve."""
         if speed is not None:
-            speed = np.asarray(speed, dtype=np.float64)
-            if speed.shape != (n,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
-                raise ValueError(f"speed must be {n} finite multipliers > 0, got shape {speed.shape}")
+            speed = check_speeds(speed, n, "speed")
             div = speed if fwd.ndim == 1 else speed[:, None]
             fwd = fwd / div
             bwd = None if bwd is None else bwd / div

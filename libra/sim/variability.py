@@ -14,6 +14,24 @@ import numpy as np
 from libra.sim.profiles import Variability
 
 
+def check_speeds(speeds, n: int | None = None, what: str = "speeds") -> np.ndarray:
+    """``speeds`` as float64 ``(N,)`` speed multipliers (a worker's compute time is divided by its
+    speed): the one check of :meth:`libra.sim.cost.CostModel.price`'s ``speed``, ``libra-adaptive``'s
+    ``device_speeds`` and :func:`libra.tap.adaptive.speed_reserve`.
+
+    Raises:
+        ValueError: not a non-empty 1-D array of finite numbers > 0 (bools are not numbers here), or
+            not ``n`` of them when ``n`` is given; the message names ``what``.
+    """
+    arr = np.asarray(speeds)
+    ok = arr.ndim == 1 and len(arr) > 0 and arr.dtype.kind in "iuf" and (n is None or len(arr) == n)
+    arr = arr.astype(np.float64) if ok else arr
+    if not ok or not np.all(np.isfinite(arr)) or np.any(arr <= 0):
+        count = "one finite multiplier > 0 per worker" if n is None else f"{n} finite multipliers > 0"
+        raise ValueError(f"{what} must be {count}, got shape {arr.shape}, dtype {arr.dtype}")
+    return arr
+
+
 class DeviceJitter:
     """Seeded speed multipliers for ``num_workers`` GPUs.
 

@@ -61,6 +61,7 @@ from libra.arrays import expand_counts, sorted_unique
 from libra.config import TapConfig
 from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTable, pool_index
 from libra.plan.layout import tile_flops
+from libra.sim.variability import check_speeds
 from libra.tap.exchange import build_transfers
 from libra.tap.pipeline import ChunkSchedule
 from libra.tap.placement import link_matrix, place_tiles, reserved_loads, soft_target
@@ -248,11 +249,9 @@ def speed_reserve(total_load: float, speeds) -> np.ndarray:
     the per-GPU spread; an extension beyond the paper's TAP, which balances FLOPs only).
 
     Raises:
-        ValueError: a speed that is not finite and > 0.
+        ValueError: speeds that :func:`libra.sim.variability.check_speeds` rejects.
     """
-    s = np.asarray(speeds, dtype=np.float64)
-    if s.ndim != 1 or not len(s) or not np.all(np.isfinite(s)) or np.any(s <= 0):
-        raise ValueError(f"speeds must be finite multipliers > 0, one per worker, got {s!r}")
+    s = check_speeds(speeds)
     return (s.max() - s) * float(total_load) / float(s.sum())
 
 
