@@ -29,9 +29,11 @@ all four; :func:`experiments.sim_common.custom_setting`), with the head shape of
   (:func:`libra.runtime.agreement.check_plan_agreement`; ``prepare.digest``), timed on a 1-process
   gloo group (CPU device). ``prepare`` itself is one timed call of all three.
 
-JIT compilation (the placer's ``warmup()``, when the module has one) runs once per process before
-any timing and is reported separately (``run.json`` ``jit_warmup_ms``), never in a stage. The placer
-that ran (:func:`libra.tap.placement.default_placer`) is printed and recorded in ``run.json``.
+JIT compilation (every :data:`WARMUP`: the compiled TAP kernels' and the cost model's) runs once per
+process before any timing and is reported separately (``run.json`` ``jit_warmup_ms``), never in a
+stage. The placer that ran (:func:`libra.tap.placement.default_placer`) and the cost model's
+implementation that priced ``libra-adaptive``'s candidates (:func:`libra.sim.cost.cost_impl`) are
+printed and recorded in ``run.json``.
 
 Each timing sample is one call (``time.perf_counter``); the CSV gives per (setting, stage) the
 median, the inter-quartile range, the sample count and the paper's number; the printout puts each
@@ -85,6 +87,7 @@ from libra.config import check_layout
 from libra.data.windows import gbs_windows
 from libra.plan import SequenceLayout
 from libra.runtime.program import compile_worker
+from libra.sim import cost as _cost
 from libra.tap import exchange as _exchange
 from libra.tap import placement as _placement
 from libra.tap import tiles as _tiles
@@ -109,8 +112,9 @@ TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0}
 """Targets (issue 12; medians on a 2-core machine) of the paper's settings only: TAP at half the
 paper's time, compile per worker, prepare on the step's path (CPU), VRSP at or below the paper's."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
-          "libra.tap.exchange": _exchange.warmup}
-"""The compiled TAP kernels' ``warmup()`` (JIT compilation), run before any timing."""
+          "libra.tap.exchange": _exchange.warmup, "libra.sim.cost": _cost.warmup}
+"""The compiled kernels' ``warmup()`` (JIT compilation: TAP's and the cost model's, which
+``libra-adaptive`` prices candidates with), run before any timing."""
 
 
 def parse_tap_methods(text: str) -> tuple[str, ...]:
@@ -554,11 +558,11 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
     atomic_write_text(run.out_dir / "plan-cost-quality.csv", quality.to_csv(index=False))
     warm = warmups(samples)
     paths = run.finish(df, plot=lambda d, p: plot(d, p, paper),
-                       extra={"placer": placer, "jit_warmup_ms": warm, "paper_settings": sorted(paper),
+                       extra={"placer": placer, "cost_impl": _cost.cost_impl(), "jit_warmup_ms": warm, "paper_settings": sorted(paper),
                               "targets_ms": {s.name: TARGETS_MS[s.name] for s in chosen if s.name in paper},
                               "quality": summarize_quality(quality).to_dict(orient="records")})
     jit = ", ".join(f"{m.rsplit('.', 1)[-1]} {ms:.0f} ms" for m, ms in warm.items()) or "none"
-    click.echo(f"placer: {placer}; JIT warmup (once per process, excluded from every timing): {jit}")
+    click.echo(f"placer: {placer}; cost model: {_cost.cost_impl()}; JIT warmup (once per process, excluded from every timing): {jit}")
     for s in chosen:
         click.echo(f"{s.name}: S={s.seq_len} GBS={s.gbs} DP={s.dp} CP={s.cp} P={s.tap.pool_size} "
                    f"B={s.tap.block_size} H={s.tap.head_split} tau={s.tap.tau} M={s.tap.pipeline_chunks}, "

@@ -197,8 +197,8 @@ def test_without_numba_auto_falls_back_to_python(monkeypatch):
         place_tiles(tiles, seqs, range(4), shape, placer="numba")
 
 
-def test_compiled_names_only_the_tap_kernel_modules():
-    with pytest.raises(ValueError, match="unknown compiled TAP module 'placer_jit'"):
+def test_compiled_names_only_the_kernel_modules():
+    with pytest.raises(ValueError, match="unknown compiled module 'placer_jit'"):
         kernels.compiled("placer_jit")  # a typo must not read as "numba missing"
 
 

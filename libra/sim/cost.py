@@ -45,6 +45,7 @@ Terms are named and summed (vidur style):
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,7 @@ from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
 from libra.sim.variability import check_speeds
+from libra.tap.kernels import compiled
 from libra.tap.pipeline import (
     BWD_DISPATCH,
     BWD_RETURN,
@@ -190,7 +192,7 @@ class PlanCost:
         return float(values[self.pool == self.pool[w]].mean()) if self.pool[w] >= 0 else 0.0
 
 
-def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarray:
+def pipelined_exposed(events, compute, dispatch, ret, exchange=None, jit=None) -> np.ndarray:
     """Exposed communication of one pass under the Pipeliner, per worker (Libra sec. 4.4).
 
     Walks the schedule's events with a host clock: an issue is non-blocking and queues the transfer
@@ -204,6 +206,7 @@ def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarr
         dispatch, ret: ``(N, M)`` time of each chunk's dispatch and return transfers.
         exchange: ``(N, M)``: column ``m`` the time of chunk ``m``'s return and chunk ``m + 2``'s
             dispatch issued as one group (``ISSUE_EXCHANGE``); default the two back to back.
+        jit: :mod:`libra.sim.cost_jit` to walk the events compiled (the same numbers), or None.
 
     Returns:
         ``(N,)`` end of the pass minus its compute.
@@ -211,6 +214,12 @@ def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarr
     compute = np.asarray(compute, dtype=np.float64)
     chunks = dispatch.shape[1]
     per = compute if compute.ndim == 2 else np.broadcast_to(compute[:, None], (len(compute), chunks))
+    busy = compute.sum(axis=1) if compute.ndim == 2 else chunks * compute
+    if jit is not None:
+        codes, ms = jit.event_codes(events)
+        end = jit.pipelined_end(codes, ms, np.ascontiguousarray(per), dispatch, ret,
+                                dispatch if exchange is None else exchange, exchange is not None)
+        return end - busy
     host, comm_free, compute_free = (np.zeros(len(compute)) for _ in range(3))
     arrived, returned = {}, {}
     for ev, m in events:
@@ -230,7 +239,6 @@ def pipelined_exposed(events, compute, dispatch, ret, exchange=None) -> np.ndarr
             returned[m] = arrived[m + 2] = comm_free
         elif ev == WAIT_RETURN:
             host = np.maximum(host, returned[m])
-    busy = compute.sum(axis=1) if compute.ndim == 2 else chunks * compute
     return np.maximum.reduce([host, comm_free, compute_free]) - busy
 
 
@@ -265,6 +273,41 @@ def _pair_routes(r: Routes, n: int) -> Routes:
     return Routes(none, none.astype(np.int8), pairs // n, pairs % n, total[pairs][:, None])
 
 
+COST_IMPLS = ("auto", "numba", "numpy")
+"""``CostModel(impl=...)``: the compiled communication kernels when numba imports, or either one."""
+
+
+def _cost_kernels(impl: str):
+    """:mod:`libra.sim.cost_jit` for ``impl`` (None: the numpy code)."""
+    if impl not in COST_IMPLS:
+        raise ValueError(f"cost model impl must be one of {', '.join(COST_IMPLS)}, got {impl!r}")
+    jit = None if impl == "numpy" else compiled("cost_jit")
+    if jit is None and impl == "numba":
+        raise ImportError("cost model impl='numba' needs numba: pip install -e '.[fast]'")
+    return jit
+
+
+def cost_impl() -> str:
+    """The implementation ``CostModel(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
+    return "numba" if compiled("cost_jit") is not None else "numpy"
+
+
+def warmup() -> float:
+    """Compile the cost model's kernels now (numba only; once per process) so that timed pricing
+    excludes compilation; returns the seconds spent (0.0 without numba)."""
+    jit = compiled("cost_jit")
+    if jit is None:
+        return 0.0
+    t0 = time.perf_counter()
+    jit.warmup()
+    return time.perf_counter() - t0
+
+
+def _ids(a: np.ndarray) -> np.ndarray:
+    """int64 ``a`` (the compiled kernels take one integer type: no recompilation per dtype)."""
+    return np.asarray(a, dtype=np.int64)
+
+
 def _per_worker(t: np.ndarray) -> np.ndarray:
     """``(N,)`` compute per worker from ``(N,)`` or per-chunk ``(N, M)`` times."""
     return t if t.ndim == 1 else t.sum(axis=1)
@@ -286,12 +329,20 @@ class CostModel:
     Args:
         profile: hardware profile (kernel model, link classes).
         topology: placement of the workers (must come from the same profile).
+        impl: ``"auto"`` (default: the compiled communication kernels of :mod:`libra.sim.cost_jit`
+            when numba imports, else numpy), ``"numba"`` or ``"numpy"``; all price identically,
+            bit for bit (:func:`cost_impl`).
+
+    Raises:
+        ValueError: a topology of another profile, or an unknown ``impl``.
+        ImportError: ``impl="numba"`` without numba.
     """
 
-    def __init__(self, profile: HardwareProfile, topology: Topology):
+    def __init__(self, profile: HardwareProfile, topology: Topology, impl: str = "auto"):
         if topology.profile is not profile and topology.profile.to_dict() != profile.to_dict():
             raise ValueError(f"topology was built for profile {topology.profile.name!r}, "
                              f"cost model got {profile.name!r}")
+        self._jit = _cost_kernels(impl)
         self.profile = profile
         self.topology = topology
         self.kernel = profile.kernel
@@ -445,6 +496,9 @@ class CostModel:
         the phase formula over its bytes, started when the worker and its round's senders are done.
         The columns share one pass over the rounds (a chunk's column and the whole phase)."""
         n, k, J = self.topology.num_workers, len(LINK_CLASSES), nbytes.shape[1]
+        if self._jit is not None:
+            return self._jit.relay_rounds(_ids(r.src), _ids(r.dst), code, _ids(hop), np.asarray(nbytes, np.float64),
+                                          backward, k, n, self._bw, self._lat, self._port_of, self._nports)
         t = np.zeros((n, J))
         top = int(hop.max()) if len(hop) else 0
         for h in (range(top, -1, -1) if backward else range(top + 1)):
@@ -476,9 +530,15 @@ class CostModel:
                 r = _pair_routes(r, n)
             code = self._link_codes(r.src, r.dst)  # once per phase, shared by its chunks
             # each chunk moves its own bytes and pays its own latency: (worker, chunk) as columns
-            sent_m, recv_m = chunk_bytes[phase] = self._phase_bytes(r.src, r.dst, code, r.nbytes)
-            bw_m, lat_m, class_m = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
-            per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
+            if self._jit is not None and (chunked_only or M > 1):  # per-class times unused: compiled
+                sent_m, recv_m, per_chunk[phase] = self._jit.chunk_times(
+                    _ids(r.src), _ids(r.dst), code, np.asarray(r.nbytes, np.float64), k, n, self._bw, self._lat,
+                    self._port_of, self._nports)
+                chunk_bytes[phase] = (sent_m, recv_m)
+            else:
+                sent_m, recv_m = chunk_bytes[phase] = self._phase_bytes(r.src, r.dst, code, r.nbytes)
+                bw_m, lat_m, class_m = self._phase_ms(sent_m.reshape(k, n * M), recv_m.reshape(k, n * M))
+                per_chunk[phase] = (bw_m + lat_m).reshape(n, M)
             rounds = None
             if phase in hops:  # relay rounds replace the byte sum of the chunk they run in (and the phase's)
                 col = M - 1 if phase == BWD_RETURN else 0
@@ -511,9 +571,14 @@ class CostModel:
         for ret, disp in EXCHANGES.items():
             (sr, rr), (sd, rd) = chunk_bytes[ret], chunk_bytes[disp]
             sent, recv = sr[:, :, :M - 2] + sd[:, :, 2:], rr[:, :, :M - 2] + rd[:, :, 2:]
-            bw, lat, _ = self._phase_ms(sent.reshape(k, n * (M - 2)), recv.reshape(k, n * (M - 2)))
+            sent, recv = sent.reshape(k, n * (M - 2)), recv.reshape(k, n * (M - 2))
+            if self._jit is not None:
+                both = self._jit.phase_times(sent, recv, self._bw, self._lat, self._port_of, self._nports)
+            else:
+                bw, lat, _ = self._phase_ms(sent, recv)
+                both = bw + lat
             t = np.zeros((n, M))
-            t[:, :M - 2] = (bw + lat).reshape(n, M - 2)
+            t[:, :M - 2] = both.reshape(n, M - 2)
             out[(ret, "exchange")] = t
         return out
 
@@ -619,7 +684,7 @@ class CostModel:
         # (N,) times: every chunk is 1/M of the worker's compute; (N, M): each chunk its own
         chunk_f, chunk_b = (fwd_c / chunks, bwd_c / chunks) if fwd_c.ndim == 1 else (fwd_c, bwd_c)
         exposed = (pipelined_exposed(events, chunk_f, per_chunk[FWD_DISPATCH], per_chunk[FWD_RETURN],
-                                     per_chunk.get((FWD_RETURN, "exchange")))
+                                     per_chunk.get((FWD_RETURN, "exchange")), self._jit)
                    + pipelined_exposed(events, chunk_b, per_chunk[BWD_DISPATCH], per_chunk[BWD_RETURN],
-                                       per_chunk.get((BWD_RETURN, "exchange"))))
+                                       per_chunk.get((BWD_RETURN, "exchange")), self._jit))
         return _per_worker(fwd_c), _per_worker(bwd_c), exposed, phases

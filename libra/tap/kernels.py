@@ -1,8 +1,9 @@
-"""The optional compiled TAP kernels (numba, the ``[fast]`` extra), found in one place.
+"""The optional compiled kernels (numba, the ``[fast]`` extra), found in one place.
 
-Placement, tiles and exchange each have a numba module (``placement_jit``, ``tiles_jit``,
-``exchange_jit``) next to the Python/numpy implementation that stays the oracle and the fallback.
-:func:`compiled` imports one of them once per process, or returns None where numba is missing.
+Placement, tiles and exchange each have a numba module (``libra.tap.placement_jit``, ``tiles_jit``,
+``exchange_jit``), and the cost model's communication terms one (``libra.sim.cost_jit``), next to
+the Python/numpy implementation that stays the oracle and the fallback. :func:`compiled` imports
+one of them once per process, or returns None where numba is missing.
 """
 
 from __future__ import annotations
@@ -10,15 +11,17 @@ from __future__ import annotations
 import functools
 import importlib
 
-JIT_MODULES = ("placement_jit", "tiles_jit", "exchange_jit")
+JIT_MODULES = {"placement_jit": "libra.tap.placement_jit", "tiles_jit": "libra.tap.tiles_jit",
+               "exchange_jit": "libra.tap.exchange_jit", "cost_jit": "libra.sim.cost_jit"}
 
 
 @functools.cache
 def compiled(name: str):
-    """``libra.tap.<name>`` when numba imports, else None (checked once per process)."""
+    """The compiled module ``name`` (:data:`JIT_MODULES`) when numba imports, else None (checked
+    once per process)."""
     if name not in JIT_MODULES:
-        raise ValueError(f"unknown compiled TAP module {name!r}; one of {JIT_MODULES}")
+        raise ValueError(f"unknown compiled module {name!r}; one of {tuple(JIT_MODULES)}")
     try:
-        return importlib.import_module(f"libra.tap.{name}")
+        return importlib.import_module(JIT_MODULES[name])
     except ImportError:
         return None
