@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from test_tap_strategies import long_tail_lengths, scattered_pools
 
 import libra.tap.planner as tap_planner
+from libra import jit as kernels
 from libra.plan import SequenceLayout
-from libra.tap import kernels, placement
+from libra.tap import placement
 from libra.tap.placement import available_placers, default_placer, place_tiles, warmup
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
@@ -180,7 +181,7 @@ def test_unknown_placer_is_a_value_error():
 
 def test_without_numba_auto_falls_back_to_python(monkeypatch):
     """No numba: ``auto`` runs the Python loops, ``numba`` is an ImportError naming the extra, and
-    importing the kernel module fails cleanly (so :func:`libra.tap.kernels.compiled` reports None)."""
+    importing the kernel module fails cleanly (so :func:`libra.jit.compiled` reports None)."""
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
     monkeypatch.delitem(sys.modules, "libra.tap.placement_jit", raising=False)
     assert kernels.compiled.__wrapped__("placement_jit") is None

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from libra.arrays import expand_counts, lexsort
+from libra.jit import compiled
 from libra.plan.tables import TileTable, frozen_array
 from libra.workload import attention_flops, causal_area, range_areas
 
@@ -190,6 +191,12 @@ def segments(sequences: Sequence[SequenceLayout], tiles: TileTable,
     if not len(tiles):
         return {k: np.zeros(0, dtype=np.int64) for k in SEGMENT_FIELDS}
     idx = index if index is not None else pool_index(sequences)
+    jit = compiled("layout_jit")  # the same rows, compiled (libra.plan.layout_jit), where numba imports
+    return _segments_numpy(tiles, idx) if jit is None else _segments_compiled(jit, tiles, idx)
+
+
+def _segments_numpy(tiles: TileTable, idx: PoolIndex) -> dict[str, np.ndarray]:
+    """:func:`segments` in numpy (the oracle of :func:`_segments_compiled`, and the fallback)."""
     shift = idx.base[tiles.seq]
     a, b = tiles.q_start + shift, tiles.q_end + shift  # global token axis
     first = np.searchsorted(idx.offs, a, side="right") - 1
@@ -206,6 +213,16 @@ def segments(sequences: Sequence[SequenceLayout], tiles: TileTable,
             "sample_len": idx.offs[sample + 1] - s0, "q_start": start + lo, "q_len": hi - lo, "kv_len": hi,
             "heads": (tiles.head_end - tiles.head_start)[rep].astype(np.int64),
             "area": causal_area(lo, hi).astype(np.int64)}
+
+
+def _segments_compiled(jit, tiles: TileTable, idx: PoolIndex) -> dict[str, np.ndarray]:
+    """:func:`segments` by :func:`libra.plan.layout_jit.segment_rows`."""
+    i64 = np.int64
+    rep, start, length, q0, ql, kv, area = jit.segment_rows(
+        tiles.seq.astype(i64), tiles.q_start.astype(i64), tiles.q_end.astype(i64), idx.base, idx.offs)
+    return {"tile": rep, "seq": tiles.seq[rep].astype(i64), "dest": tiles.dest[rep].astype(i64),
+            "sample_start": start, "sample_len": length, "q_start": q0, "q_len": ql, "kv_len": kv,
+            "heads": (tiles.head_end - tiles.head_start)[rep].astype(i64), "area": area}
 
 
 def merge_pieces(seg: dict, chunk: np.ndarray, head_start: np.ndarray, head_end: np.ndarray,

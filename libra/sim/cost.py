@@ -51,11 +51,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from libra.arrays import sorted_unique
+from libra.jit import compiled
 from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
 from libra.sim.variability import check_speeds
-from libra.tap.kernels import compiled
 from libra.tap.pipeline import (
     BWD_DISPATCH,
     BWD_RETURN,

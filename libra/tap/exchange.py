@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from libra.arrays import expand_counts, pack_keys, stable_sort
+from libra.jit import compiled
 from libra.plan import (
     KV,
     O,
@@ -39,7 +40,6 @@ from libra.plan import (
     kv_need_start,
     pool_index,
 )
-from libra.tap.kernels import compiled
 from libra.tap.tiles import kv_atoms, make_tiles
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 

@@ -60,8 +60,8 @@ import numpy as np
 
 from libra.arrays import lexsort, sorted_unique
 from libra.config import TapConfig
+from libra.jit import compiled
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
-from libra.tap.kernels import compiled
 from libra.tap.tiles import kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 

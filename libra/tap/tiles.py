@@ -23,10 +23,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from libra.jit import compiled
+
 # PoolIndex, pool_index and kv_need_start live with the layout they index; re-exported here
 from libra.plan.layout import PoolIndex, SequenceLayout, kv_need_start, pool_index
 from libra.plan.tables import TileTable
-from libra.tap.kernels import compiled
 from libra.workload import AttentionShape, attention_flops
 
 __all__ = ["PoolIndex", "kv_atoms", "kv_need_start", "make_tiles", "pool_index", "tiles_impl", "warmup"]

@@ -1,7 +1,8 @@
 """The optional compiled kernels (numba, the ``[fast]`` extra), found in one place.
 
 Placement, tiles and exchange each have a numba module (``libra.tap.placement_jit``, ``tiles_jit``,
-``exchange_jit``), and the cost model's communication terms one (``libra.sim.cost_jit``), next to
+``exchange_jit``), the plan's kernel segments one (``libra.plan.layout_jit``) and the cost model's
+communication terms one (``libra.sim.cost_jit``), next to
 the Python/numpy implementation that stays the oracle and the fallback. :func:`compiled` imports
 one of them once per process, or returns None where numba is missing.
 """
@@ -12,7 +13,8 @@ import functools
 import importlib
 
 JIT_MODULES = {"placement_jit": "libra.tap.placement_jit", "tiles_jit": "libra.tap.tiles_jit",
-               "exchange_jit": "libra.tap.exchange_jit", "cost_jit": "libra.sim.cost_jit"}
+               "exchange_jit": "libra.tap.exchange_jit", "cost_jit": "libra.sim.cost_jit",
+               "layout_jit": "libra.plan.layout_jit"}
 
 
 @functools.cache
