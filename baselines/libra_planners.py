@@ -188,8 +188,24 @@ class TapPlanner(Planner):
         check_layout(par, tap, shape)
         lengths = window_lengths(window, par)
         groups, extra = self.groups(lengths, par, tap)
+        return self.plan_groups(lengths, groups, par, shape, extra, layout_checked=True)
+
+    def plan_groups(self, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig, shape: AttentionShape,
+                    meta: dict | None = None, layout_checked: bool = False) -> list[Plan]:
+        """This method's Plans of a window whose pools are already grouped -- ``groups[g, d]`` the
+        window index at GA ``g`` on DP rank ``d``, e.g. a :class:`libra.sampler.LibraSampler` step's
+        VRSP groups -- with every pool planned by :meth:`pool_planner` and :meth:`finish` applied:
+        how a training loop plans the steps its sampler hands it (``meta`` joins each Plan's).
+
+        Raises:
+            ValueError: a layout :func:`libra.config.check_layout` rejects (unless ``layout_checked``),
+                ``groups`` not a ``(GA, DP)`` permutation of the window.
+        """
+        tap = self.window_tap(par, shape)
+        if not layout_checked:
+            check_layout(par, tap, shape)
         plan_one, method_meta = self.pool_planner(par, shape)
-        meta = {"grouping": self.grouping, **asdict(tap), **extra, **method_meta}
+        meta = {"grouping": self.grouping, **asdict(tap), **(meta or {}), **method_meta}
         plans = plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, plan_one=plan_one)
         return self.finish(plans, plan_one)
 

@@ -2,6 +2,7 @@
 
     python examples/hf_qwen3.py --nproc 2 --steps 2          # DP1 x CP2
     python examples/hf_qwen3.py --nproc 4 --steps 2          # DP2 x CP2, one Libra pool of 4 workers
+    python examples/hf_qwen3.py --nproc 4 --planner libra-adaptive   # the real-corpus planner's plans
     torchrun --nproc-per-node 4 examples/hf_qwen3.py --steps 2
 
 What a trainer writes (Libra sec. 5): the stock ``AutoModelForCausalLM`` with
@@ -94,14 +95,15 @@ def make_sampler(rows, args, dp_rank: int) -> LibraSampler:
 
 
 def plan_step(args, shape, metadata: dict):
-    """TAP plans of every GA index of one step from its sequence lengths (the sampler made the pools)."""
-    from baselines.libra_planners import plan_grouped_window
-    from libra.config import ParallelConfig, TapConfig, check_layout
+    """TAP plans of every GA index of one step from its sequence lengths (the sampler made the pools),
+    by ``--planner`` (the paper's ``libra``, ``libra-kt`` or ``libra-adaptive``)."""
+    from baselines.registry import get_planner, options_from_tap
+    from libra.config import ParallelConfig, TapConfig
 
     par = ParallelConfig(dp=args.dp, cp=args.cp, gbs=args.gbs, seq_len=args.seq_len)
     tap = TapConfig(pool_size=args.dp, block_size=BLOCK, head_split=HEAD_SPLIT, pipeline_chunks=CHUNKS)
-    check_layout(par, tap, shape)
-    return plan_grouped_window("libra", metadata["lengths"], metadata["groups"], par, tap, shape, {"step": metadata["step"]})
+    planner = get_planner(args.planner, **options_from_tap(args.planner, tap))
+    return planner.plan_groups(metadata["lengths"], metadata["groups"], par, shape, {"step": metadata["step"]})
 
 
 def step_metadata(sampler: LibraSampler, step: int) -> dict:
@@ -258,6 +260,8 @@ def parse_args(argv=None):
     ap.add_argument("--seq-len", type=int, default=256, help="tokens per packed sequence S")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="float64")
     ap.add_argument("--runner", choices=("libra", "ulysses"), default="libra")
+    ap.add_argument("--planner", choices=("libra", "libra-kt", "libra-adaptive"), default="libra",
+                    help="TAP planner of the libra runner")
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)

@@ -14,7 +14,10 @@ holding a different run) is a one-line ``Error:`` before any rank starts. A leng
 for the run is cycled with a one-line warning saying how many times.
 
 ``--attention`` picks ``reference`` (single process, CP = 1), ``ulysses`` or ``libra`` (VRSP sampler
-+ TAP plans + ``libra_attention``). Results go through :class:`experiments.runner.ExperimentRun`:
++ TAP plans + ``libra_attention``); ``--planner`` the TAP planner of ``libra`` attention (the paper's
+``libra``, ``libra-kt`` or ``libra-adaptive``, priced with ``--profile``; with ``--measure-speeds``
+``libra-adaptive`` times every rank's attention before step 0 and plans with those speeds, which
+``run.json`` records as ``device_speeds``). Results go through :class:`experiments.runner.ExperimentRun`:
 ``train.csv`` (one row per step: loss, step time, tokens/GPU/s), ``train.png`` (loss curve and the
 medians of :func:`summary`, the same table ``train`` prints) and ``run.json`` (with ``ranks``: every
 rank's global and local rank, node, host, DP/CP/pool coordinates and group members, see
@@ -48,7 +51,7 @@ from experiments.options import (
 )
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
 from experiments.training.launch import _torchrun, run_training
-from experiments.training.loop import ATTENTION, DTYPES
+from experiments.training.loop import ATTENTION, DTYPES, PLANNERS
 from experiments.training.model import ModelConfig
 from experiments.training.ranks import nodes_of
 
@@ -124,6 +127,14 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True, help="context-parallel degree CP")
 @click.option("--attention", type=click.Choice(ATTENTION), default="libra", show_default=True,
               help="core-attention method (reference: unsharded, one process per sequence)")
+@click.option("--planner", type=click.Choice(PLANNERS), default=PLANNERS[0], show_default=True,
+              help="TAP planner of Libra attention: the paper's Alg. 2 (libra), kernel-time weights (libra-kt) "
+                   "or the real-corpus planner (libra-adaptive)")
+@click.option("--profile", default=None,
+              help="hardware profile (name or .json, e.g. from `libra-bench calibrate`) libra-kt weights tiles "
+                   "with and libra-adaptive prices with [the planner's default]")
+@click.option("--measure-speeds", is_flag=True,
+              help="libra-adaptive: time every rank's attention before step 0 and give slower GPUs less work")
 @click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True, help="optimizer steps")
 @click.option("--seq-len", type=SizeType(), default=1024, show_default=True,
               help="tokens per packed sequence S (accepts 4K)")
@@ -149,8 +160,8 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @no_progress_option()
 @overwrite_option()
 @click.pass_context
-def train(ctx, nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size, head_split, tau, pipeline_chunks,
-          layers, hidden, experts, dtype, lr, workload, seed, out, quick, force):
+def train(ctx, nproc, cp, attention, planner, profile, measure_speeds, steps, seq_len, gbs, pool_size, block_size,
+          head_split, tau, pipeline_chunks, layers, hidden, experts, dtype, lr, workload, seed, out, quick, force):
     """Train the small Qwen3-style model with DP x CP; log loss and tokens/GPU/s per step."""
     if quick:
         q = apply_quick(ctx, {"steps": steps, "seq_len": seq_len, "layers": layers, "hidden": hidden}, QUICK)
@@ -162,7 +173,7 @@ def train(ctx, nproc, cp, attention, steps, seq_len, gbs, pool_size, block_size,
         cfg = TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=steps, seq_len=seq_len, gbs=gbs,
                           pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
                           pipeline_chunks=pipeline_chunks, workload=workload, model=model, dtype=dtype, lr=lr,
-                          seed=seed)
+                          seed=seed, planner=planner, profile=profile, measure_speeds=measure_speeds)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     writer = not launched or os.environ["RANK"] == "0"
@@ -186,10 +197,13 @@ def _write(run, result: dict, cfg: TrainConfig, source: str) -> None:
     df.insert(0, "attention", cfg.attention)
     df["dp"], df["cp"], df["nproc"], df["launch"] = cfg.dp, cfg.cp, cfg.nproc, source
     df["nodes"] = nodes_of(ranks)
-    paths = run.finish(df, _plot, extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks})
+    speeds = {"device_speeds": result["device_speeds"]} if "device_speeds" in result else {}
+    paths = run.finish(df, _plot, extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks, **speeds})
     for r in result["steps"]:
         click.echo(f"step {r['step']}: loss {r['loss']:.4f}  {r['step_ms']:.0f} ms  "
                    f"{r['tokens_per_gpu_s']:.0f} tokens/GPU/s")
+    if speeds:
+        click.echo("measured attention speed per rank: " + " ".join(f"{v:.3f}" for v in speeds["device_speeds"]))
     click.echo(summary_table(df))
     click.echo(f"{cfg.nproc} rank(s) on {nodes_of(ranks)} node(s); wrote {paths['csv']}")
 

@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_example_matches_the_stock_model_and_ends_with_the_result_line(nproc):
-    run = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_qwen3.py"), "--nproc", str(nproc), "--steps", "2"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+@pytest.mark.parametrize("nproc, planner", [(2, "libra"), (4, "libra"), (4, "libra-adaptive")])
+def test_example_matches_the_stock_model_and_ends_with_the_result_line(nproc, planner):
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "hf_qwen3.py"), "--nproc", str(nproc), "--steps", "2",
+                          "--planner", planner], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:]
     last = run.stdout.rstrip("\n").splitlines()[-1]
     m = re.fullmatch(r"loss_rel_err=(\S+) grad_rel_err=(\S+)", last)

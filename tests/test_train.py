@@ -56,6 +56,27 @@ def test_reference_ulysses_and_libra_train_identically():
     assert abs(other["steps"][0]["loss"] - ref_loss[0]) > 1e-6
 
 
+@pytest.mark.distributed
+def test_libra_kt_and_adaptive_planners_train_as_the_reference():
+    """``--planner``: the same model trained with libra-kt's and libra-adaptive's plans (its tile
+    chunks and re-placed pools among them, planned with speeds measured on the ranks) matches the
+    unsharded reference as the paper's planner does."""
+    ref = run_training(_cfg("reference", 1, 1))[0]
+    adaptive = _cfg("libra", 4, 2, pool_size=2, planner="libra-adaptive", measure_speeds=True)
+    choices = [c for step in range(adaptive.steps) for plan in _plans_for_step(
+        adaptive.loop_config(), LibraSampler(sample_lengths(adaptive), 256, 4, 2, pool_size=2, seed=7).step(step),
+        SMALL.attention_shape) for c in plan.meta["adaptive_choice"]]
+    assert any(c.endswith("+tiles") for c in choices) and any(not c.startswith("alg2") for c in choices)
+    kt, ad = run_training([_cfg("libra", 4, 2, pool_size=2, planner="libra-kt"), adaptive], join_timeout_s=120)
+    for got in (kt, ad):
+        np.testing.assert_allclose([r["loss"] for r in got["steps"]], [r["loss"] for r in ref["steps"]],
+                                   rtol=1e-11, atol=0)
+        for name, p in ref["params"].items():
+            torch.testing.assert_close(got["params"][name], p, rtol=1e-9, atol=1e-11, msg=name)
+    speeds = ad["device_speeds"]
+    assert len(speeds) == 4 and all(s > 0 for s in speeds) and "device_speeds" not in kt
+
+
 def test_libra_runs_move_tiles_across_cp_groups_and_keep_the_step_multiset():
     cfg = _cfg("libra", 4, 2, pool_size=2)
     lengths = sample_lengths(cfg)
@@ -98,6 +119,11 @@ def test_piece_dataset_labels_follow_the_sample_across_a_split():
     (dict(block_size=100), "block size B=100 must divide S/CP=512"),
     (dict(dtype="float16"), "unknown dtype 'float16'"),
     (dict(steps=0), "steps must be a positive integer, got 0"),
+    (dict(planner="libra-fast"), "unknown planner 'libra-fast'"),
+    (dict(attention="ulysses", planner="libra-kt"), "planner 'libra-kt' plans Libra attention"),
+    (dict(profile="h100-roce-v1"), "a profile is for libra-kt or libra-adaptive"),
+    (dict(planner="libra-kt", profile="no-such-profile"), "unknown hardware profile 'no-such-profile'"),
+    (dict(planner="libra-kt", measure_speeds=True), "measured speeds are for planner libra-adaptive"),
 ])
 def test_bad_train_config(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from experiments.training.loop import ATTENTION, DTYPES, LoopConfig
+from experiments.training.loop import ATTENTION, DTYPES, PLANNERS, LoopConfig
 from experiments.training.model import ModelConfig
 from libra.config import TapConfig
 
@@ -32,6 +32,12 @@ class TrainConfig:
         model: the model shape; dtype: ``float64``, ``float32`` or ``bfloat16``.
         lr, seed: AdamW learning rate and the run's seed (data order, init, tokens).
         timeout_s: bound on every collective and on the whole spawned run.
+        planner: the TAP planner of ``attention="libra"`` (:data:`~experiments.training.loop.PLANNERS`:
+            the paper's ``libra``, ``libra-kt`` or ``libra-adaptive``).
+        profile: the hardware profile (name or .json) ``libra-kt`` weights tiles with and
+            ``libra-adaptive`` prices candidates with (None: the planner's default).
+        measure_speeds: ``libra-adaptive`` only: time every rank's attention once before step 0
+            (:func:`libra.runtime.speeds.measure_device_speeds`) and plan with those speeds.
 
     Raises:
         ValueError: naming the bad value (unknown attention/dtype, ``CP`` not dividing ``nproc``,
@@ -55,6 +61,9 @@ class TrainConfig:
     lr: float = 3e-3
     seed: int = 0
     timeout_s: float = 120.0
+    planner: str = PLANNERS[0]
+    profile: str | None = None
+    measure_speeds: bool = False
 
     def __post_init__(self) -> None:
         for name in ("nproc", "cp", "steps", "seq_len"):
@@ -88,8 +97,26 @@ class TrainConfig:
 
             check_layout(ParallelConfig(dp=dp, cp=self.cp, gbs=gbs, seq_len=self.seq_len), tap,
                          self.model.attention_shape)
+        self._check_planner()
         if not self.lr > 0 or not self.timeout_s > 0:
             raise ValueError(f"lr={self.lr!r} and timeout_s={self.timeout_s!r} must be > 0")
+
+    def _check_planner(self) -> None:
+        """The planner options: a known planner, only for Libra attention; a profile only for a
+        planner that takes one (loaded now, so a bad one is an error before any rank starts);
+        measured speeds only for ``libra-adaptive``."""
+        if self.planner not in PLANNERS:
+            raise ValueError(f"unknown planner {self.planner!r}; choose one of {PLANNERS}")
+        if self.planner != PLANNERS[0] and self.attention != "libra":
+            raise ValueError(f"planner {self.planner!r} plans Libra attention; attention is {self.attention!r}")
+        if self.profile is not None:
+            if self.planner == PLANNERS[0]:
+                raise ValueError("a profile is for libra-kt or libra-adaptive; the paper's libra balances FLOPs")
+            from libra.sim.profiles import load_profile
+
+            load_profile(self.profile)
+        if self.measure_speeds and self.planner != "libra-adaptive":
+            raise ValueError(f"measured speeds are for planner libra-adaptive, got {self.planner!r}")
 
     @property
     def dp(self) -> int:
@@ -108,10 +135,17 @@ class TrainConfig:
         return LoopConfig(attention=self.attention, dp=self.dp, cp=self.cp, seq_len=self.seq_len, gbs=self.gbs,
                           steps=self.steps, pool_size=self.pool_size, block_size=self.block_size,
                           head_split=self.head_split, pipeline_chunks=self.pipeline_chunks, model=self.model,
-                          dtype=self.dtype, lr=self.lr, seed=self.seed, tau=self.tau)
+                          dtype=self.dtype, lr=self.lr, seed=self.seed, tau=self.tau, planner=self.planner,
+                          profile=self.profile, measure_speeds=self.measure_speeds)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as run.json records it; the planner options only where set, so a run of the
+        paper's planner keeps the content key it had before they existed."""
+        out = asdict(self)
+        for name, default in (("planner", PLANNERS[0]), ("profile", None), ("measure_speeds", False)):
+            if out[name] == default:
+                del out[name]
+        return out
 
 
 def sample_lengths(cfg: TrainConfig) -> np.ndarray:

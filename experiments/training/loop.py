@@ -38,6 +38,9 @@ from libra.config import TapConfig
 from libra.sampler import LibraSampler
 
 ATTENTION = ("reference", "ulysses", "libra")
+PLANNERS = ("libra", "libra-kt", "libra-adaptive")
+"""The TAP planners ``attention="libra"`` can plan with: the registry's VRSP-pooled ones (the
+sampler makes VRSP pools), the paper's Alg. 2 first (the default)."""
 PLAN_WAIT_S = 300.0
 """Bound on waiting for a step's plans (planning takes milliseconds at these sizes)."""
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -62,6 +65,9 @@ class LoopConfig:
     lr: float
     seed: int
     tau: float = TapConfig.tau
+    planner: str = PLANNERS[0]
+    profile: str | None = None
+    measure_speeds: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,15 +88,27 @@ def step_metadata(assignment) -> dict:
             "lengths": [assignment.sample_lengths(i) for i in range(len(assignment.sequences))]}
 
 
-def plan_step(cfg: LoopConfig, shape, metadata: dict):
-    """TAP plans of every GA index from sequence-length metadata (VRSP pools come from the sampler)."""
-    from baselines.libra_planners import plan_grouped_window
+def make_planner(cfg: LoopConfig, device_speeds=None):
+    """The run's TAP planner (:data:`PLANNERS`, from the registry) with its TAP layout, profile and
+    -- ``libra-adaptive`` -- the measured ``device_speeds`` (None: equal speeds)."""
+    from baselines.registry import get_planner, options_from_tap
+
+    tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split, tau=cfg.tau,
+                    pipeline_chunks=cfg.pipeline_chunks)
+    options = options_from_tap(cfg.planner, tap, cfg.profile)
+    if device_speeds is not None:
+        options["device_speeds"] = tuple(device_speeds)
+    return get_planner(cfg.planner, **options)
+
+
+def plan_step(cfg: LoopConfig, shape, metadata: dict, planner=None):
+    """TAP plans of every GA index from sequence-length metadata (VRSP pools come from the sampler),
+    by ``planner`` (default :func:`make_planner`'s)."""
     from libra.config import ParallelConfig
 
     par = ParallelConfig(dp=cfg.dp, cp=cfg.cp, gbs=cfg.gbs, seq_len=cfg.seq_len)
-    tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split, tau=cfg.tau,
-                    pipeline_chunks=cfg.pipeline_chunks)
-    return plan_grouped_window("libra", metadata["lengths"], metadata["groups"], par, tap, shape,
+    planner = make_planner(cfg) if planner is None else planner
+    return planner.plan_groups(metadata["lengths"], metadata["groups"], par, shape,
                                {"source": "LibraSampler", "step": metadata["step"]})
 
 
@@ -122,15 +140,16 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     batches = iter(loader)
     ga = cfg.gbs // cfg.dp
     log = []
-    planner = None
+    planner, speeds = None, None
     if cfg.attention == "libra":
         # Libra sec. 5: plans of step s+1 are built -- and this rank's programs compiled -- on a CPU
         # thread while step s trains
         from libra.runtime.async_planner import AsyncPlanner
 
         worker = ctx.pool_group.worker if ctx.pool_group is not None else ctx.rank
-        planner = AsyncPlanner(functools.partial(plan_step, cfg, cfg.model.attention_shape), mode="thread",
-                               max_pending=2, compile_for=worker, keep_plans=False)
+        speeds = _measured_speeds(cfg, ctx, dtype) if cfg.measure_speeds else None
+        plan = functools.partial(plan_step, cfg, cfg.model.attention_shape, planner=make_planner(cfg, speeds))
+        planner = AsyncPlanner(plan, mode="thread", max_pending=2, compile_for=worker, keep_plans=False)
         planner.submit(0, step_metadata(sampler.step(0)))
     try:
         for step in range(cfg.steps):
@@ -139,7 +158,17 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
     finally:
         if planner is not None:
             planner.close()
-    return {"steps": log, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    out = {"steps": log, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return out if not cfg.measure_speeds else {**out, "device_speeds": list(speeds)}
+
+
+def _measured_speeds(cfg: LoopConfig, ctx: RankContext, dtype) -> tuple[float, ...]:
+    """Every rank's attention speed (:func:`libra.runtime.speeds.measure_device_speeds` over the
+    world, whose rank order is the DP x CP worker order ``libra-adaptive`` indexes), measured once
+    before step 0 with the model's heads (the probe's default length: a toy ``S`` would time noise)."""
+    from libra.runtime.speeds import measure_device_speeds
+
+    return measure_device_speeds(cfg.model.attention_shape, device=ctx.device, dtype=dtype)
 
 
 def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, ctx, dtype, world):
