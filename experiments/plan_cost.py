@@ -83,10 +83,10 @@ from experiments.sim_common import (
     setting_record,
     settings_from_options,
 )
+from libra import jit as jit_modules
 from libra.config import check_layout
 from libra.data.windows import gbs_windows
 from libra.plan import SequenceLayout
-from libra.plan import layout as _layout
 from libra.runtime.program import compile_worker
 from libra.sim import cost as _cost
 from libra.tap import exchange as _exchange
@@ -113,7 +113,8 @@ TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0}
 """Targets (issue 12; medians on a 2-core machine) of the paper's settings only: TAP at half the
 paper's time, compile per worker, prepare on the step's path (CPU), VRSP at or below the paper's."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
-          "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": _layout.warmup, "libra.sim.cost": _cost.warmup}
+          "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout_jit"),
+          "libra.sim.cost": partial(jit_modules.warmup, "cost_jit")}
 """The compiled kernels' ``warmup()`` (JIT compilation: TAP's and the cost model's, which
 ``libra-adaptive`` prices candidates with), run before any timing."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import time
 
 JIT_MODULES = {"placement_jit": "libra.tap.placement_jit", "tiles_jit": "libra.tap.tiles_jit",
                "exchange_jit": "libra.tap.exchange_jit", "cost_jit": "libra.sim.cost_jit",
@@ -27,3 +28,14 @@ def compiled(name: str):
         return importlib.import_module(JIT_MODULES[name])
     except ImportError:
         return None
+
+
+def warmup(name: str) -> float:
+    """Compile the kernels of compiled module ``name`` now (its ``warmup()``; once per process, then
+    numba's disk cache) so that timed calls exclude compilation; the seconds spent (0.0 without numba)."""
+    jit = compiled(name)
+    if jit is None:
+        return 0.0
+    t0 = time.perf_counter()
+    jit.warmup()
+    return time.perf_counter() - t0

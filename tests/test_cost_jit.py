@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from test_baselines_planners import make_window
 
 from baselines.registry import get_planner
+from libra import jit as jit_modules
 from libra.config import ParallelConfig, TapConfig
 from libra.plan import HEADS, TILES, Plan
 from libra.sim import cost as cost_mod
@@ -90,11 +91,12 @@ def test_every_candidate_with_relays_and_tile_chunks():
 
 def test_impl_choice_and_errors(monkeypatch):
     par = ParallelConfig(dp=2, cp=1, gbs=2, seq_len=64)
-    assert cost_impl() == "numba"
+    assert cost_impl() == "numba" and jit_modules.warmup("cost_jit") >= 0.0 and jit_modules.warmup("layout_jit") >= 0.0
     with pytest.raises(ValueError, match="impl must be one of auto, numba, numpy, got 'gpu'"):
         CostModel(PROFILE, Topology(PROFILE, par), impl="gpu")
     monkeypatch.setattr(cost_mod, "compiled", lambda name: None)  # as without numba
-    assert cost_mod.cost_impl() == "numpy" and cost_mod.warmup() == 0.0
+    monkeypatch.setattr(jit_modules, "compiled", lambda name: None)
+    assert cost_mod.cost_impl() == "numpy" and jit_modules.warmup("cost_jit") == 0.0
     assert CostModel(PROFILE, Topology(PROFILE, par))._jit is None
     with pytest.raises(ImportError, match=r"\.\[fast\]"):
         CostModel(PROFILE, Topology(PROFILE, par), impl="numba")

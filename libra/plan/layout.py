@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -214,17 +213,6 @@ def _segments_numpy(tiles: TileTable, idx: PoolIndex) -> dict[str, np.ndarray]:
             "sample_len": idx.offs[sample + 1] - s0, "q_start": start + lo, "q_len": hi - lo, "kv_len": hi,
             "heads": (tiles.head_end - tiles.head_start)[rep].astype(np.int64),
             "area": causal_area(lo, hi).astype(np.int64)}
-
-
-def warmup() -> float:
-    """Compile :func:`segments`' kernel now (numba only; once per process) so that timed calls
-    exclude compilation; returns the seconds spent (0.0 without numba)."""
-    jit = compiled("layout_jit")
-    if jit is None:
-        return 0.0
-    t0 = time.perf_counter()
-    jit.warmup()
-    return time.perf_counter() - t0
 
 
 def _segments_compiled(jit, tiles: TileTable, idx: PoolIndex) -> dict[str, np.ndarray]:

@@ -45,7 +45,6 @@ Terms are named and summed (vidur style):
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -290,17 +289,6 @@ def _cost_kernels(impl: str):
 def cost_impl() -> str:
     """The implementation ``CostModel(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
     return "numba" if compiled("cost_jit") is not None else "numpy"
-
-
-def warmup() -> float:
-    """Compile the cost model's kernels now (numba only; once per process) so that timed pricing
-    excludes compilation; returns the seconds spent (0.0 without numba)."""
-    jit = compiled("cost_jit")
-    if jit is None:
-        return 0.0
-    t0 = time.perf_counter()
-    jit.warmup()
-    return time.perf_counter() - t0
 
 
 def _ids(a: np.ndarray) -> np.ndarray:
