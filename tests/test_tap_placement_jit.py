@@ -22,7 +22,6 @@ from test_tap_strategies import long_tail_lengths, scattered_pools
 import libra.tap.planner as tap_planner
 from libra import jit as kernels
 from libra.plan import SequenceLayout
-from libra.tap import placement
 from libra.tap.placement import available_placers, default_placer, place_tiles, warmup
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
@@ -185,7 +184,7 @@ def test_without_numba_auto_falls_back_to_python(monkeypatch):
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
     monkeypatch.delitem(sys.modules, "libra.tap.placement_jit", raising=False)
     assert kernels.compiled.__wrapped__("placement_jit") is None
-    monkeypatch.setattr(placement, "compiled", lambda name: None)
+    monkeypatch.setattr(kernels, "compiled", lambda name: None)  # every compiled module, as without numba
     assert default_placer() == "python" and available_placers() == ("python",)
     assert warmup() == 0.0
     seqs = [SequenceLayout.contiguous(0, 0, [1, 7], 2), SequenceLayout.contiguous(1, 1, [8], 2)]

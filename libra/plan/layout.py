@@ -17,8 +17,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra import jit as jit_modules
 from libra.arrays import expand_counts, lexsort
-from libra.jit import compiled
 from libra.plan.tables import TileTable, frozen_array
 from libra.workload import attention_flops, causal_area, range_areas
 
@@ -191,7 +191,7 @@ def segments(sequences: Sequence[SequenceLayout], tiles: TileTable,
     if not len(tiles):
         return {k: np.zeros(0, dtype=np.int64) for k in SEGMENT_FIELDS}
     idx = index if index is not None else pool_index(sequences)
-    jit = compiled("layout_jit")  # the same rows, compiled (libra.plan.layout_jit), where numba imports
+    jit = jit_modules.select("layout_jit", "auto")  # the same rows, compiled (libra.plan.layout_jit)
     return _segments_numpy(tiles, idx) if jit is None else _segments_compiled(jit, tiles, idx)
 
 

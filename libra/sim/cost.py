@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from libra import jit as jit_modules
 from libra.arrays import sorted_unique
-from libra.jit import compiled
 from libra.plan import HEADS, Plan
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
@@ -277,18 +277,15 @@ COST_IMPLS = ("auto", "numba", "numpy")
 
 
 def _cost_kernels(impl: str):
-    """:mod:`libra.sim.cost_jit` for ``impl`` (None: the numpy code)."""
+    """:mod:`libra.sim.cost_jit` for ``impl`` (None: the numpy code; :func:`libra.jit.select`)."""
     if impl not in COST_IMPLS:
         raise ValueError(f"cost model impl must be one of {', '.join(COST_IMPLS)}, got {impl!r}")
-    jit = None if impl == "numpy" else compiled("cost_jit")
-    if jit is None and impl == "numba":
-        raise ImportError("cost model impl='numba' needs numba: pip install -e '.[fast]'")
-    return jit
+    return jit_modules.select("cost_jit", impl, "cost model impl")
 
 
 def cost_impl() -> str:
     """The implementation ``CostModel(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return "numba" if compiled("cost_jit") is not None else "numpy"
+    return jit_modules.impl_name("cost_jit")
 
 
 def _ids(a: np.ndarray) -> np.ndarray:

@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from libra import jit as jit_modules
 from libra.arrays import expand_counts, pack_keys, stable_sort
-from libra.jit import compiled
 from libra.plan import (
     KV,
     O,
@@ -320,13 +320,13 @@ numpy one and the reference interval merging; all return identical tables."""
 def exchange_impl() -> str:
     """The implementation ``build_transfers(impl="auto")`` runs here: ``"numba"`` when numba
     imports, else ``"numpy"`` (the reference only serves tables whose keys overflow an int64)."""
-    return "numba" if compiled("exchange_jit") is not None else "numpy"
+    return jit_modules.impl_name("exchange_jit")
 
 
 def warmup() -> float:
     """Compile the exchange kernel now (numba only; once per process) on a two-worker pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if compiled("exchange_jit") is None:
+    if jit_modules.compiled("exchange_jit") is None:
         return 0.0
     t0 = time.perf_counter()
     seqs = [SequenceLayout.contiguous(0, 0, [3, 1], 2)]
@@ -379,9 +379,7 @@ def build_transfers(sequences: Sequence[SequenceLayout], tiles: TileTable,
     """
     if impl not in IMPLS and impl != "auto":
         raise ValueError(f"impl must be 'auto' or one of {IMPLS}, got {impl!r}")
-    jit = compiled("exchange_jit") if impl in ("auto", "numba") else None
-    if impl == "numba" and jit is None:
-        raise ImportError("impl='numba' needs numba: pip install -e '.[fast]'")
+    jit = jit_modules.select("exchange_jit", impl)
     if len(tiles) == 0:
         return TransferTable.empty()
     if int(tiles.dest.min()) < 0:

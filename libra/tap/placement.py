@@ -58,9 +58,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra import jit as jit_modules
 from libra.arrays import lexsort, sorted_unique
 from libra.config import TapConfig
-from libra.jit import compiled
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
 from libra.tap.tiles import kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
@@ -217,7 +217,7 @@ PLACERS = ("auto", "numba", "python")
 
 def available_placers() -> tuple[str, ...]:
     """The concrete placers this process can run: ``("numba", "python")`` or ``("python",)``."""
-    return ("numba", "python") if compiled("placement_jit") is not None else ("python",)
+    return ("numba", "python") if jit_modules.impl_name("placement_jit", "python") == "numba" else ("python",)
 
 
 def default_placer() -> str:
@@ -237,12 +237,7 @@ def placer_module(placer: str):
     """The compiled-kernel module for ``placer``, or None for the Python loops."""
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
-    if placer == "python":
-        return None
-    jit = compiled("placement_jit")
-    if jit is None and placer == "numba":
-        raise ImportError("placer='numba' needs numba: pip install -e '.[fast]'")
-    return jit
+    return jit_modules.select("placement_jit", placer, "placer")
 
 
 def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw, base):

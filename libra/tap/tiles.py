@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from libra.jit import compiled
+from libra import jit as jit_modules
 
 # PoolIndex, pool_index and kv_need_start live with the layout they index; re-exported here
 from libra.plan.layout import PoolIndex, SequenceLayout, kv_need_start, pool_index
@@ -40,13 +40,13 @@ def _check_positive(name: str, value) -> None:
 
 def tiles_impl() -> str:
     """The implementation ``make_tiles(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return "numba" if compiled("tiles_jit") is not None else "numpy"
+    return jit_modules.impl_name("tiles_jit")
 
 
 def warmup() -> float:
     """Compile the tile kernel now (numba only; once per process) on a one-sequence pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if compiled("tiles_jit") is None:
+    if jit_modules.compiled("tiles_jit") is None:
         return 0.0
     t0 = time.perf_counter()
     make_tiles([SequenceLayout.contiguous(0, 0, [3, 1], 2)], 2, 1, AttentionShape(1, 1, 1, 2), impl="numba")
@@ -81,9 +81,7 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
     """
     if impl not in ("auto", "numba", "numpy"):
         raise ValueError(f"impl must be 'auto', 'numba' or 'numpy', got {impl!r}")
-    jit = compiled("tiles_jit") if impl != "numpy" else None
-    if impl == "numba" and jit is None:
-        raise ImportError("impl='numba' needs numba: pip install -e '.[fast]'")
+    jit = jit_modules.select("tiles_jit", impl)
     _check_positive("block size B", block_size)
     _check_positive("head split H", head_split)
     if shape.num_q_heads % head_split:
