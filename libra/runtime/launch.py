@@ -33,6 +33,10 @@ def _entry(rank, fn, world, init_file, out_dir, pg_timeout_s, threads, args):
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                                 timeout=_dt.timedelta(seconds=pg_timeout_s))
+        # every rank finishes connecting its gloo mesh before any runs fn: a rank that fails at
+        # once and exits would otherwise close its sockets while a peer is still connecting, and
+        # the peer would report a connect error instead of its own result
+        dist.barrier()
         result = {"ok": fn(rank, world, *args)}
     except BaseException as exc:  # noqa: BLE001  (reported to the parent, which decides)
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
