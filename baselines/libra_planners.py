@@ -42,6 +42,7 @@ from libra.tap.adaptive import (
     CANDIDATES,
     CHUNKING_OF,
     DEFAULT_CANDIDATES,
+    FINE_TAU,
     HEAVY_TILE_LIMITS,
     REBALANCE_MIN_EXCESS,
     REBALANCE_PASSES,
@@ -321,6 +322,9 @@ class LibraAdaptiveConfig(LibraKtConfig):
             exposed communication reserved (:func:`libra.tap.adaptive.rebalance_exposed`), each
             pass kept only while it prices faster (default
             :data:`libra.tap.adaptive.REBALANCE_PASSES`; 0: never).
+        fine_tau: the soft-target slack of the fine candidates' placement and re-placement
+            (default :data:`libra.tap.adaptive.FINE_TAU`; None: the layout's ``tau``, which the
+            paper's plan keeps either way).
         deepen_pipeline: run :data:`DEEPER_CHUNKS` times the layout's Pipeliner chunks ``M``
             where the tiles allow it (:meth:`LibraAdaptivePlanner.window_tap`; default True);
             False: the layout's ``M``.
@@ -331,7 +335,7 @@ class LibraAdaptiveConfig(LibraKtConfig):
 
     Raises:
         ValueError: an empty or unknown candidate or chunking list, a negative or non-integer
-            ``rebalance_passes``, a non-bool ``deepen_pipeline``, a speed that is not finite and
+            ``rebalance_passes``, a negative or non-finite ``fine_tau``, a non-bool ``deepen_pipeline``, a speed that is not finite and
             > 0, and :class:`LibraKtConfig`'s errors.
     """
 
@@ -339,6 +343,7 @@ class LibraAdaptiveConfig(LibraKtConfig):
     chunkings: tuple[str, ...] | None = None
     heavy_tile_limits: tuple[float, ...] = HEAVY_TILE_LIMITS
     rebalance_passes: int = REBALANCE_PASSES
+    fine_tau: float | None = FINE_TAU
     deepen_pipeline: bool = True
     device_speeds: tuple[float, ...] | None = None
 
@@ -365,6 +370,11 @@ class LibraAdaptiveConfig(LibraKtConfig):
         if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 0:
             raise ValueError(f"libra-adaptive rebalance_passes must be an integer >= 0, got {passes!r}")
         object.__setattr__(self, "rebalance_passes", int(passes))
+        tau = self.fine_tau
+        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating))
+                                or not math.isfinite(tau) or tau < 0):
+            raise ValueError(f"libra-adaptive fine_tau must be a finite number >= 0 or None, got {tau!r}")
+        object.__setattr__(self, "fine_tau", None if tau is None else float(tau))
         if not isinstance(self.deepen_pipeline, (bool, np.bool_)):
             raise ValueError(f"libra-adaptive deepen_pipeline must be True or False, got {self.deepen_pipeline!r}")
         object.__setattr__(self, "deepen_pipeline", bool(self.deepen_pipeline))
@@ -407,6 +417,7 @@ class LibraAdaptivePlanner(LibraKtPlanner):
         return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
                           "heavy_tile_limits": list(self.config.heavy_tile_limits),
                           "rebalance_passes": self.config.rebalance_passes,
+                          "fine_tau": self.config.fine_tau,
                           "deepen_pipeline": self.config.deepen_pipeline,
                           "device_speeds": self.config.device_speeds is not None,
                           "layout_pipeline_chunks": self.tap.pipeline_chunks}
@@ -452,6 +463,8 @@ class _AdaptivePools:
                  config: LibraAdaptiveConfig, layout: TapConfig | None = None):
         self.profile, self.par, self.tap, self.shape, self.config = profile, par, tap, shape, config
         self.cost = CostModel(profile, Topology(profile, par))
+        # the fine candidates' layout: their soft-target slack (LibraAdaptiveConfig.fine_tau)
+        self.fine_tap = tap if config.fine_tau is None else replace(tap, tau=config.fine_tau)
         self.speeds = None if config.device_speeds is None else np.asarray(config.device_speeds, dtype=np.float64)
         self.choices: dict[int, str] = {}
         # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
@@ -521,7 +534,8 @@ class _AdaptivePools:
         """
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates, link_cost=self.cost.topology.byte_cost,
-                                limits=self.config.heavy_tile_limits, loads=loads, speeds=self._speeds_of(workers))
+                                limits=self.config.heavy_tile_limits, loads=loads, speeds=self._speeds_of(workers),
+                                fine_tau=self.config.fine_tau)
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
         # (KV relays run under head chunks only: libra.tap.relay.check_relays)
@@ -585,7 +599,7 @@ class _AdaptivePools:
         for i in range(passes):
             if exposure_excess(*times) <= REBALANCE_MIN_EXCESS:
                 break  # too little exposure above the pool's mean to win back (REBALANCE_MIN_EXCESS)
-            current = rebalance_exposed(name, current, self.shape, self.tap, load, times[0], reserved,
+            current = rebalance_exposed(name, current, self.shape, self.fine_tap, load, times[0], reserved,
                                         link_cost=self.cost.topology.byte_cost, speeds=self._speeds_of(pool.workers))
             times = self._worker_ms(current, cutoff=best if i == passes - 1 else float("inf"))
             if times[1] is None:

@@ -323,7 +323,7 @@ def test_rebalance_keeps_a_pass_only_when_it_prices_faster(seed, passes):
     if new is pool:
         assert new_name == name
         if passes and exposure_excess(*times) > REBALANCE_MIN_EXCESS and base_candidate(name) in REBALANCED:
-            first = rebalance_exposed(name, pool, SHAPE, pools.tap, _load(pools, pool), *times,
+            first = rebalance_exposed(name, pool, SHAPE, pools.fine_tap, _load(pools, pool), *times,
                                       link_cost=pools.cost.topology.byte_cost)
             assert float(sum(pools._worker_ms(first)).max()) >= before  # the first pass was not faster
     else:
@@ -417,3 +417,33 @@ def test_deepened_plans_run_deeper_and_fall_back_where_priced_slower():
 def test_deepen_pipeline_must_be_a_bool():
     with pytest.raises(ValueError, match="deepen_pipeline"):
         LibraAdaptiveConfig(deepen_pipeline="yes")
+
+
+def test_fine_tau_places_only_the_fine_candidates_to_its_slack():
+    """``fine_tau`` is the slack of the fine candidates alone: they are the plans of a layout with that
+    ``tau``, the paper's plan keeps the layout's; the planner passes its ``fine_tau`` on, records it,
+    and checks it."""
+    from libra.tap.adaptive import DEFAULT_CANDIDATES, FINE  # noqa: PLC0415
+
+    par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
+    seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
+    profile = load_profile("h100-roce-v1")
+    tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2, tau=0.3)
+    link = Topology(profile, par).byte_cost
+
+    def build(t, **kw):
+        return candidate_pools(0, seqs, list(range(8)), t, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link,
+                               **kw)
+
+    layout, tight, loose = build(tap), build(tap, fine_tau=0.0), build(replace(tap, tau=0.0))
+    assert tight["alg2-flops"].digest() == layout["alg2-flops"].digest()
+    assert all(tight[n].digest() == loose[n].digest() for n in tight if n in FINE)
+    assert any(tight[n].digest() != layout[n].digest() for n in tight if n in FINE)  # the slack mattered here
+    assert LibraAdaptiveConfig().fine_tau == 0.01 and LibraAdaptiveConfig(fine_tau=None).fine_tau is None
+    window = make_window(4, 512, 3)
+    plans = get_planner("libra-adaptive", **OPTS, fine_tau=0.0).plan_window(window, ParallelConfig(dp=2, cp=1, gbs=4,
+                                                                                                   seq_len=512), SHAPE)
+    assert all(p.meta["fine_tau"] == 0.0 for p in plans)
+    for bad in (-0.01, float("nan"), float("inf"), True, "0.01"):
+        with pytest.raises(ValueError, match="fine_tau"):
+            LibraAdaptiveConfig(fine_tau=bad)

@@ -148,12 +148,27 @@ Measured with ``straggler``'s pricing (jitter on, the default candidates):
 FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
 """The :data:`CANDIDATES` on one-KV-head tiles (:func:`fine_head_split`), cut at each heavy-tile limit."""
 
+FINE_TAU = 0.01
+"""The soft-target slack ``tau`` (Alg. 2's ``C = (1 + tau) * mean``) ``libra-adaptive`` places its
+:data:`FINE` candidates to, and re-places them with (:func:`rebalance_exposed`); the paper's plan
+keeps the layout's (``TapConfig.tau``, 0.03). The paper's slack keeps a tile home while its worker
+stays within 3% of the mean, which saves transfers; on one-KV-head tiles priced with their links,
+which already weigh what a move costs, it left the straggler worker's planned compute 2.4-4.7%
+above its pool's mean. Measured with ``straggler``'s pricing (4 windows, jitter on, default
+profile), ``libra-adaptive``'s mean straggler (ms) and ``pool_balanced_ratio`` with every
+candidate at tau = 0.03 / 0.02 / 0.01 / 0.005 -- 256K: libra-prod 350.15 / 348.20 / 346.55 /
+347.07 (1.108 / 1.101 / 1.093 / 1.091), Wikipedia 55.00 / 54.50 / 54.51 / 54.51, ProLong 54.87 /
+55.18 / 54.72 / 55.01, the held-out WLB-LLM synthetic corpus 76.92 / 76.27 / 76.07 / 76.27; 1M:
+libra-prod 1184.8 / 1174.4 / 1164.6 / 1164.4 (1.117 / 1.104 / 1.098 / 1.097), Wikipedia 94.55 /
+93.77 / 94.09 / 95.73, ProLong 104.69 / 103.05 / 103.88 / 103.64, synthetic 150.23 / 148.30 /
+148.17 / 148.14. 0.01 is faster than 0.03 on all eight; 0.005 and 0.02 each lose somewhere."""
+
 
 def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     tap: TapConfig, shape: AttentionShape, kernel,
                     names: Sequence[str] = CANDIDATES, link_cost=None,
                     limits: Sequence[float] = HEAVY_TILE_LIMITS, loads: dict | None = None,
-                    speeds=None) -> dict[str, PoolPlan]:
+                    speeds=None, fine_tau: float | None = None) -> dict[str, PoolPlan]:
     """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
 
     Args:
@@ -173,6 +188,8 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         speeds: optional ``(W,)`` known speed multipliers of ``workers`` (in their order): the fine
             candidates' placers reserve :func:`speed_reserve` of each, so a slower worker gets less
             work. None (default): equal speeds. The paper's plans (``alg2-*``) ignore them.
+        fine_tau: the soft-target slack ``tau`` the fine candidates are placed to (:data:`FINE_TAU`
+            is ``libra-adaptive``'s); None (default): ``tap.tau``, the paper's plans' slack.
 
     Returns:
         ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
@@ -195,6 +212,7 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
     fine = [n for n in names if n in FINE]
     if not fine:
         return out
+    tap = tap if fine_tau is None else replace(tap, tau=fine_tau)
     index = pool_index(sequences)
     tiles = make_tiles(sequences, tap.block_size, fine_head_split(tap, shape), shape, index=index)
     load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
