@@ -32,7 +32,7 @@ from functools import partial
 import numpy as np
 
 from baselines.registry import Planner, pool_workers, production_groups, window_lengths
-from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.config import ParallelConfig, TapConfig, check_layout, check_tau
 from libra.plan import CHUNKINGS, HEADS, Plan, PoolPlan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
@@ -370,11 +370,8 @@ class LibraAdaptiveConfig(LibraKtConfig):
         if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 0:
             raise ValueError(f"libra-adaptive rebalance_passes must be an integer >= 0, got {passes!r}")
         object.__setattr__(self, "rebalance_passes", int(passes))
-        tau = self.fine_tau
-        if tau is not None and (isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating))
-                                or not math.isfinite(tau) or tau < 0):
-            raise ValueError(f"libra-adaptive fine_tau must be a finite number >= 0 or None, got {tau!r}")
-        object.__setattr__(self, "fine_tau", None if tau is None else float(tau))
+        if self.fine_tau is not None:
+            object.__setattr__(self, "fine_tau", check_tau(self.fine_tau, "libra-adaptive fine_tau"))
         if not isinstance(self.deepen_pipeline, (bool, np.bool_)):
             raise ValueError(f"libra-adaptive deepen_pipeline must be True or False, got {self.deepen_pipeline!r}")
         object.__setattr__(self, "deepen_pipeline", bool(self.deepen_pipeline))

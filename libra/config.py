@@ -6,7 +6,10 @@ the bad value. Cross-field checks that involve the attention shape live in :func
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from libra.workload import AttentionShape
 
@@ -14,6 +17,20 @@ from libra.workload import AttentionShape
 def _positive_int(owner: str, name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def check_tau(value, what: str = "tau") -> float:
+    """Alg. 2's soft-target slack ``tau`` (``C = (1 + tau) * mean``) as a float: the one rule of
+    :class:`TapConfig`, :func:`libra.tap.placement.place_tiles` and ``libra-adaptive``'s ``fine_tau``.
+
+    Raises:
+        ValueError: not a finite number >= 0 (bools are not numbers here); the message names ``what``.
+    """
+    number = not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+    if not number or not value >= 0 or not math.isfinite(value):
+        why = "; it must be finite" if number and value >= 0 else ""
+        raise ValueError(f"{what} must be a number >= 0, got {value!r}{why}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -99,8 +116,7 @@ class TapConfig:
     def __post_init__(self) -> None:
         for name in ("pool_size", "block_size", "head_split", "pipeline_chunks"):
             _positive_int("TapConfig", name, getattr(self, name))
-        if not isinstance(self.tau, (int, float)) or self.tau != self.tau or self.tau < 0:
-            raise ValueError(f"TapConfig.tau must be a number >= 0, got {self.tau!r}")
+        check_tau(self.tau, "TapConfig.tau")
         if self.load_estimate not in LOAD_ESTIMATES:
             raise ValueError(f"TapConfig.load_estimate must be one of {LOAD_ESTIMATES}, got {self.load_estimate!r}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import re
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from test_tap_strategies import pools
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout
 from libra.tap import plan_pool
+from libra.tap.placement import place_tiles
+from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape, packed_flops
 
 
@@ -114,6 +117,18 @@ def test_chunks_not_dividing_shard_width():
     shape = AttentionShape(32, 4, 8, 2)
     with pytest.raises(ValueError, match=r"Pipeliner chunks M=3 must divide hq/H=16"):
         plan_pool(0, _seqs(), [0, 1], TapConfig(pool_size=1, block_size=4, head_split=2, pipeline_chunks=3), shape)
+
+
+@pytest.mark.parametrize("tau, why", [(float("inf"), "got inf; it must be finite"), (True, "got True"),
+                                      (float("nan"), "got nan"), ("0.1", "got '0.1'")])
+def test_tau_is_one_rule_for_the_layout_and_the_placer(tau, why):
+    """TapConfig and place_tiles share libra.config.check_tau: a finite number >= 0, not a bool."""
+    with pytest.raises(ValueError, match=f"TapConfig.tau must be a number >= 0, {re.escape(why)}"):
+        TapConfig(tau=tau)
+    seqs, shape = _seqs(), AttentionShape(4, 2, 8, 2)
+    tiles = make_tiles(seqs, 4, 1, shape)
+    with pytest.raises(ValueError, match=f"^tau must be a number >= 0, {re.escape(why)}"):
+        place_tiles(tiles, seqs, [0, 1], shape, tau=tau)
 
 
 def test_negative_tau_and_pool_not_dividing_dp():

@@ -60,7 +60,7 @@ import numpy as np
 
 from libra import jit as jit_modules
 from libra.arrays import lexsort, sorted_unique
-from libra.config import TapConfig
+from libra.config import TapConfig, check_tau
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
 from libra.tap.tiles import kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
@@ -72,8 +72,7 @@ if TYPE_CHECKING:
 def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | None = None):
     """Validate ``place_tiles``' inputs; return the sorted workers and the pool index (``index``, or
     built here when None and there are tiles; None when there are none)."""
-    if isinstance(tau, bool) or not isinstance(tau, (int, float, np.integer, np.floating)) or not tau >= 0:
-        raise ValueError(f"tau must be a number >= 0, got {tau!r}")
+    check_tau(tau)
     w = np.asarray(list(workers), dtype=np.int64)
     if w.ndim != 1 or len(w) == 0:
         raise ValueError("placement needs at least one worker")
