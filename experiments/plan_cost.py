@@ -86,7 +86,7 @@ from experiments.sim_common import (
 from libra import jit as jit_modules
 from libra.config import check_layout
 from libra.data.windows import gbs_windows
-from libra.plan import SequenceLayout
+from libra.plan import SequenceLayout, pool_index
 from libra.runtime.program import compile_worker
 from libra.sim import cost as _cost
 from libra.tap import exchange as _exchange
@@ -287,14 +287,16 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
             workers = pool_workers(p0, P, par.cp)
-            tiles = make_tiles(seqs, tap.block_size, tap.head_split, shape)
-            placed, _ = place_tiles(tiles, seqs, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware)
+            index = pool_index(seqs)  # the parts run as plan_pool runs them: one index, make_tiles' tiles
+            tiles = make_tiles(seqs, tap.block_size, tap.head_split, shape, index=index)
+            placed, _ = place_tiles(tiles, seqs, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware, index=index,
+                                    tiles_checked=True)
             parts = {  # partial binds this pool's arguments now (timed right below)
                 "tap": partial(plan_pool, k, seqs, workers, tap, shape, layout_checked=True),
-                "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, shape),
+                "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, shape, index=index),
                 "tap.placement": partial(place_tiles, tiles, seqs, workers, shape, tau=tap.tau,
-                                         comm_aware=tap.comm_aware),
-                "tap.exchange": partial(build_transfers, seqs, placed, shape),
+                                         comm_aware=tap.comm_aware, index=index, tiles_checked=True),
+                "tap.exchange": partial(build_transfers, seqs, placed, shape, index=index),
                 **{tap_stage(m): partial(fn, k, seqs, workers) for m, fn in others.items()},
                 **method_parts(others, k, seqs, workers),
             }

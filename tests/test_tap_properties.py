@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_tap_strategies import pools
 
 from libra.config import ParallelConfig, TapConfig, check_layout
-from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout
+from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout, pool_index
 from libra.tap import plan_pool
 from libra.tap.placement import place_tiles
 from libra.tap.tiles import make_tiles
@@ -129,6 +129,25 @@ def test_tau_is_one_rule_for_the_layout_and_the_placer(tau, why):
     tiles = make_tiles(seqs, 4, 1, shape)
     with pytest.raises(ValueError, match=f"^tau must be a number >= 0, {re.escape(why)}"):
         place_tiles(tiles, seqs, [0, 1], shape, tau=tau)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pools(), st.sampled_from([0.0, 0.03]), st.booleans())
+def test_checked_tiles_place_as_unchecked_ones(pool, tau, comm_aware):
+    """plan_pool tells place_tiles its tiles are make_tiles' (tiles_checked): the per-tile checks
+    are skipped, nothing else changes; a Q-home outside the pool is still refused unchecked."""
+    sequences, workers, block, head_split, shape = pool
+    index = pool_index(sequences)
+    tiles = make_tiles(sequences, block, head_split, shape, index=index)
+    args = (tiles, sequences, workers, shape)
+    kw = {"tau": tau, "comm_aware": comm_aware, "index": index}
+    checked, fb_checked = place_tiles(*args, **kw, tiles_checked=True)
+    plain, fb_plain = place_tiles(*args, **kw)
+    assert fb_checked == fb_plain and np.array_equal(checked.dest, plain.dest)
+    with pytest.raises(ValueError, match="tiles_checked=True needs the index the tiles were made with"):
+        place_tiles(*args, tau=tau, tiles_checked=True)
+    with pytest.raises(ValueError, match="is not a pool worker"):
+        place_tiles(tiles, sequences, workers[:-1] or [max(workers) + 1], shape, tau=tau, index=index)
 
 
 def test_negative_tau_and_pool_not_dividing_dp():

@@ -239,12 +239,13 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
 def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, index, names, link_cost, reserved=None):
     """The :data:`FINE` candidates ``names`` on the fine ``tiles`` (with their ``load``; ``reserved``:
     each worker's starting load, ``place_tiles(reserved=...)``)."""
+    # the tiles are make_tiles' of these sequences and index, or token pieces of them (split_heavy_tiles)
     placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tau=tap.tau, weights=load, index=index,
-                                           reserved=reserved),
+                                           reserved=reserved, tiles_checked=True),
                "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
-                                                      reserved=reserved),
+                                                      reserved=reserved, tiles_checked=True),
                "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
-                                                           link_cost, reserved)}
+                                                           link_cost, reserved, tiles_checked=True)}
     relay = "fine-retain-link-relay" in names
     out = {}
     for name in (n for n in placers if n in names or (relay and n == "fine-retain-link")):
@@ -451,7 +452,7 @@ def move_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:
 def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     shape: AttentionShape, tau: float, load: np.ndarray | None = None,
                     index: PoolIndex | None = None, link_cost=None, reserved=None,
-                    placer: str = "auto") -> tuple[TileTable, int]:
+                    placer: str = "auto", *, tiles_checked: bool = False) -> tuple[TileTable, int]:
     """Alg. 2 (:func:`libra.tap.placement.place_tiles`, compiled when numba imports) in
     :func:`retention_order`, then :func:`libra.tap.repair.repair_overload` of the workers it left
     above ``C``, the most work per byte moved leaving first; arguments and result as
@@ -461,7 +462,8 @@ def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], worke
     by_worker = None if reserved is None else dict(zip(workers, np.asarray(reserved, dtype=np.float64).tolist()))
     order = retention_order(tiles, shape, load, len(workers), tau, by_worker)
     placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index,
-                                   order=order, link_cost=link_cost, reserved=reserved, placer=placer)
+                                   order=order, link_cost=link_cost, reserved=reserved, placer=placer,
+                                   tiles_checked=tiles_checked)
     if not len(tiles):
         return placed, fallback
     wsorted = np.sort(np.asarray(workers, dtype=np.int64))

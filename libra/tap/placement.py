@@ -69,9 +69,14 @@ if TYPE_CHECKING:
     from libra.tap.tiles import PoolIndex
 
 
-def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | None = None):
+def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | None = None,
+                  tiles_checked: bool = False):
     """Validate ``place_tiles``' inputs; return the sorted workers and the pool index (``index``, or
-    built here when None and there are tiles; None when there are none)."""
+    built here when None and there are tiles; None when there are none). ``tiles_checked``: the
+    tiles are :func:`libra.tap.tiles.make_tiles`' of ``sequences`` and ``index`` (or cut from them),
+    which already keeps each inside one holder range of its Q-home, so only the scalar arguments,
+    the workers and the holders are checked (the per-tile checks were a quarter of ``libra``'s
+    whole TAP time)."""
     check_tau(tau)
     w = np.asarray(list(workers), dtype=np.int64)
     if w.ndim != 1 or len(w) == 0:
@@ -79,7 +84,9 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     if len(np.unique(w)) != len(w):
         raise ValueError(f"pool workers must be distinct, got {w.tolist()}")
     w = np.sort(w)
-    if len(tiles):
+    if tiles_checked and index is None:
+        raise ValueError("tiles_checked=True needs the index the tiles were made with")
+    if len(tiles) and not tiles_checked:
         if not 0 <= int(tiles.seq.min()) <= int(tiles.seq.max()) < len(sequences):
             raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
         home = sorted_unique(tiles.q_home)
@@ -106,7 +113,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     extra = holders[w[np.minimum(np.searchsorted(w, holders), len(w) - 1)] != holders]
     if len(extra):
         raise ValueError(f"worker {int(extra[0])} holds sequence tokens but is not a pool worker {w.tolist()}")
-    return w, (idx if len(tiles) else index)
+    return w, (idx if len(tiles) and not tiles_checked else index)
 
 
 def _check_index(index: PoolIndex, sequences) -> PoolIndex:
@@ -138,7 +145,7 @@ def _place_flops_only(flops, order, reserved, cap):
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                 shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
                 weights=None, index: PoolIndex | None = None, placer: str = "auto",
-                order=None, link_cost=None, reserved=None) -> tuple[TileTable, int]:
+                order=None, link_cost=None, reserved=None, *, tiles_checked: bool = False) -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -171,6 +178,10 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             in the units of the tile loads, e.g. its predicted exposed communication
             (:func:`libra.tap.adaptive.rebalance_exposed`). Placement starts from these loads and
             ``C = (1 + tau) * (sum(loads) + sum(reserved)) / W``. ``None`` (default): all 0, the paper.
+        tiles_checked: the caller made ``tiles`` from ``sequences`` with ``index`` (``make_tiles``,
+            or pieces of its tiles, as :func:`libra.tap.planner.plan_pool` and ``libra-adaptive``
+            do), so the per-tile checks against the sequences are skipped (``index`` required).
+            False (default): every tile is checked, as for tiles from anywhere else.
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -187,7 +198,7 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
     jit = placer_module(placer)
-    wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index)
+    wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index, tiles_checked)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles = len(tiles)
     base = reserved_loads(reserved, workers, wsorted)

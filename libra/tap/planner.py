@@ -74,6 +74,6 @@ def plan_pool(pool_index: int, sequences: Sequence[SequenceLayout], workers: Seq
     weights = (kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
                if tap.load_estimate == "kernel-time" else None)
     placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware,
-                                   weights=weights, index=index)
+                                   weights=weights, index=index, tiles_checked=True)  # make_tiles' own
     return PoolPlan(pool_index=pool_index, workers=tuple(workers), sequences=sequences, tiles=placed,
                     transfers=build_transfers(sequences, placed, shape, index=index), fallback_tiles=fallback)
