@@ -112,6 +112,9 @@ TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0}
               "1m": {"vrsp": 0.6, "tap": 5.4, "compile": 50.0, "prepare": 5.0}}
 """Targets (issue 12; medians on a 2-core machine) of the paper's settings only: TAP at half the
 paper's time, compile per worker, prepare on the step's path (CPU), VRSP at or below the paper's."""
+TAP_RATIO_TARGETS = {"libra-adaptive": 2.0}
+"""Targets (issue 11) of another planner's per-pool TAP time as a multiple of ``libra``'s, same placer,
+on any run: printed next to the measured ratio."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
           "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout_jit"),
           "libra.sim.cost": partial(jit_modules.warmup, "cost_jit")}
@@ -467,8 +470,10 @@ def echo_timings(s: Setting, sub: pd.DataFrame, paper: bool, placer: str, method
     tap = sub.loc["tap"].median_ms
     for m in methods[1:]:
         r = sub.loc[tap_stage(m)]
+        ratio, target = r.median_ms / tap, TAP_RATIO_TARGETS.get(m)
+        goal = "" if target is None else f"  target <= {target:g}x ({'met' if ratio <= target else 'NOT met'})"
         click.echo(f"  TAP per pool, {m} (placer {placer}): median {r.median_ms:8.3f} ms  IQR {r.iqr_ms:7.3f} ms "
-                   f" = {r.median_ms / tap:.2f}x libra's")
+                   f" = {ratio:.2f}x libra's{goal}")
         parts = [st for st in sub.index if st.startswith(tap_stage(m) + ".")]
         if parts:
             click.echo("    parts (median ms, x libra's TAP): " + ", ".join(

@@ -182,5 +182,7 @@ def test_plan_cost_times_another_planner_and_its_parts(tmp_path):
     assert set(parts) <= set(df.index) and (df.loc[parts, "median_ms"] > 0).all()
     assert (df.loc[parts, "repeats"] == df.loc["tap", "repeats"]).all()  # every pool, every repeat
     assert "TAP per pool, libra-adaptive" in r.output and "x libra's" in r.output
+    ratio = df.loc["tap@libra-adaptive", "median_ms"] / df.loc["tap", "median_ms"]  # issue 11's target, printed
+    assert f"x libra's  target <= 2x ({'met' if ratio <= 2 else 'NOT met'})" in r.output
     assert "parts (median ms, x libra's TAP): candidates" in r.output and "pricing" in r.output
     assert "rebalance" in r.output
