@@ -75,7 +75,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     built here when None and there are tiles; None when there are none). ``tiles_checked``: the
     tiles are :func:`libra.tap.tiles.make_tiles`' of ``sequences`` and ``index`` (or cut from them),
     which already keeps each inside one holder range of its Q-home, so only the scalar arguments,
-    the workers and the holders are checked (the per-tile checks were a quarter of ``libra``'s
+    the workers and the holders are checked (the per-tile checks were about a fifth of ``libra``'s
     whole TAP time)."""
     check_tau(tau)
     w = np.asarray(list(workers), dtype=np.int64)
@@ -86,6 +86,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     w = np.sort(w)
     if tiles_checked and index is None:
         raise ValueError("tiles_checked=True needs the index the tiles were made with")
+    idx = index
     if len(tiles) and not tiles_checked:
         if not 0 <= int(tiles.seq.min()) <= int(tiles.seq.max()) < len(sequences):
             raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
@@ -113,7 +114,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     extra = holders[w[np.minimum(np.searchsorted(w, holders), len(w) - 1)] != holders]
     if len(extra):
         raise ValueError(f"worker {int(extra[0])} holds sequence tokens but is not a pool worker {w.tolist()}")
-    return w, (idx if len(tiles) and not tiles_checked else index)
+    return w, idx
 
 
 def _check_index(index: PoolIndex, sequences) -> PoolIndex:
