@@ -696,6 +696,8 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
     # CPU-sized measurements are never the paper's preset: without --out they go under runs/
     run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress, paper=False,
                         layouts=[{k: v for k, v in cfg.items() if k in ("dp", "cp", "seq_len", "gbs", "tap")}])
+    if not under_torchrun or os.environ["RANK"] == "0":  # the folder rank 0 writes: checked before any rank starts
+        run.claim_folder()
     t0 = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     measured = _measure(run, cfg, world, under_torchrun)

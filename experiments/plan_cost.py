@@ -563,7 +563,7 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     df = summarize(samples, paper)
-    run.out_dir.mkdir(parents=True, exist_ok=True)
+    run.claim_folder()
     atomic_write_text(run.out_dir / "plan-cost-quality.csv", quality.to_csv(index=False))
     warm = warmups(samples)
     paths = run.finish(df, plot=lambda d, p: plot(d, p, paper),

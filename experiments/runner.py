@@ -317,6 +317,21 @@ def _identity(record: Mapping) -> dict:
     return {"experiment": record.get("experiment"), **dict(record.get("config") or {})}
 
 
+def make_out_dir(out_dir: Path) -> Path:
+    """Create the output folder (and its parents) now, so a folder that cannot be made fails as one
+    ``Error:`` line before a command computes or spawns anything, not as a traceback at its first write.
+
+    Raises:
+        click.ClickException: the folder cannot be created (a read-only or virtual file system, a
+            parent that is a file, ...).
+    """
+    try:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.ClickException(f"cannot create output folder {out_dir}: {exc.strerror or exc}") from None
+    return Path(out_dir)
+
+
 def check_run_folder(out_dir: Path, name: str, config: dict) -> None:
     """Refuse a folder whose ``run.json`` records a different run (see :class:`RunFolderConflict`).
 
@@ -402,6 +417,7 @@ class ExperimentRun:
         click.BadParameter: an unreadable length file.
         RunFolderConflict: (from :meth:`map`, :meth:`finish` or :meth:`claim_folder`, before anything
             is written) ``out_dir`` holds a different run and overwrite is off.
+        click.ClickException: (from the same, as early) ``out_dir`` cannot be created.
     """
 
     def __init__(self, name: str, config: dict, out_dir: str | Path | None = None, force: bool = False,
@@ -435,14 +451,19 @@ class ExperimentRun:
 
     def claim_folder(self) -> None:
         """Check, once, that the output folder holds no other run's record (see
-        :func:`check_run_folder`); :meth:`map` and :meth:`finish` call it before writing, so a
-        command's own argument checks between construction and the sweep report first.
+        :func:`check_run_folder`) and create it (:func:`make_out_dir`); :meth:`map` and
+        :meth:`finish` call it before writing, so a command's own argument checks between
+        construction and the sweep report first. A command that measures or spawns processes
+        outside :meth:`map` calls it before it starts them.
 
         Raises:
             RunFolderConflict: the folder holds a different run and overwrite is off.
+            click.ClickException: the folder cannot be created.
         """
-        if not self._claimed and not self._overwrite:
-            check_run_folder(self.out_dir, self.name, self.config)
+        if not self._claimed:
+            if not self._overwrite:
+                check_run_folder(self.out_dir, self.name, self.config)
+            make_out_dir(self.out_dir)
         self._claimed = True
 
     # -- points --------------------------------------------------------------------------

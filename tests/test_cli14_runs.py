@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+import click
 import numpy as np
 import pandas as pd
 import pytest
@@ -114,6 +115,37 @@ def test_runner_conflict_api(tmp_path):
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(RunFolderConflict, match="not a run record"):
         ExperimentRun("demo", {"a": 1}, out_dir=tmp_path, quiet=True).claim_folder()
+
+
+def test_output_folder_that_cannot_be_made_is_one_error_before_any_point(tmp_path):
+    (tmp_path / "afile").write_text("")
+    run = ExperimentRun("demo", {"a": 1}, out_dir=tmp_path / "afile" / "sub", quiet=True)
+    computed = []
+    with pytest.raises(click.ClickException, match="cannot create output folder .*afile/sub: Not a directory"):
+        run.map([1], computed.append)
+    assert computed == []  # refused before the first point, not at its first write
+    res = _lln("--out", str(tmp_path / "afile" / "sub"))
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+    assert res.exit_code == 1 and len(errors) == 1 and "Traceback" not in res.output, res.output
+    assert errors[0] == f"Error: cannot create output folder {tmp_path / 'afile' / 'sub'}: Not a directory"
+
+
+def test_microbench_checks_its_folder_before_it_spawns_ranks(tmp_path, monkeypatch):
+    from experiments import microbench  # noqa: PLC0415
+
+    def spawned(*args, **kwargs):
+        raise AssertionError("ranks were spawned before the output folder was checked")
+
+    monkeypatch.setattr(microbench, "run_spawned", spawned)
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    out = tmp_path / "o"
+    assert _lln("--out", str(out)).exit_code == 0  # the folder now holds another experiment's run
+    (tmp_path / "afile").write_text("")
+    for folder, expected in ((out, "holds a different run"), (tmp_path / "afile" / "sub", "cannot create output folder")):
+        res = CliRunner().invoke(main, ["microbench", "--quick", "--nproc", "2", "--dp", "2", "--cp", "1",
+                                        "--methods", "ulysses", "--oversubscribe", "--out", str(folder)])
+        assert res.exit_code == 1 and expected in res.output and "AssertionError" not in repr(res.exception), res.output
 
 
 @pytest.mark.parametrize("command", ["lln", "vrsp", "straggler", "pool-sweep", "grid-search", "tune",
