@@ -82,6 +82,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from experiments.microbench_targets import reference_targets
 from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
@@ -715,10 +716,16 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
 
 def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
     """Write the step CSV, the summary, the plot and run.json; print the summary."""
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
+
     df = pd.DataFrame(rows)
     df = df[STRAGGLER_COLUMNS + [c for c in df.columns if c not in STRAGGLER_COLUMNS]]
     summary = summarize(df)
-    extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0]}
+    cfg = run.config
+    targets = reference_targets(cfg, gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"],
+                                                 seed=cfg["seed"]))
+    extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
+             "targets": [asdict(t) for t in targets]}
     paths = run.finish(df, plot=plot, extra=extra)
     atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
     cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift",
@@ -726,4 +733,6 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
                         "cpu_vs_ulysses",
                         "comm_exposed_ms", "peak_transient_mib", "mean_speedup") if c in summary]
     click.echo(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    for line in filter(None, (t.line(summary) for t in targets)):  # issue 13's reference cases
+        click.echo(line)
     click.echo(f"backend {extra['kernel_backend']} on {extra['device']}; wrote {paths['csv']}")
