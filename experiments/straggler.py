@@ -114,12 +114,15 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
 
     Raises:
         ValueError: unknown setting/method, a bad workload, a layout the planners reject, or
-            ``known_speeds`` without ``jitter``.
+            ``known_speeds`` without ``jitter`` or without a method that takes device speeds.
     """
     from baselines.registry import get_planner, planner_class  # noqa: PLC0415
 
     if known_speeds and not jitter:
         raise ValueError("--known-speeds tells planners the jitter model's per-GPU speeds: drop --no-jitter")
+    if known_speeds and not any("device_speeds" in planner_class(m).option_names() for m in methods):
+        raise ValueError(f"--known-speeds informs planners that take device speeds, and none of {', '.join(methods)} "
+                         f"does: add libra-adaptive to --methods")
 
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)

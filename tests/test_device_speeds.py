@@ -110,6 +110,9 @@ def test_straggler_known_speeds_cli(tmp_path):
     runner = CliRunner()
     bad = runner.invoke(cli, [*args, "--no-jitter", "--known-speeds", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "drop --no-jitter" in bad.output
+    blind = runner.invoke(cli, [*args[:5], "ulysses,libra", "--no-progress", "--known-speeds", "--out", str(tmp_path / "y")])
+    assert blind.exit_code == 2 and "none of ulysses, libra does: add libra-adaptive" in blind.output, blind.output
+    assert not (tmp_path / "y").exists()  # refused before any point
     import pandas as pd  # noqa: PLC0415
 
     dev = {}
