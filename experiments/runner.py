@@ -317,7 +317,7 @@ def _identity(record: Mapping) -> dict:
     return {"experiment": record.get("experiment"), **dict(record.get("config") or {})}
 
 
-def make_out_dir(out_dir: Path) -> Path:
+def make_out_dir(out_dir: Path) -> None:
     """Create the output folder (and its parents) now, so a folder that cannot be made fails as one
     ``Error:`` line before a command computes or spawns anything, not as a traceback at its first write.
 
@@ -329,7 +329,6 @@ def make_out_dir(out_dir: Path) -> Path:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.ClickException(f"cannot create output folder {out_dir}: {exc.strerror or exc}") from None
-    return Path(out_dir)
 
 
 def check_run_folder(out_dir: Path, name: str, config: dict) -> None:
@@ -544,8 +543,7 @@ class ExperimentRun:
         """Write the CSV, the PNG (``plot(df, tmp_png)``) and ``run.json``, each atomically."""
         self.claim_folder()
         paths = {"csv": atomic_write_text(self.csv_path, df.to_csv(index=False))}
-        if plot is not None:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
+        if plot is not None:  # the folder exists: claim_folder made it
             fd, tmp = _new_temp(self.out_dir, self.name, ".png")
             os.close(fd)
             try:

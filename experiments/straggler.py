@@ -116,13 +116,16 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
         ValueError: unknown setting/method, a bad workload, a layout the planners reject, or
             ``known_speeds`` without ``jitter`` or without a method that takes device speeds.
     """
-    from baselines.registry import get_planner, planner_class  # noqa: PLC0415
+    from baselines.registry import PLANNERS, get_planner, planner_class  # noqa: PLC0415
+
+    def takes_speeds(method: str) -> bool:  # the one rule: a planner with a device_speeds option
+        return "device_speeds" in planner_class(method).option_names()
 
     if known_speeds and not jitter:
         raise ValueError("--known-speeds tells planners the jitter model's per-GPU speeds: drop --no-jitter")
-    if known_speeds and not any("device_speeds" in planner_class(m).option_names() for m in methods):
+    if known_speeds and not any(map(takes_speeds, methods)):
         raise ValueError(f"--known-speeds informs planners that take device speeds, and none of {', '.join(methods)} "
-                         f"does: add libra-adaptive to --methods")
+                         f"does: add {' or '.join(filter(takes_speeds, PLANNERS))} to --methods")
 
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
@@ -150,7 +153,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
         opts = run_options(method, st, profile, wlb_rejoin)
-        if known_speeds and "device_speeds" in planner_class(method).option_names():
+        if known_speeds and takes_speeds(method):
             dev = DeviceJitter(profile.variability, st.par().workers, jitter_seed(seed, w))
             opts["device_speeds"] = tuple(dev.persistent_speeds().tolist())
         planner = get_planner(method, **opts)
