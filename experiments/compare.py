@@ -8,8 +8,12 @@ config keys in which each run differs from the first, and puts the chosen metric
 one row per (key columns, metric) with each run's value and its ratio to the first run's.
 
 Key columns are the text columns every table shares (``setting``, ``method``, ...); rows with the
-same keys are averaged (a per-step CSV becomes per-key means). Metrics default to each
-experiment's headline numbers (:data:`DEFAULT_METRICS`) or ``--metrics``.
+same keys are averaged (a per-step CSV becomes per-key means). A key column that holds one value per
+run, different between runs -- the usual case of two runs on two layouts, whose ``setting`` names
+the layout -- names the runs rather than their rows, so rows are matched on the other keys
+(:func:`run_naming_keys`; the output says so). Runs that still share no row are refused with one
+line naming what each holds. Metrics default to each experiment's headline numbers
+(:data:`DEFAULT_METRICS`) or ``--metrics``.
 
 Outputs (``--out``, default ``runs/compare/<experiment>-<hash of the inputs>/``): ``compare.csv``,
 ``compare.png`` (one panel per metric, bars per key, one colour per run, values as printed) and
@@ -64,6 +68,41 @@ def key_columns(tables: list[pd.DataFrame]) -> list[str]:
     first = tables[0]
     return [c for c in first.columns if c in common and c not in IGNORED_KEYS
             and not pd.api.types.is_numeric_dtype(first[c])]
+
+
+def run_naming_keys(tables: list[pd.DataFrame], keys: list[str]) -> dict[str, list[str]]:
+    """``{column: each run's value}`` for the ``keys`` that hold a single value in every table but
+    not the same one in all: they name the runs (two layouts' ``setting``), so matching rows on
+    them would pair nothing."""
+    out = {}
+    for c in keys:
+        values = [t[c].dropna().unique() for t in tables]
+        if all(len(v) == 1 for v in values) and len({str(v[0]) for v in values}) > 1:
+            out[c] = [str(v[0]) for v in values]
+    return out
+
+
+def check_shared_rows(tables: list[pd.DataFrame], labels: list[str], keys: list[str]) -> int:
+    """How many key rows some run lacks (its values are NaN there).
+
+    Raises:
+        click.UsageError: no key row is in every run (nothing would be compared), naming each
+            run's values of the keys.
+    """
+    if not keys:
+        return 0
+    rows = [set(t[keys].astype(str).itertuples(index=False, name=None)) for t in tables]
+    shared = set.intersection(*rows)
+    if not shared:
+        held = "; ".join(f"{lab}: " + ", ".join(f"{c} {_few(t[c])}" for c in keys) for lab, t in zip(labels, tables))
+        raise click.UsageError(f"the runs share no ({', '.join(keys)}) row to compare ({held})")
+    return len(set.union(*rows) - shared)
+
+
+def _few(column: pd.Series, n: int = 6) -> str:
+    """The first ``n`` sorted distinct values of ``column``, with how many more there are."""
+    values = sorted(map(str, column.dropna().unique()))
+    return "{" + ", ".join(values[:n]) + (f", ... {len(values) - n} more" if len(values) > n else "") + "}"
 
 
 def choose_metrics(experiment: str, tables: list[pd.DataFrame], asked: tuple[str, ...]) -> list[str]:
@@ -152,17 +191,25 @@ def compare(runs, metrics, labels, out):
         raise click.UsageError(f"--labels needs {len(runs)} distinct names, got {names}")
     tables = [t for _, t in loaded]
     keys = key_columns(tables)
+    naming = run_naming_keys(tables, keys)
+    keys = [k for k in keys if k not in naming]
+    partial = check_shared_rows(tables, names, keys)
     chosen = choose_metrics(experiment, tables, tuple(m.strip() for m in metrics.split(",")) if metrics else ())
     table = side_by_side(tables, names, keys, chosen)
     diffs = {lab: differing_keys(loaded[0][0].get("config"), rec.get("config"), depth=4)
              for lab, (rec, _) in zip(names[1:], loaded[1:])}
     config = {"experiment": experiment, "runs": [str(Path(r).resolve()) for r in runs], "labels": names,
-              "metrics": chosen, "keys": keys}
+              "metrics": chosen, "keys": keys, "run_naming_keys": naming}
     out = out or RUNS_ROOT / "compare" / f"{experiment}-{stable_hash(config)[:10]}"
     run = ExperimentRun("compare", config, out_dir=out, quiet=True, paper=False)
     paths = run.finish(table, plot=lambda d, p: plot_compare(d, names, keys, p), extra={"config_differences": diffs})
     for lab, keys_ in diffs.items():
         click.echo(f"{lab} vs {names[0]}: config differs in {', '.join(keys_) if keys_ else 'nothing'}")
+    for c, vals in naming.items():
+        click.echo(f"{c} differs per run ({', '.join(f'{lab}: {v}' for lab, v in zip(names, vals))}): rows matched on "
+                   f"{', '.join(keys) or 'nothing else'}")
+    if partial:
+        click.echo(f"{partial} ({', '.join(keys)}) row(s) are missing from some run: NaN there")
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
         click.echo(f"{experiment}: each run's value (mean over rows with the same keys) and ratio:<run> = "
                    f"run / {names[0]}")

@@ -62,3 +62,38 @@ def test_compare_bad_input_is_one_line(tmp_path):
                         (["compare", a, a], "distinct names")):
         r = CliRunner().invoke(main, args + ["--out", str(tmp_path / "x")])
         assert r.exit_code == 2 and match in r.output and "Traceback" not in r.output, (args, r.output)
+
+
+def _one_setting(folder, setting, methods, scale=1.0):
+    rows = [{"workload": "mine.txt", "setting": setting, "method": m, "mean_ms": 10.0 * (i + 1) * scale,
+             "mean_speedup": 1.0 + i, "pool_balanced_ratio": 1.1} for i, m in enumerate(methods)]
+    return _run(folder, "straggler", {"dp": 8, "setting": setting}, rows)
+
+
+def test_compare_runs_of_two_layouts_matches_rows_on_method(tmp_path):
+    # README's "bring your own data and cluster": two runs on two layouts name their one setting
+    # after the layout, so rows pair on the method (not all NaN as when matched on the setting too)
+    a = _one_setting(tmp_path / "a", "dp8-cp4-s128k-gbs32", ("ulysses", "libra"))
+    b = _one_setting(tmp_path / "b", "dp16-cp2-s128k-gbs32", ("ulysses", "libra", "libra-adaptive"), scale=2.0)
+    out = tmp_path / "cmp"
+    r = CliRunner().invoke(main, ["compare", a, b, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "setting differs per run (a: dp8-cp4-s128k-gbs32, b: dp16-cp2-s128k-gbs32): rows matched on method" \
+        in r.output
+    assert "1 (method) row(s) are missing from some run: NaN there" in r.output
+    t = pd.read_csv(out / "compare.csv")
+    assert "setting" not in t.columns
+    ms = t[t["metric"] == "mean_ms"].set_index("method")
+    assert ms.loc["libra", "ratio:b"] == 2.0 and ms.loc["ulysses", "b"] == 20.0
+    assert pd.isna(ms.loc["libra-adaptive", "a"])
+    record = json.loads((out / "run.json").read_text())
+    assert record["config"]["run_naming_keys"] == {"setting": ["dp8-cp4-s128k-gbs32", "dp16-cp2-s128k-gbs32"]}
+
+
+def test_compare_runs_that_share_no_row_is_one_error(tmp_path):
+    a = _straggler(tmp_path / "a", "w", 1.0)  # settings 256k and 1m
+    b = _one_setting(tmp_path / "b", "dp8-cp4-s128k-gbs32", ("ulysses", "libra"))
+    r = CliRunner().invoke(main, ["compare", a, b, "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert "the runs share no (setting, method) row to compare" in r.output
+    assert "b: setting {dp8-cp4-s128k-gbs32}" in r.output and not (tmp_path / "x").exists()
