@@ -269,7 +269,9 @@ def check_counts(windows: int, seed: int) -> None:
 
 
 def format_table(df, columns, floatfmt: str = "{:.3f}") -> str:
-    """Plain-text table of selected columns (printed summaries)."""
+    """Plain-text table of selected columns (printed summaries). A ``paper*`` column with no value
+    (a layout or workload the paper did not run) is left out: the CSV keeps it, empty."""
+    columns = [c for c in columns if not (str(c).startswith("paper") and df[c].isna().all())]
     rows = [[str(c) for c in columns]]
     for r in df[list(columns)].itertuples(index=False):
         rows.append([floatfmt.format(v) if isinstance(v, (float, np.floating)) else str(v) for v in r])
