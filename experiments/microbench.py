@@ -55,6 +55,13 @@ measured ``bytes_sent`` replaces them; ``balance_bound_ms`` is the measured mean
 ``cpu_vs_ulysses``), ``microbench.png`` and ``run.json``.
 
 ``--quick``: a smoke run (1 window, 1 repeat, no warm-up; S=1024, B=128, head_dim 16 unless given).
+
+**First call of a method**: whatever ``--warmup``, each method's first step gets at least one
+untimed repetition (:data:`FIRST_STEP_WARMUP`). A process's first call through a runtime pays
+one-time costs no later step has -- the autograd engine's threads, the allocator, gloo's pair
+connections, which open on first use. Untimed, with ``--warmup 0`` (``--quick``) the first method
+measured was 11x its ideal on the smoke case (S=1024: 294 ms, then 26 ms with one warm-up), so the
+printed speedups depended on the order of ``--methods``.
 ``--profile``: the hardware profile ``libra-kt`` balances kernel time with and ``libra-adaptive``
 prices its candidates on (e.g. the ``profile.json`` of ``libra-bench calibrate --device cpu``);
 needs one of them in ``--methods``.
@@ -100,6 +107,9 @@ DEFAULT_TAP = TapConfig(pool_size=2, block_size=256, pipeline_chunks=2)
 """microbench's TAP layout at its CPU sizes: P = 2, B = 256, TapConfig's H and tau, M = 2."""
 TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
 """The TapConfig fields microbench takes as options."""
+FIRST_STEP_WARMUP = 1
+"""Untimed repetitions a method's first step gets at least (module docstring: one-time costs)."""
+
 QUICK = {"windows": 1, "repeats": 1, "warmup": 0, "seq_len": 1024, "block_size": 128, "head_dim": 16}
 """``--quick``: these values for every option not given on the command line."""
 RANK_THREADS = 1
@@ -320,18 +330,21 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
     ranks = gather_rank_records(groups[tap_of(cfg).pool_size], coords or spawn_coords(rank, world), device)
     out = {"ranks": ranks} if rank == 0 else {}
+    warmed = set()  # methods whose first step ran (FIRST_STEP_WARMUP)
     for method, w in keys:
         planner = get_planner(method, **planner_options(method, cfg))
         rows = []
-        for plan in planner.plan_window(windows[w], par, shape):
+        for i, plan in enumerate(planner.plan_window(windows[w], par, shape)):
+            warmup = max(cfg["warmup"], FIRST_STEP_WARMUP) if i == 0 and method not in warmed else cfg["warmup"]
+            warmed.add(method)
             runner, ranges, seq_ids, chunks, P = _runner(method, plan, cfg, groups, backend, shape, me)
             q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
             ideal = partial(_paired_ideal_ms, plan, me, cfg, backend, dtype, device) if cfg["paired_ideal"] else None
-            times, cpu, compute, wait, paired, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], cfg["warmup"],
+            times, cpu, compute, wait, paired, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], warmup,
                                                                   cfg["backward"], device, None, after_each=ideal)
             st = runner.stats
             sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
-            sent = sent / max(1, cfg["warmup"] + cfg["repeats"]) if isinstance(st, dict) else sent
+            sent = sent / max(1, warmup + cfg["repeats"]) if isinstance(st, dict) else sent
             mine = torch.tensor(np.concatenate([times, cpu, compute, wait, paired, [peak, sent, P]]), dtype=torch.float64)
             allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
             all_gather_single(allv, mine.to(device))
@@ -657,7 +670,7 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
               help="Length preset or length file (skewed CPU cases: workloads/skewed-8k.txt, ...).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the length stream and the inputs.")
 @click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True, help="Timed repetitions per step.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed repetitions per step first.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed repetitions per step first (a method's first step: at least 1).")
 @click.option("--forward-only", is_flag=True, help="Time forward only (default: forward + backward).")
 @click.option("--timeout", type=float, default=300.0, show_default=True, help="Collective timeout (s).")
 @click.option("--profile", default=None, help="Hardware profile (name or .json, e.g. from `libra-bench calibrate "

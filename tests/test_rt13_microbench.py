@@ -160,3 +160,33 @@ def test_paired_ideal_times_the_sequence_this_rank_holds(monkeypatch):
             (seq,) = [s for pool in plan.pools for s in pool.sequences if me in s.holder_worker.tolist()]
             assert me // 2 == seq.holder_worker[0] // 2 and ms == seq.num_tokens
             assert timed[-1] == (100 + seq.seq_id, 0, 1)  # one untimed-warm-up-free call per repetition
+
+
+def _warmups_of_bench_rank(rank, world, cfg, keys):
+    """bench_rank with _time_calls recording the warm-up each step got (in the spawned rank)."""
+    seen = []
+    real = mb._time_calls
+
+    def recording(runner, q, k, v, do, repeats, warmup, *args, **kwargs):
+        seen.append(warmup)
+        return real(runner, q, k, v, do, repeats, warmup, *args, **kwargs)
+
+    mb._time_calls = recording
+    mb.bench_rank(rank, world, cfg, keys)
+    return seen
+
+
+def test_each_methods_first_step_is_warmed_up_whatever_warmup(tmp_path):
+    # one-time costs of a process's first call (autograd threads, gloo pair connections) made the
+    # first method of a --warmup 0 run (--quick) 11x its ideal, so its speedups followed --methods' order
+    from dataclasses import replace
+
+    from dist_utils import run_ranks
+
+    cfg = mb.make_config(dp=1, cp=1, seq_len=512, gbs=2, tap=replace(mb.DEFAULT_TAP, pool_size=1, block_size=128),
+                         q_heads=4, kv_heads=2, head_dim=8, dtype="fp32", device="cpu", backend="auto", comm="p2p",
+                         methods="ulysses,libra", windows=1, workload="libra-prod", seed=0, repeats=1, warmup=0,
+                         backward=True, timeout=60.0, paired_ideal=False)
+    keys = [("ulysses", 0), ("libra", 0)]
+    (seen,) = run_ranks(_warmups_of_bench_rank, 1, tmp_path, cfg, keys)
+    assert seen == [1, 0, 1, 0]  # two steps per method: the first of each warmed once, the rest as asked
