@@ -17,8 +17,8 @@ corpus (``libra-prod``); a run that is not a paper preset writes under ``runs/e2
 (:func:`experiments.runner.default_out_dir`).
 
 ``--measure`` instead runs real training (``libra-bench train``'s loop) per method on a small CPU
-configuration; its table and figure give the median tokens/GPU/s over the steps (robust to the
-first step's warm-up), labelled as such.
+configuration; its table and figure give the median tokens/GPU/s over the steps after the first
+(:func:`experiments.train.timed_steps`: step 0 carries the first plan and warm-up), labelled as such.
 
 This module also holds what the other simulated end-to-end experiments (``dp-scaling``,
 ``pp-balance``) share: the click options (:func:`sim_options`: :func:`experiments.sim_common.common_options`,
@@ -316,9 +316,11 @@ def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> 
     save_figure(g.figure, path, tight_bbox=True)  # the suptitle sits above the grid
 
 
-def finish_throughput(run: ExperimentRun, df: pd.DataFrame, stat: str, over: str, extra: dict | None = None):
-    """Write the run (the PNG draws :func:`throughput_frame`) and print the same frame as a table."""
-    frame = throughput_frame(df, stat)
+def finish_throughput(run: ExperimentRun, df: pd.DataFrame, stat: str, over: str, extra: dict | None = None,
+                      rows: pd.DataFrame | None = None):
+    """Write the run (the PNG draws :func:`throughput_frame`) and print the same frame as a table;
+    ``rows``: the rows of ``df`` the statistic is taken over (default all)."""
+    frame = throughput_frame(df if rows is None else rows, stat)
     paths = run.finish(df, lambda _d, p: plot_throughput(frame, p, stat, str(df["source"].iloc[0])), extra=extra)
     click.echo(f"{stat_label(stat)} over {over}:")
     click.echo(throughput_table(frame, stat).round(3).to_string())
@@ -411,7 +413,7 @@ def _measure(workload, seed, out, force, nproc, steps):
     WLB-LLM has no runtime in this project (its variable-length repacking is simulated only). A
     CPU-sized run is no paper preset: its default folder is under ``runs/e2e-measured/``.
     """
-    from experiments.train import TrainConfig, run_training  # noqa: PLC0415
+    from experiments.train import TrainConfig, run_training, timed_steps  # noqa: PLC0415
 
     methods = ("ulysses", "libra")
     try:
@@ -424,7 +426,9 @@ def _measure(workload, seed, out, force, nproc, steps):
     run.claim_folder()
     results = run_training(cfgs)
     df = pd.DataFrame(measured_rows(workload, methods, cfgs, results))
-    finish_throughput(run, df, "median", f"{steps} step(s)")
+    timed = timed_steps(df, "window")
+    over = f"{timed['window'].nunique()} step(s)" + (" after the first" if len(timed) < len(df) else "")
+    finish_throughput(run, df, "median", over, rows=timed)
     click.echo(f"wrote {run.csv_path}")
 
 

@@ -177,16 +177,22 @@ def test_printed_table_and_png_bars_are_the_same_median_with_its_unit():
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    # step 0 carries the first plan: mean and median differ a lot
-    df = pd.DataFrame({"attention": ["libra"] * 3 + ["ulysses"] * 3, "step": [0, 1, 2] * 2,
-                       "loss": [5.0, 4.9, 4.8] * 2, "step_ms": [1000.0, 10.0, 14.0, 900.0, 20.0, 30.0],
-                       "tokens_per_gpu_s": [100.0, 10000.0, 7000.0, 110.0, 5000.0, 3000.0]})
+    # step 0 carries the first plan and warm-up: it is not timed; the rest give medians, not means
+    df = pd.DataFrame({"attention": ["libra"] * 4 + ["ulysses"] * 4, "step": [0, 1, 2, 3] * 2,
+                       "loss": [5.0, 4.9, 4.8, 4.7] * 2,
+                       "step_ms": [1000.0, 10.0, 14.0, 30.0, 900.0, 20.0, 30.0, 25.0],
+                       "tokens_per_gpu_s": [100.0, 10000.0, 7000.0, 3000.0, 110.0, 5000.0, 3000.0, 4000.0]})
     stats = summary(df).set_index("attention")
     assert list(summary(df).columns) == ["attention", "steps", STEP_MS, TOKENS]
     assert STEP_MS == "median step time (ms)" and TOKENS == "median tokens/GPU/s"
-    assert stats.loc["libra", STEP_MS] == 14.0 and stats.loc["ulysses", TOKENS] == 3000.0  # medians, not means
+    assert stats.loc["libra", "steps"] == 3  # steps 1-3
+    assert stats.loc["libra", STEP_MS] == 14.0 and stats.loc["ulysses", TOKENS] == 4000.0
     table = summary_table(df)
     assert STEP_MS in table and TOKENS in table and "14.0" in table and "7000" in table
+    assert "step 0 (first plan, warm-up) not timed" in table
+    one = df[df["step"] == 0]  # a one-step run: step 0 is all there is
+    assert summary(one).set_index("attention").loc["libra", STEP_MS] == 1000.0
+    assert "one step only: step 0" in summary_table(one)
     fig = draw(df)
     try:
         for ax, col in zip(fig.axes[1:3], (STEP_MS, TOKENS)):
