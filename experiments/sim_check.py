@@ -51,6 +51,7 @@ from experiments.gpu_common import (
     resolve_device,
     resolve_dtype,
     rotation_sets,
+    sim_check_verdict,
     summarize_ms,
     time_calls,
     worker_pieces,
@@ -301,7 +302,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     df.attrs.update({"device": info.get("name"), "profile": prof.name})
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "profile": prof.name,
                "piece_pricing": prof.kernel.piece_pricing, "other_rule": other.profile.kernel.piece_pricing,
-               **summarize(df)}
+               "device_type": dev.type, "profile_device_type": prof.kernel_device_type, **summarize(df)}
     paths = run.finish(df, plot_scatter, extra={"environment_device": info, "summary": summary,
                                                "profile": prof.to_dict()})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
@@ -346,10 +347,15 @@ def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, c
     for r in df.itertuples():
         click.echo(f"  window {r.window} worker {r.worker:>2}: predicted {r.pred_ms:9.4g} ms  measured "
                    f"{r.meas_ms:9.4g} ms  err {r.rel_err:+.1%} (fwd {r.rel_err_fwd:+.1%}, bwd {r.rel_err_bwd:+.1%})")
+    same = s["device_type"] == s["profile_device_type"]
     click.echo(f"median |err| {s['median_abs_err_total']:.1%} (fwd {s['median_abs_err_fwd']:.1%}, bwd "
                f"{s['median_abs_err_bwd']:.1%}); worst {s['worst_abs_err_total']:.1%}; target median <= "
-               f"{TARGET_MEDIAN_ERR:.0%}: {'met' if s['median_within_target'] else 'NOT met'}; straggler worker "
-               f"agrees in {s['straggler_worker_agrees']}")
+               f"{TARGET_MEDIAN_ERR:.0%}: {sim_check_verdict(s)}; straggler worker agrees in {s['straggler_worker_agrees']}")
+    if not same:
+        click.echo(f"note: profile {s['profile']} models a {s['profile_device_type']} kernel and this run measured on "
+                   f"{s['device_type']}: the errors compare two devices, not the model with this one (calibrate "
+                   f"this device with `libra-bench calibrate --device {s['device_type']}` and pass its profile.json "
+                   "as --profile)")
     click.echo(f"piece pricing: {s['piece_pricing']} (the profile's) median |err| {s['median_abs_err_total']:.1%}; "
                f"{s['other_rule']} would give {s['median_abs_err_other_rule']:.1%}")
     click.echo(f"wrote {res['paths']['csv']}, {res['paths']['png']}")

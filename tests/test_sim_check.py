@@ -201,3 +201,24 @@ def test_property_pieces_partition_the_pool(seed, block, method, cp):
                     cover[qt:qt + ql, h0:h1] += 1
                     assert kt + kl == qt + ql and int(kt) in starts
             assert np.all(cover == 1)
+
+
+def test_a_profile_of_another_device_type_gets_no_verdict(tmp_path):
+    # the built-in profiles model H100 kernels: timed against CPU kernels, a 99% error says how far
+    # the two devices are apart, not how good the model is -- no met / NOT met verdict, and a note
+    from experiments.gpu_common import sim_check_verdict
+
+    assert load_profile("h100-roce-v1").kernel_device_type == "cuda"
+    cpu = dataclasses.replace(load_profile("h100-roce-v1"), source={"environment": {"device": "cpu"}})
+    assert cpu.kernel_device_type == "cpu"
+    assert dataclasses.replace(cpu, source={"environment": {"device": "cuda:1"}}).kernel_device_type == "cuda"
+    res = CliRunner().invoke(sim_check, [*TINY, "--out", str(tmp_path / "gpu-profile")])
+    assert res.exit_code == 0, res.output
+    assert "target median <= 10%: no verdict (another device's profile)" in res.output
+    assert "profile h100-roce-v1 models a cuda kernel and this run measured on cpu" in res.output
+    summary = json.loads((tmp_path / "gpu-profile" / "run.json").read_text())["summary"]
+    assert (summary["device_type"], summary["profile_device_type"]) == ("cpu", "cuda")
+    base = {"median_within_target": False, "device_type": "cpu"}
+    assert sim_check_verdict({**base, "profile_device_type": "cpu"}) == "NOT met"
+    assert sim_check_verdict({**base, "profile_device_type": "cuda"}).startswith("no verdict")
+    assert sim_check_verdict({"median_within_target": True}) == "met"  # a summary from before the record

@@ -123,6 +123,15 @@ class HardwareProfile:
                 raise ValueError(f"profile.links[{cls_name!r}] must be a LinkClass, got {type(link).__name__}")
 
     @property
+    def kernel_device_type(self) -> str:
+        """``"cpu"`` or ``"cuda"``: the device type the kernel model was measured on, as ``libra-bench
+        calibrate`` records it (``source["environment"]["device"]``); a profile without that record
+        (the built-in ones, fitted to public H100 tables) describes a GPU."""
+        env = self.source.get("environment") if isinstance(self.source, dict) else None
+        device = env.get("device") if isinstance(env, dict) else None
+        return str(device).split(":")[0] if device else "cuda"
+
+    @property
     def gpus_per_supernode(self) -> int:
         return self.gpus_per_node * self.nodes_per_supernode
 
