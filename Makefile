@@ -99,7 +99,7 @@ multinode: $(STAMP)  ## two torchrun "nodes" x 2 gloo ranks on 127.0.0.1 run mic
 	$(BIN)/pytest -q -m slow tests/test_multinode.py $(PYTEST_ARGS)
 
 paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link to Fig. 15, rerun Figs. 15 and 12 with it
-	$(BENCH) fit-links --out results/fit-links
+	$(BENCH) fit-links --out results/fit-links --overwrite
 	$(BENCH) pool-sweep --workload libra-prod --profile paper-inferred-v1 --out results/pool-sweep-paper-inferred $(RESULTS)
 	$(BENCH) straggler --workload libra-prod --profile paper-inferred-v1 --out results/straggler-paper-inferred $(RESULTS)
 

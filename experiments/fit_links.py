@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from experiments.runner import atomic_write_text
+from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text, stable_hash
 from experiments.sim_common import (
     SETTINGS,
     jitter_seed,
@@ -97,38 +97,76 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
     return data, log
 
 
+PAPER_FIT = {"base_profile": "h100-roce-v1", "name": "paper-inferred-v1", "link": "inter_supernode", "target": 0.77,
+             "setting": "256k", "pool_size": 32, "workload": "libra-prod", "windows": 4, "seed": 0}
+"""The fit ``make paper-inferred`` runs (every option's default): Libra Fig. 15's 0.77 at 256K, P = 32.
+Only this fit writes into the package's profiles (``libra/sim/profiles/paper-inferred-v1.json``) and
+``results/fit-links`` by default; any other -- ``--quick``, another target, your own cluster's number
+-- writes under ``runs/fit-links/<name>-<hash of the options>`` unless told where, so an ad-hoc fit never replaces the
+committed profile that the paper-inferred results were computed with."""
+
+
+def default_paths(params: dict, quick: bool) -> tuple[Path, Path]:
+    """``(profile JSON, fit-log folder)`` of a fit with ``params`` (:data:`PAPER_FIT`'s keys)."""
+    from libra.sim.profiles import PROFILE_DIR  # noqa: PLC0415
+
+    if params == PAPER_FIT and not quick:
+        return PROFILE_DIR / f"{params['name']}.json", RESULTS_ROOT / "fit-links"
+    folder = RUNS_ROOT / "fit-links" / f"{params['name']}-{stable_hash({**params, 'quick': quick})[:10]}"
+    return folder / f"{params['name']}.json", folder
+
+
+def _write_profile(path: Path, text: str, overwrite: bool) -> None:
+    """Write ``text`` to ``path`` atomically -- refused (one line) when ``path`` holds another profile
+    and ``overwrite`` is not set."""
+    if path.is_file() and path.read_text() != text and not overwrite:
+        raise click.UsageError(f"{path} holds another profile; pass --overwrite to replace it, or --out-profile "
+                               "another file")
+    atomic_write_text(path, text)
+
+
 @click.command("fit-links")
-@click.option("--base-profile", default="h100-roce-v1", show_default=True, help="Profile name or JSON file to start from.")
-@click.option("--name", default="paper-inferred-v1", show_default=True, help="Name of the fitted profile.")
-@click.option("--link", default="inter_supernode", show_default=True, help="Link class whose bandwidth is fitted.")
-@click.option("--target", type=float, default=0.77, show_default=True,
+@click.option("--base-profile", default=PAPER_FIT["base_profile"], show_default=True,
+              help="Profile name or JSON file to start from.")
+@click.option("--name", default=PAPER_FIT["name"], show_default=True, help="Name of the fitted profile.")
+@click.option("--link", default=PAPER_FIT["link"], show_default=True, help="Link class whose bandwidth is fitted.")
+@click.option("--target", type=float, default=PAPER_FIT["target"], show_default=True,
               help="Target communication share (Libra Fig. 15: 0.77 at 256K, P=32).")
-@click.option("--setting", default="256k", show_default=True, help="Paper setting (256k or 1m).")
-@click.option("--pool-size", type=int, default=32, show_default=True, help="Pool size P of the target point.")
-@click.option("--workload", default="libra-prod", show_default=True, help="Length preset or file.")
-@click.option("--windows", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--setting", default=PAPER_FIT["setting"], show_default=True, help="Paper setting (256k or 1m).")
+@click.option("--pool-size", type=int, default=PAPER_FIT["pool_size"], show_default=True,
+              help="Pool size P of the target point.")
+@click.option("--workload", default=PAPER_FIT["workload"], show_default=True, help="Length preset or file.")
+@click.option("--windows", type=click.IntRange(min=1), default=PAPER_FIT["windows"], show_default=True,
               help="GBS windows each pool-sweep point averages over.")
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the length stream.")
+@click.option("--seed", type=click.IntRange(min=0), default=PAPER_FIT["seed"], show_default=True,
+              help="Seed of the length stream.")
 @click.option("--quick", is_flag=True, help="One window (a smoke run; the fit is then noisier).")
 @click.option("--out-profile", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the profile JSON [default: libra/sim/profiles/<name>.json].")
-@click.option("--out", type=click.Path(file_okay=False), default="results/fit-links", show_default=True,
-              help="Folder for fit_log.json.")
-def fit_links(base_profile, name, link, target, setting, pool_size, workload, windows, seed, quick, out_profile, out):
+              help="Where to write the profile JSON [default: libra/sim/profiles/<name>.json for the paper's fit "
+                   "(all defaults), else runs/fit-links/<name>-<hash of the options>/<name>.json].")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Folder for fit_log.json [default: results/fit-links for the paper's fit, else the profile's "
+                   "folder under runs/fit-links].")
+@click.option("--overwrite", is_flag=True, help="Replace a profile file that holds another fit.")
+def fit_links(base_profile, name, link, target, setting, pool_size, workload, windows, seed, quick, out_profile, out,
+              overwrite):
     """Fit one link class's bandwidth so pool-sweep's communication share hits a target."""
-    windows = 1 if quick else windows
-    from libra.sim.profiles import PROFILE_DIR, load_profile  # noqa: PLC0415
+    from libra.sim.profiles import load_profile  # noqa: PLC0415
 
+    params = {"base_profile": base_profile, "name": name, "link": link, "target": target, "setting": setting,
+              "pool_size": pool_size, "workload": workload, "windows": windows, "seed": seed}
+    profile_path, log_dir = default_paths(params, quick)
+    windows = 1 if quick else windows
     if not 0 < target:
         raise click.UsageError(f"--target must be > 0, got {target}")
     try:
         data, log = fit_profile(base_profile, name, link, target, setting, pool_size, workload, windows, seed)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    path = Path(out_profile) if out_profile else PROFILE_DIR / f"{name}.json"
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+    path = Path(out_profile) if out_profile else profile_path
+    _write_profile(path, json.dumps(data, indent=2) + "\n", overwrite)
     load_profile(path)  # validates what was written
-    atomic_write_text(Path(out) / "fit_log.json", json.dumps(log, indent=2) + "\n")
+    atomic_write_text(Path(out or log_dir) / "fit_log.json", json.dumps(log, indent=2) + "\n")
     base_share = log[f"metric_at_{log['base']}"]
     click.echo(f"fitted {link} bandwidth {log['fit']['bandwidth_gbps']:.4f} GB/s -> stored "
                f"{log['stored_bandwidth_gbps']} GB/s; share {log['metric_at_stored']:.4f} (target {target}; "

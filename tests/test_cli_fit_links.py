@@ -29,3 +29,48 @@ def test_bad_input_is_a_usage_error(tmp_path):
         res = CliRunner().invoke(main, ["fit-links", "--windows", "1", "--out-profile", str(tmp_path / "x.json"),
                                         "--out", str(tmp_path), *args])
         assert res.exit_code != 0 and msg in res.output, (args, res.output)
+
+
+def _fake_fit(base, name, link, target, setting, pool_size, workload, windows, seed):
+    data = load_profile(base).to_dict()
+    data["name"] = name
+    data["links"][link]["bandwidth_gbps"] = round(10.0 * target + windows, 2)  # depends on the options
+    return data, {"base": base, f"metric_at_{base}": 0.1, "fit": {"bandwidth_gbps": 1.0},
+                  "stored_bandwidth_gbps": 1.0, "metric_at_stored": target}
+
+
+def test_an_ad_hoc_fit_never_replaces_the_committed_profile(tmp_path, monkeypatch):
+    # `fit-links --quick` wrote its one-window fit over libra/sim/profiles/paper-inferred-v1.json,
+    # which every paper-inferred result was computed with
+    import experiments.fit_links as fl
+    from libra.sim.profiles import PROFILE_DIR
+
+    committed = (PROFILE_DIR / "paper-inferred-v1.json").read_text()
+    monkeypatch.setattr(fl, "fit_profile", _fake_fit)
+    monkeypatch.chdir(tmp_path)
+    for args in (["--quick"], ["--target", "0.5"], ["--windows", "2"], ["--quick"]):
+        res = CliRunner().invoke(main, ["fit-links", *args])
+        assert res.exit_code == 0, (args, res.output)
+        assert "runs/fit-links/paper-inferred-v1-" in res.output  # keyed by the options: one folder per fit
+        assert (PROFILE_DIR / "paper-inferred-v1.json").read_text() == committed
+    folders = sorted((tmp_path / "runs/fit-links").iterdir())
+    assert len(folders) == 3 and all((f / "fit_log.json").is_file() and (f / "paper-inferred-v1.json").is_file()
+                                     for f in folders)
+    assert not (tmp_path / "results").exists()
+    assert fl.default_paths(fl.PAPER_FIT, quick=False)[0] == PROFILE_DIR / "paper-inferred-v1.json"  # make paper-inferred
+
+
+def test_a_profile_file_holding_another_fit_is_replaced_only_with_overwrite(tmp_path, monkeypatch):
+    import experiments.fit_links as fl
+
+    monkeypatch.setattr(fl, "fit_profile", _fake_fit)
+    out = tmp_path / "mine.json"
+    args = ["fit-links", "--name", "mine", "--out-profile", str(out), "--out", str(tmp_path / "log")]
+    assert CliRunner().invoke(main, args + ["--target", "0.5"]).exit_code == 0
+    first = out.read_text()
+    assert CliRunner().invoke(main, args + ["--target", "0.5"]).exit_code == 0  # the same fit again: fine
+    res = CliRunner().invoke(main, args + ["--target", "0.6"])
+    assert res.exit_code == 2 and "holds another profile; pass --overwrite" in res.output, res.output
+    assert out.read_text() == first
+    assert CliRunner().invoke(main, args + ["--target", "0.6", "--overwrite"]).exit_code == 0
+    assert load_profile(out).links["inter_supernode"].bandwidth_gbps == 10.0
