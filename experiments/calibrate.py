@@ -66,8 +66,8 @@ from experiments.gpu_common import (
     synchronize,
     time_calls,
 )
-from experiments.options import IntListType, SizeType
-from experiments.runner import ExperimentRun, atomic_write_text, git_sha
+from experiments.options import IntListType, SizeType, quick_option
+from experiments.runner import ExperimentRun, atomic_write_text, git_sha, results_root
 from libra.runtime.kernels import Segments
 from libra.sim.fit_links import fit_latency_bandwidth, with_link_bandwidth
 from libra.sim.kernel import (
@@ -508,7 +508,7 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
 
         check_link_probe(dev.type)
     info = device_info(dev, be)
-    out_dir = Path(out) if out is not None else Path("results") / "gpu" / device_slug(info) / "calibrate"
+    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "calibrate"
     config = {**asdict(cfg), "device": str(dev), "cpu_threads": cpu_threads_n if dev.type == "cpu" else None, "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "base_profile": base.name, "torch": info["torch"]}
     run = ExperimentRun("calibrate", config, out_dir=out_dir, force=force, quiet=quiet)
@@ -604,7 +604,7 @@ def _cpu_sized(ctx: click.Context, device: str, *values):
               help="size of the device-to-device copy (MiB)")
 @click.option("--base-profile", default=DEFAULT_PROFILE, show_default=True,
               help="profile whose links / cluster shape the measured profile keeps (name or .json)")
-@click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): lengths 128..1024, heads 1,2,4 of 4, 5 repeats")
+@quick_option("tiny sizes (CPU smoke): lengths 128..1024, heads 1,2,4 of 4, 5 repeats")
 @click.option("--piece-pricing", type=click.Choice(PIECE_CHOICES), default=PIECE_PRICINGS[0], show_default=True,
               help="how the profile prices a tile's piece of a sample (docs/profile.md); 'measured' keeps the rule "
                    "with the smaller median error on the piece sweep (both rules' errors are recorded either way)")

@@ -49,8 +49,8 @@ from experiments.gpu_common import (
     resolve_device,
     worker_pieces,
 )
-from experiments.options import SizeType, tap_options
-from experiments.runner import ExperimentRun
+from experiments.options import SizeType, quick_option, tap_options
+from experiments.runner import ExperimentRun, results_root
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments, get_backend
 from libra.tap.tile_chunks import schedule_for_pool
@@ -289,7 +289,7 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
     par, shape = cfg.par(), cfg.shape()
     windows = gbs_windows(cfg.workload, cfg.seq_len, par.gbs, cfg.windows, seed=cfg.seed)
     planner = cfg.planner()
-    out_dir = Path(out) if out is not None else Path("results") / "gpu" / device_slug(info) / "fidelity"
+    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "fidelity"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype, "ref_dtype": dtype_name(ref), "torch": info["torch"]}
     run = ExperimentRun("fidelity", config, out_dir=out_dir, force=force, quiet=quiet)
@@ -329,7 +329,7 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
 @click.option("--cpu-threads", type=click.IntRange(min=1), default=1, show_default=True,
               help="intra-op threads on CPU (1 avoids thread contention on a shared machine)")
 @click.option("--check", is_flag=True, help="exit with status 1 when a ratio exceeds its limit")
-@click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): S 512, P 2, CP 2, B 64, 4 q heads, d 32")
+@quick_option("tiny sizes (CPU smoke): S 512, P 2, CP 2, B 64, 4 q heads, d 32")
 def fidelity(device, backend, seed, out, force, no_progress, dtype, ref_dtype, method, workload, seq_len, cp,
              pool_size, block_size, head_split, tau, q_heads, kv_heads, head_dim, windows, fwd_limit, grad_limit,
              cpu_threads, check, quick):

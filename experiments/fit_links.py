@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 
+from experiments.options import quick_option
 from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text, stable_hash
 from experiments.sim_common import (
     SETTINGS,
@@ -140,7 +141,7 @@ def _write_profile(path: Path, text: str, overwrite: bool) -> None:
               help="GBS windows each pool-sweep point averages over.")
 @click.option("--seed", type=click.IntRange(min=0), default=PAPER_FIT["seed"], show_default=True,
               help="Seed of the length stream.")
-@click.option("--quick", is_flag=True, help="One window (a smoke run; the fit is then noisier).")
+@quick_option("One window (a smoke run; the fit is then noisier).")
 @click.option("--out-profile", type=click.Path(dir_okay=False), default=None,
               help="Where to write the profile JSON [default: libra/sim/profiles/<name>.json for the paper's fit "
                    "(all defaults), else runs/fit-links/<name>-<hash of the options>/<name>.json].")

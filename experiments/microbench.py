@@ -90,7 +90,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.microbench_targets import reference_targets
-from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, tap_options
+from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, quick_option, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
@@ -681,7 +681,7 @@ def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[i
 @click.option("--paired-ideal/--no-paired-ideal", default=True, show_default=True,
               help="Every rank also times its DP rank's whole sequence right after each repetition (paired_ratio: "
                    "median of straggler / that ideal, robust to host drift); costs about one more step per step.")
-@click.option("--quick", is_flag=True, help="Smoke run: 1 window, 1 repeat, no warm-up, S=1024, B=128, "
+@quick_option("Smoke run: 1 window, 1 repeat, no warm-up, S=1024, B=128, "
               "head_dim 16 (each unless given).")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Output folder.")
 @click.option("--force", is_flag=True, help="Recompute cached points.")

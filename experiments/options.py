@@ -33,6 +33,7 @@ from libra.data.source import FileSource, LengthSource, resolve_workload
 SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
 
 OVERWRITE_META = "libra_bench.overwrite"
+QUICK_META = "libra_bench.quick"
 """Key of the ``--overwrite`` flag in the running click command's ``ctx.meta`` (set by
 :func:`overwrite_option`): commands need not thread it through their signatures;
 :class:`experiments.runner.ExperimentRun` reads it when its ``overwrite`` argument is None."""
@@ -169,8 +170,16 @@ def out_option():
                              "runs/<experiment>/<workload>-<layout>/ otherwise)")
 
 
-def quick_option():
-    return click.option("--quick", is_flag=True, help="small, fast version (for smoke tests)")
+def _store_quick(ctx: click.Context, _param, value: bool) -> bool:
+    ctx.meta[QUICK_META] = bool(value)
+    return value
+
+
+def quick_option(help_text: str = "small, fast version (for smoke tests)"):
+    """``--quick``: a smoke run. Besides the command's own use of the flag, it lands in ``ctx.meta``
+    where :class:`experiments.runner.ExperimentRun` (and :func:`experiments.runner.results_root`)
+    read it: a smoke run is never a paper result, so its default folder is under ``runs/``."""
+    return click.option("--quick", is_flag=True, callback=_store_quick, help=help_text)
 
 
 def force_option():

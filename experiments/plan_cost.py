@@ -70,6 +70,7 @@ from experiments.options import (
     layout_options,
     no_progress_option,
     overwrite_option,
+    quick_option,
     settings_option,
     tap_options,
 )
@@ -500,7 +501,7 @@ def echo_quality(quality: pd.DataFrame) -> None:
 
 
 @click.command("plan-cost")
-@click.option("--quick", is_flag=True, help="1 window, 2 repeats per call: a smoke run in seconds.")
+@quick_option("1 window, 2 repeats per call: a smoke run in seconds.")
 @click.option("--repeats", type=click.IntRange(min=1), default=None,
               help="timing samples per call (default 5; --quick: 2).")
 @click.option("--windows", type=click.IntRange(min=1), default=None,

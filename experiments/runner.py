@@ -45,7 +45,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import CONFIG_META, JOBS_META, OVERWRITE_META, QUIET_META, size_text
+from experiments.options import CONFIG_META, JOBS_META, OVERWRITE_META, QUICK_META, QUIET_META, size_text
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
@@ -361,6 +361,19 @@ def _overwrite_flag(overwrite: bool | None) -> bool:
     return bool(ctx is not None and ctx.meta.get(OVERWRITE_META))
 
 
+def quick_run() -> bool:
+    """Whether the running click command was given ``--quick`` (:func:`experiments.options.quick_option`)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(QUICK_META))
+
+
+def results_root() -> Path:
+    """Where the running command's default folders go: ``results/`` -- or ``runs/`` for a ``--quick``
+    smoke run, which is never a paper result (a one-window ``lln --quick`` in ``results/lln`` was the
+    newest Fig. 4 run that ``report`` quoted)."""
+    return RUNS_ROOT if quick_run() else RESULTS_ROOT
+
+
 def _jobs(jobs: int | None) -> int:
     """``jobs``, or the running click command's ``--jobs`` when it is None (1 outside a command)."""
     if jobs is not None:
@@ -429,8 +442,9 @@ class ExperimentRun:
         profile = config.get("profile")
         files = {**({"profile": profile} if isinstance(profile, (str, Path)) else {}), **(files or {})}
         self.inputs = json.loads(json.dumps(input_fingerprints(workload, files), sort_keys=True))
-        if out_dir is None:
-            out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts, paper)
+        if out_dir is None:  # a --quick smoke run is never a paper preset (results_root)
+            out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts,
+                                      False if quick_run() else paper)
         self.out_dir = Path(out_dir)
         self._overwrite = _overwrite_flag(overwrite)
         self.jobs = _jobs(jobs)

@@ -56,8 +56,8 @@ from experiments.gpu_common import (
     time_calls,
     worker_pieces,
 )
-from experiments.options import SizeType, tap_options
-from experiments.runner import ExperimentRun
+from experiments.options import SizeType, quick_option, tap_options
+from experiments.runner import ExperimentRun, results_root
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments
 from libra.sim.cost import CostModel
@@ -282,7 +282,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     planner = cfg.planner()
     model = CostModel(prof, Topology(prof, par))
     other = other_rule_model(prof, par)
-    out_dir = Path(out) if out is not None else Path("results") / "gpu" / device_slug(info) / "sim-check"
+    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "sim-check"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "profile": prof.to_dict(), "torch": info["torch"],
               "cpu_threads": cpu_threads_n if dev.type == "cpu" else None}
@@ -321,7 +321,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
 @click.option("--kv-heads", type=int, default=4, show_default=True, help="KV heads")
 @click.option("--head-dim", type=int, default=128, show_default=True, help="head width")
 @click.option("--windows", type=int, default=4, show_default=True, help="GBS windows (one plan each)")
-@click.option("--quick", is_flag=True, help="tiny sizes (CPU smoke): S 2048, P 2, CP 2, B 256, 4 q heads, d 32")
+@quick_option("tiny sizes (CPU smoke): S 2048, P 2, CP 2, B 256, 4 q heads, d 32")
 @click.pass_context
 def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force,
               no_progress, profile, method, workload, seq_len, cp, pool_size, block_size, head_split, tau,

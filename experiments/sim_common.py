@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 import click
 import numpy as np
 
-from experiments.options import jobs_option, overwrite_option, size_text
+from experiments.options import jobs_option, overwrite_option, quick_option, size_text
 from libra.config import ParallelConfig, TapConfig
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
@@ -238,7 +238,7 @@ def common_options(default_windows: int, default_workload: str | None = "libra-p
             click.option("--out", type=click.Path(file_okay=False), default=None,
                          help="Output folder (default results/<experiment> for the paper's presets, "
                               "runs/<experiment>/<workload>-<layout>/ otherwise)."),
-            click.option("--quick", is_flag=True, help="One window, for a smoke run."),
+            quick_option("One window, for a smoke run (written under runs/ unless --out)."),
             click.option("--force", is_flag=True, help="Recompute cached points."),
             overwrite_option(),
             jobs_option(),

@@ -47,6 +47,7 @@ from experiments.options import (
     apply_quick,
     no_progress_option,
     overwrite_option,
+    quick_option,
     tap_options,
 )
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
@@ -164,7 +165,7 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="output folder (default results/train for the default layout on a preset, "
                    "runs/train/<workload>-<layout>/ otherwise)")
-@click.option("--quick", is_flag=True, help="smoke run: 2 steps, S=256, 1 layer, hidden 32 (each unless given)")
+@quick_option("smoke run: 2 steps, S=256, 1 layer, hidden 32 (each unless given)")
 @click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
 @no_progress_option()
 @overwrite_option()

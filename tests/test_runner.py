@@ -80,3 +80,25 @@ def test_finish_writes_csv_png_and_run_record(tmp_path):
     assert "packages" in record["environment"] and "git_sha" in record["environment"]
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == [
         "demo.csv", "demo.png", "run.json"]
+
+
+def test_a_quick_run_never_writes_into_results(tmp_path, monkeypatch):
+    # `lln --quick` (one window of the paper preset) wrote results/lln/, and the next `report` quoted
+    # it as the newest Fig. 4 run instead of `make fig4`'s results/lln/256k
+    from click.testing import CliRunner
+
+    from experiments.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for args in (["lln", "--quick"], ["pool-sweep", "--quick", "--settings", "256k"],
+                 ["calibrate", "--device", "cpu", "--quick"]):
+        res = CliRunner().invoke(main, [*args, "--no-progress"])
+        assert res.exit_code == 0, (args, res.output)
+    assert not (tmp_path / "results").exists()
+    assert (tmp_path / "runs/lln/libra-prod-s256k-gbs128/lln.csv").is_file()
+    assert (tmp_path / "runs/pool_sweep").is_dir() and (tmp_path / "runs/gpu").is_dir()
+    # not --quick, a paper preset: make fig4's own folder, where a differing config is refused
+    res = CliRunner().invoke(main, ["lln", "--no-progress", "--windows", "1"])
+    assert res.exit_code == 0 and (tmp_path / "results/lln/256k/run.json").is_file(), res.output
+    res = CliRunner().invoke(main, ["lln", "--no-progress", "--windows", "2"])
+    assert res.exit_code == 1 and "results/lln/256k holds a different run (windows differ)" in res.output
