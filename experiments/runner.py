@@ -284,13 +284,14 @@ def default_out_dir(name: str, workload, layouts: Sequence[Mapping] = (), paper:
     layouts = [flat_layout(x) for x in layouts]
     if paper is None:
         paper = is_preset_workload(workload) and all(is_paper_layout(x) for x in layouts)
+    folder = name.replace("_", "-")  # the command's name (`pool-sweep` writes pool_sweep.csv in results/pool-sweep)
     if paper:
-        return RESULTS_ROOT / name
+        return RESULTS_ROOT / folder
     if len(layouts) == 1:
         tag = layout_tag(layouts[0])
     else:
         tag = "+".join(x.get("name") or layout_tag(x) for x in layouts) or "custom"
-    return RUNS_ROOT / name / f"{workload_stem(workload)}-{tag}"
+    return RUNS_ROOT / folder / f"{workload_stem(workload)}-{tag}"
 
 
 def differing_keys(old, new, prefix: str = "", depth: int = 3) -> list[str]:

@@ -74,6 +74,8 @@ def test_default_folders_and_layout_tag(tmp_path, monkeypatch):
     assert default_out_dir("straggler", "data/w.npy", both).as_posix() == "runs/straggler/w-256k+1m"
     tweaked = {**paper, "tap": {**paper["tap"], "pool_size": 4}}  # a TAP override: not the paper's layout
     assert default_out_dir("pool-sweep", "libra-prod", [tweaked]).parts[:2] == ("runs", "pool-sweep")
+    # the experiment pool_sweep (its CSV's name) writes where `make fig15` does: the command's name
+    assert default_out_dir("pool_sweep", "libra-prod", [paper]).as_posix() == "results/pool-sweep"
     custom = {"dp": 8, "cp": 4, "seq_len": 128 * 1024, "gbs": 32,
               "tap": asdict(TapConfig(pool_size=4, block_size=4096, head_split=2))}
     assert layout_tag(custom) == "dp8-cp4-s128k-gbs32-p4-b4k-h2-m4"

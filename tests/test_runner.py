@@ -96,7 +96,7 @@ def test_a_quick_run_never_writes_into_results(tmp_path, monkeypatch):
         assert res.exit_code == 0, (args, res.output)
     assert not (tmp_path / "results").exists()
     assert (tmp_path / "runs/lln/libra-prod-s256k-gbs128/lln.csv").is_file()
-    assert (tmp_path / "runs/pool_sweep").is_dir() and (tmp_path / "runs/gpu").is_dir()
+    assert (tmp_path / "runs/pool-sweep").is_dir() and (tmp_path / "runs/gpu").is_dir()
     # not --quick, a paper preset: make fig4's own folder, where a differing config is refused
     res = CliRunner().invoke(main, ["lln", "--no-progress", "--windows", "1"])
     assert res.exit_code == 0 and (tmp_path / "results/lln/256k/run.json").is_file(), res.output
