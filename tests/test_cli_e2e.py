@@ -72,21 +72,3 @@ def test_e2e_tap_options_are_for_the_simulated_settings(tmp_path):
                 "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "block size B=3000 must divide S/CP=65536" in bad.output
 
-
-def test_e2e_measure_medians_leave_out_step_0(tmp_path, monkeypatch):
-    # step 0 carries the first plan and warm-up: the printed medians are over the later steps
-    import pandas as pd
-
-    import experiments.train as train
-
-    def fake(cfgs):
-        tps = {"ulysses": [100.0, 4000.0, 5000.0], "libra": [50.0, 6000.0, 8000.0]}
-        return [{"steps": [{"step": i, "tokens_per_gpu_s": v, "loss": 5.0, "step_ms": 1e6 / v}
-                           for i, v in enumerate(tps[c.attention])]} for c in cfgs]
-
-    monkeypatch.setattr(train, "run_training", fake)
-    res = _run(["e2e", "--measure", "--nproc", "4", "--steps", "3", "--out", str(tmp_path / "m")])
-    assert res.exit_code == 0, res.output
-    assert "median tokens/GPU/s over 2 step(s) after the first" in res.output
-    assert "4500" in res.output and "7000" in res.output and "1.556" in res.output  # medians of steps 1-2
-    assert len(pd.read_csv(tmp_path / "m" / "e2e-measured.csv")) == 6  # the CSV keeps every step

@@ -182,14 +182,15 @@ def test_e2e_measure_prints_and_plots_the_same_labelled_median(tmp_path, monkeyp
     _fake_training(monkeypatch)
     r = _invoke(["e2e", "--measure", "--steps", "3", "--out", str(tmp_path)])
     assert r.exit_code == 0, r.output
-    assert "median tokens/GPU/s over 3 step(s)" in r.output
+    assert "median tokens/GPU/s over 2 step(s) after the first" in r.output  # step 0: the warm-up
     (frame,) = drawn["data"]
     plotted = frame.set_index("method")["tokens_per_gpu_s"].to_dict()
-    assert plotted == {"ulysses": 100.0, "libra": 200.0}  # medians, not the means 73.3 / 150
+    assert plotted == {"ulysses": 105.0, "libra": 215.0}  # medians of steps 1-2, not means with the warm-up
     assert drawn["ylabel"] == ["median tokens/GPU/s"]
-    for value in ("100.0", "200.0", "2.0"):  # the two medians and libra/ulysses
+    for value in ("105.0", "215.0", "2.048"):  # the two medians and libra/ulysses
         assert value in r.output
     assert (tmp_path / "e2e-measured.png").stat().st_size > 0
+    assert len(pd.read_csv(tmp_path / "e2e-measured.csv")) == 6  # the CSV keeps every step
 
 
 def test_throughput_table_is_the_plotted_frame():
