@@ -28,6 +28,7 @@ else:  # pragma: no cover  (the tomli backport, a dependency on 3.10)
     import tomli as tomllib
 
 from libra.config import LOAD_ESTIMATES, TapConfig
+from libra.data.loaders import SUFFIX_LIST
 from libra.data.source import FileSource, LengthSource, resolve_workload
 
 SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
@@ -136,7 +137,7 @@ class WorkloadType(click.ParamType):
 def workload_option(default: str = "libra-prod"):
     return click.option("--workload", type=WorkloadType(), default=default, show_default=True,
                         help="length preset (libra-prod, libra-prod-light, libra-prod-heavy) or a length file "
-                             "(.txt, .txt.gz, .json, .csv, .parquet, .npy)")
+                             f"({SUFFIX_LIST})")
 
 
 def seq_len_option(default: int = 262144):

@@ -55,6 +55,7 @@ from experiments.training.launch import _torchrun, run_training
 from experiments.training.loop import ATTENTION, DTYPES, PLANNERS
 from experiments.training.model import ModelConfig
 from experiments.training.ranks import nodes_of
+from libra.data.loaders import SUFFIX_LIST
 
 __all__ = ["TrainConfig", "draw", "run_training", "sample_lengths", "summary", "summary_table", "train"]
 
@@ -159,7 +160,7 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--lr", type=click.FloatRange(min=0.0, min_open=True), default=3e-3, show_default=True,
               help="AdamW learning rate")
 @click.option("--workload", type=WorkloadType(as_source=False), default="libra-prod", show_default=True,
-              help="length preset or a length file (.txt, .txt.gz, .json, .csv, .parquet, .npy)")
+              help=f"length preset or a length file ({SUFFIX_LIST})")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="seed of the length stream and the model")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,

@@ -33,14 +33,36 @@ def files(tmp_path):
     out["parquet"] = tmp_path / "a.parquet"
     np.save(tmp_path / "a.npy", np.array(LENGTHS, dtype=np.int32))
     out["npy"] = tmp_path / "a.npy"
+    # what datasets.Dataset.to_json writes: one object per line; the length under its only key
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"num_tokens": n}) + "\n" for n in LENGTHS) + "\n")
+    out["jsonl"] = tmp_path / "a.jsonl"
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as fh:
+        fh.write("".join(f"{n}\n" for n in LENGTHS))
+    out["jsonl.gz"] = tmp_path / "a.jsonl.gz"
     return out
 
 
-@pytest.mark.parametrize("kind", ["txt", "txt.gz", "json", "csv", "csv.gz", "parquet", "npy"])
+@pytest.mark.parametrize("kind", ["txt", "txt.gz", "json", "jsonl", "jsonl.gz", "csv", "csv.gz", "parquet", "npy"])
 def test_every_format_round_trips(files, kind):
     column = "tokens" if kind == "csv" else None
     got = load_lengths(files[kind], column=column)
     assert got.dtype == np.int64 and got.tolist() == LENGTHS
+
+
+@pytest.mark.parametrize("lines, column, match", [
+    ('{"id": 1, "length": 5}\n{"id": 2, "length": 0}\n', None, r"line 2: sample length must be a positive integer, got 0"),
+    ('{"id": 1, "n": 5}\n', None, r"several columns \['id', 'n'\]; name the length column"),
+    ('{"n": 5}\n{"m": 6}\n', None, r"line 2: no key 'n'"),
+    ('{"n": 5}\n\n{"n": "7"}\n', "n", r"line 3: .* got '7'"),
+    ('5\n{"n": 6\n', None, r"line 2: not valid JSON"),
+])
+def test_jsonl_bad_values_name_the_line(tmp_path, lines, column, match):
+    path = tmp_path / "b.jsonl"
+    path.write_text(lines)
+    with pytest.raises(ValueError, match=match):
+        load_lengths(path, column=column)
+    path.write_text('{"id": 1, "n": 5}\n{"id": 2, "n": 9}\n')
+    assert load_lengths(path, column="n").tolist() == [5, 9]  # or PATH#n on the command line
 
 
 def test_json_objects_with_column(tmp_path):
@@ -108,7 +130,7 @@ def test_empty_npy(tmp_path):
 
 
 @pytest.mark.parametrize("name, content", [("e.txt", ""), ("e2.txt", "\n\n"), ("e.json", "[]"), ("e.csv", ""),
-                                           ("e3.json", "")])
+                                           ("e3.json", ""), ("e.jsonl", "\n\n")])
 def test_empty_files(tmp_path, name, content):
     (tmp_path / name).write_text(content)
     with pytest.raises(ValueError, match="empty"):

@@ -5,6 +5,8 @@ Supported formats (chosen by file suffix):
 * ``.txt`` / ``.txt.gz``: one integer per line; blank lines are skipped.
 * ``.json``: a JSON list of integers (or ``{"lengths": [...]}``), or a list of objects when
   ``column`` names the key holding the length.
+* ``.jsonl`` / ``.jsonl.gz``: one JSON value per line (what ``datasets.Dataset.to_json`` writes): an
+  integer, or an object whose key ``column`` (default ``length`` or its only key) holds the length.
 * ``.csv`` / ``.csv.gz``: a header row and a column named ``column`` (default ``length`` or the only
   column of a one-column file).
 * ``.parquet``: same column rule as CSV (needs the ``parquet`` extra, ``pyarrow``).
@@ -23,7 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-SUFFIXES = (".txt", ".txt.gz", ".json", ".csv", ".csv.gz", ".parquet", ".npy")
+SUFFIXES = (".txt", ".txt.gz", ".json", ".jsonl", ".jsonl.gz", ".csv", ".csv.gz", ".parquet", ".npy")
+SUFFIX_LIST = ", ".join(SUFFIXES)
+"""The supported suffixes as help texts and errors print them (one list for all of them)."""
 DEFAULT_COLUMN = "length"
 
 
@@ -111,6 +115,33 @@ def _load_json(path: Path, column: str | None) -> np.ndarray:
     return _check_values(np.asarray(data), path, lambda i: f"index {i}")
 
 
+def _load_jsonl(path: Path, opener, column: str | None) -> np.ndarray:
+    """One JSON value per line (blank lines skipped): a number, or an object holding the length under
+    ``column`` -- picked once, from the first object, by :func:`_pick_column`'s rule."""
+    values, lines, key = [], [], column
+    with opener(path, "rt") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            text = raw.strip()
+            if not text:
+                continue
+            try:
+                item = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+            if isinstance(item, dict):
+                key = key or _pick_column([str(k) for k in item], None, path)
+                if key not in item:
+                    raise ValueError(f"{path}: line {lineno}: no key {key!r}; keys: {sorted(item)[:10]}")
+                item = item[key]
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                raise ValueError(f"{path}: line {lineno}: sample length must be a positive integer, got {item!r}")
+            values.append(item)
+            lines.append(lineno)
+    if not values:
+        raise ValueError(f"{path}: no sample lengths found (empty file)")
+    return _check_values(np.asarray(values), path, lambda i: f"line {lines[i]}")
+
+
 def _pick_column(columns: list[str], column: str | None, path: Path) -> str:
     if column is not None:
         if column not in columns:
@@ -166,8 +197,8 @@ def load_lengths(path: str | Path, column: str | None = None) -> np.ndarray:
     """Read sample lengths from ``path`` in file order.
 
     Args:
-        path: a ``.txt``, ``.txt.gz``, ``.json``, ``.csv``, ``.csv.gz``, ``.parquet`` or ``.npy`` file.
-        column: CSV/Parquet column (or JSON object key) holding the lengths; defaults to
+        path: a file of one of the :data:`SUFFIXES`.
+        column: CSV/Parquet column (or JSON / JSON-lines object key) holding the lengths; defaults to
             ``length`` or the only column.
 
     Returns:
@@ -180,7 +211,7 @@ def load_lengths(path: str | Path, column: str | None = None) -> np.ndarray:
     path = Path(path)
     kind = file_kind(path)
     if kind is None:
-        raise ValueError(f"{path}: unknown length-file type; supported suffixes: {', '.join(SUFFIXES)}")
+        raise ValueError(f"{path}: unknown length-file type; supported suffixes: {SUFFIX_LIST}")
     if not path.is_file():
         raise ValueError(f"{path}: no such length file")
     if kind == ".txt":
@@ -189,6 +220,8 @@ def load_lengths(path: str | Path, column: str | None = None) -> np.ndarray:
         return _load_text(path, gzip.open)
     if kind == ".json":
         return _load_json(path, column)
+    if kind in (".jsonl", ".jsonl.gz"):
+        return _load_jsonl(path, gzip.open if kind == ".jsonl.gz" else open, column)
     if kind == ".npy":
         return _load_npy(path)
     return _load_table(path, kind, column)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from libra.data.loaders import file_kind, load_lengths
+from libra.data.loaders import SUFFIX_LIST, file_kind, load_lengths
 from libra.data.presets import PRESETS, LengthDistribution, get_preset
 
 
@@ -104,7 +104,7 @@ def resolve_workload(spec, column: str | None = None) -> LengthSource:
     """A :class:`LengthSource` for a preset name, a length-file path, or an existing source.
 
     A path may end in ``#COLUMN`` to name the length column of a CSV/Parquet file (or the key of a
-    JSON list of records), e.g. ``lengths.parquet#num_tokens``; ``column=`` does the same.
+    JSON list of records or of JSON-lines objects), e.g. ``lengths.parquet#num_tokens``; ``column=`` does the same.
 
     Raises:
         ValueError: ``spec`` is neither a registered preset nor an existing file of a supported
@@ -130,8 +130,7 @@ def resolve_workload(spec, column: str | None = None) -> LengthSource:
         if not path.is_file():
             raise ValueError(f"workload file {text!r} does not exist or is not a file")
         if file_kind(path) is None:
-            raise ValueError(f"workload file {text!r} has an unknown type; supported: "
-                             ".txt, .txt.gz, .json, .csv, .csv.gz, .parquet, .npy")
+            raise ValueError(f"workload file {text!r} has an unknown type; supported: {SUFFIX_LIST}")
         return FileSource(path, column)
     raise ValueError(f"unknown workload {text!r}: not a preset ({', '.join(sorted(PRESETS))}) "
-                     "and not a length file (.txt, .txt.gz, .json, .csv, .parquet, .npy)")
+                     f"and not a length file ({SUFFIX_LIST})")
