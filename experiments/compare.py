@@ -34,12 +34,18 @@ from experiments.runner import RUNS_ROOT, ExperimentRun, differing_keys, stable_
 DEFAULT_METRICS = {
     "straggler": ("mean_ms", "mean_speedup", "pool_balanced_ratio"),
     "pool-sweep": ("total_ms",),
-    "tune": ("mean_ms", "speedup"),
+    "tune": ("mean_ms", "speedup", "pool_size", "head_split", "block_size", "pipeline_chunks"),
     "plan-cost": ("median_ms",),
     "microbench": ("mean_ms", "ideal_ratio", "paired_ratio"),
     "grid-search": ("speedup",),
 }
 """Headline metrics per experiment (others: the first three numeric columns)."""
+
+ROW_CHOICE = {"tune": ("each method's best-ranked candidate", lambda t: t.loc[t.groupby("method")["rank"].idxmin()]
+                        if {"method", "rank"} <= set(t.columns) else t)}
+"""Per experiment, which rows of a table are compared (and how the output says so): a ``tune`` table
+ranks every (P, H, B, M) candidate, and its mean over candidates means nothing; each method's best
+candidate -- what tune would run -- is compared, its P, H, B and M among the metrics."""
 
 IGNORED_KEYS = {"workload", "label"}
 """Text columns that name the run rather than a row (they differ between the runs compared)."""
@@ -189,7 +195,8 @@ def compare(runs, metrics, labels, out):
     names = [s.strip() for s in labels.split(",")] if labels else [Path(r).name or str(r) for r in runs]
     if len(names) != len(runs) or len(set(names)) != len(names):
         raise click.UsageError(f"--labels needs {len(runs)} distinct names, got {names}")
-    tables = [t for _, t in loaded]
+    choice, pick = ROW_CHOICE.get(experiment, (None, None))
+    tables = [t if pick is None else pick(t) for _, t in loaded]
     keys = key_columns(tables)
     naming = run_naming_keys(tables, keys)
     keys = [k for k in keys if k not in naming]
@@ -210,8 +217,10 @@ def compare(runs, metrics, labels, out):
                    f"{', '.join(keys) or 'nothing else'}")
     if partial:
         click.echo(f"{partial} ({', '.join(keys)}) row(s) are missing from some run: NaN there")
+    if choice:
+        click.echo(f"{experiment}: compared rows are {choice}")
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
         click.echo(f"{experiment}: each run's value (mean over rows with the same keys) and ratio:<run> = "
                    f"run / {names[0]}")
-        click.echo(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        click.echo(table.to_string(index=False, float_format=lambda v: str(int(v)) if float(v).is_integer() else f"{v:.4g}"))
     click.echo(f"wrote {paths['csv']}, {paths.get('png')}, {paths['run']}")

@@ -97,3 +97,23 @@ def test_compare_runs_that_share_no_row_is_one_error(tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert "the runs share no (setting, method) row to compare" in r.output
     assert "b: setting {dp8-cp4-s128k-gbs32}" in r.output and not (tmp_path / "x").exists()
+
+
+def test_compare_tune_runs_takes_each_methods_best_candidate(tmp_path):
+    # a tune table ranks every (P, H, B, M) candidate: its mean over candidates means nothing
+    def tune(folder, scale):
+        rows = [{"rank": r, "method": m, "pool_size": p, "head_split": 2, "block_size": 16384, "pipeline_chunks": 4,
+                 "mean_ms": ms * scale, "speedup": 100 / (ms * scale)}
+                for r, (m, p, ms) in enumerate((("libra-adaptive", 8, 50.0), ("libra", 4, 60.0),
+                                                ("libra-adaptive", 4, 70.0), ("libra", 8, 90.0)), start=1)]
+        return _run(folder, "tune", {"cp": scale}, rows, summary=False)
+
+    a, b = tune(tmp_path / "a", 1), tune(tmp_path / "b", 2)
+    out = tmp_path / "cmp"
+    r = CliRunner().invoke(main, ["compare", a, b, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "tune: compared rows are each method's best-ranked candidate" in r.output
+    t = pd.read_csv(out / "compare.csv").set_index(["method", "metric"])
+    assert t.loc[("libra", "mean_ms"), "a"] == 60.0 and t.loc[("libra-adaptive", "mean_ms"), "b"] == 100.0
+    assert t.loc[("libra", "pool_size"), "a"] == 4  # the winner's P, not the mean over candidates
+    assert "16384" in r.output and "e+04" not in r.output
