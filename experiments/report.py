@@ -32,7 +32,8 @@ import pandas as pd
 
 from experiments.paper import NUMBERS, SEQ_LABEL
 from experiments.paper import label as _setting_name
-from experiments.runner import atomic_write_text
+from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text
+from libra.sim.profiles import DEFAULT_PROFILE
 
 SETTING_OF_SEQ = SEQ_LABEL
 
@@ -832,9 +833,6 @@ def source_cell(src) -> str:
     return f"`{src.label}` ({src.profile_name}, {src.git_sha})"
 
 
-DEFAULT_PROFILE = "h100-roce-v1"
-
-
 def with_profile(sources: list[Source], profile: str, only: bool = False) -> list[Source]:
     """Sources run with ``profile``; sources without a profile (data-only experiments) are kept
     unless ``only``. Keeps a sensitivity run under another profile out of the main table."""
@@ -917,16 +915,29 @@ def generate(results: str | Path, out: str | Path, profile: str = DEFAULT_PROFIL
     return atomic_write_text(Path(out), text), rows
 
 
+def default_report_path(results_dir, profile: str) -> Path:
+    """Where a report goes without ``--out``: the committed ``results/REPRODUCTION.md`` only for the
+    report ``make reproduction`` writes (``results/`` read, the default profile); any other -- your
+    ``runs/``, another profile -- under ``runs/report/`` (a ``--results runs`` report had replaced the
+    committed one)."""
+    if Path(results_dir) == RESULTS_ROOT and profile == DEFAULT_PROFILE:
+        return RESULTS_ROOT / "REPRODUCTION.md"
+    name = f"{Path(results_dir).resolve().name}-{Path(str(profile)).stem}"
+    return RUNS_ROOT / "report" / name / "REPRODUCTION.md"
+
+
 @click.command("report")
 @click.option("--results", "results_dir", type=click.Path(), default="results", show_default=True,
               help="Folder searched (recursively) for run.json result folders and benchmark JSON.")
-@click.option("--out", type=click.Path(dir_okay=False), default="results/REPRODUCTION.md", show_default=True,
-              help="Markdown file to write.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Markdown file to write [default: results/REPRODUCTION.md for `make reproduction`'s report (the "
+                   "default --results and --profile), else runs/report/<results folder>-<profile>/REPRODUCTION.md].")
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
               help="Profile whose simulated runs fill the main table; runs with other profiles are reported "
                    "as profile sensitivity.")
 def report(results_dir, out, profile):
     """Write REPRODUCTION.md: the paper's numbers beside ours (from the result CSVs) and why they differ."""
+    out = default_report_path(results_dir, profile) if out is None else out
     try:
         path, rows = generate(results_dir, out, profile)
     except ValueError as exc:

@@ -148,3 +148,18 @@ def test_runs_with_another_profile_go_to_a_sensitivity_table(tmp_path):
     assert main_rows and all("/default`" in line or "not run" in line for line in main_rows)
     assert any("/default`" in line for line in main_rows)
     assert "/other`" in extra and "partly fitted to the paper" in extra
+
+
+def test_an_ad_hoc_report_never_replaces_the_committed_one(tmp_path, monkeypatch):
+    # `report --results runs` (a user's own runs) wrote over results/REPRODUCTION.md by default
+    from experiments.report import default_report_path
+
+    assert default_report_path("results", "h100-roce-v1").as_posix() == "results/REPRODUCTION.md"
+    assert default_report_path("runs", "h100-roce-v1").as_posix() == "runs/report/runs-h100-roce-v1/REPRODUCTION.md"
+    assert default_report_path("results", "paper-inferred-v1").parts[:2] == ("runs", "report")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    r = CliRunner().invoke(main, ["report", "--results", "runs"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "runs/report/runs-h100-roce-v1/REPRODUCTION.md").is_file()
+    assert not (tmp_path / "results").exists()
