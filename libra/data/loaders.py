@@ -54,6 +54,15 @@ def _check_values(values: np.ndarray, path: Path, where) -> np.ndarray:
     return as_float.astype(np.int64) if values.dtype.kind == "f" else values.astype(np.int64)
 
 
+def _nonblank_lines(path: Path, opener):
+    """``(1-based line number, stripped text)`` of every non-blank line of a text file."""
+    with opener(path, "rt") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            text = raw.strip()
+            if text:
+                yield lineno, text
+
+
 def _load_text(path: Path, opener) -> np.ndarray:
     with opener(path, "rt") as fh:
         text = fh.read()
@@ -65,22 +74,18 @@ def _load_text(path: Path, opener) -> np.ndarray:
     except (ValueError, OverflowError):
         pass
     out: list[int] = []
-    with opener(path, "rt") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                value = int(text)
-            except ValueError:
-                raise ValueError(
-                    f"{path}: line {lineno}: sample length must be a positive integer, got {text!r}"
-                ) from None
-            if value < 1:
-                raise ValueError(
-                    f"{path}: line {lineno}: sample length must be a positive integer, got {value}"
-                )
-            out.append(value)
+    for lineno, text in _nonblank_lines(path, opener):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(
+                f"{path}: line {lineno}: sample length must be a positive integer, got {text!r}"
+            ) from None
+        if value < 1:
+            raise ValueError(
+                f"{path}: line {lineno}: sample length must be a positive integer, got {value}"
+            )
+        out.append(value)
     if not out:
         raise ValueError(f"{path}: no sample lengths found (empty file)")
     return np.asarray(out, dtype=np.int64)
@@ -119,24 +124,20 @@ def _load_jsonl(path: Path, opener, column: str | None) -> np.ndarray:
     """One JSON value per line (blank lines skipped): a number, or an object holding the length under
     ``column`` -- picked once, from the first object, by :func:`_pick_column`'s rule."""
     values, lines, key = [], [], column
-    with opener(path, "rt") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                item = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
-            if isinstance(item, dict):
-                key = key or _pick_column([str(k) for k in item], None, path)
-                if key not in item:
-                    raise ValueError(f"{path}: line {lineno}: no key {key!r}; keys: {sorted(item)[:10]}")
-                item = item[key]
-            if isinstance(item, bool) or not isinstance(item, (int, float)):
-                raise ValueError(f"{path}: line {lineno}: sample length must be a positive integer, got {item!r}")
-            values.append(item)
-            lines.append(lineno)
+    for lineno, text in _nonblank_lines(path, opener):
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line {lineno}: not valid JSON ({exc.msg})") from None
+        if isinstance(item, dict):
+            key = key or _pick_column([str(k) for k in item], None, path)
+            if key not in item:
+                raise ValueError(f"{path}: line {lineno}: no key {key!r}; keys: {sorted(item)[:10]}")
+            item = item[key]
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            raise ValueError(f"{path}: line {lineno}: sample length must be a positive integer, got {item!r}")
+        values.append(item)
+        lines.append(lineno)
     if not values:
         raise ValueError(f"{path}: no sample lengths found (empty file)")
     return _check_values(np.asarray(values), path, lambda i: f"line {lines[i]}")
