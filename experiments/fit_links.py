@@ -19,8 +19,8 @@ from pathlib import Path
 
 import click
 
-from experiments.options import quick_option
-from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text, stable_hash
+from experiments.options import overwrite_option, quick_option
+from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text, overwrite_flag, stable_hash
 from experiments.sim_common import (
     SETTINGS,
     jitter_seed,
@@ -148,9 +148,8 @@ def _write_profile(path: Path, text: str, overwrite: bool) -> None:
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Folder for fit_log.json [default: results/fit-links for the paper's fit, else the profile's "
                    "folder under runs/fit-links].")
-@click.option("--overwrite", is_flag=True, help="Replace a profile file that holds another fit.")
-def fit_links(base_profile, name, link, target, setting, pool_size, workload, windows, seed, quick, out_profile, out,
-              overwrite):
+@overwrite_option()
+def fit_links(base_profile, name, link, target, setting, pool_size, workload, windows, seed, quick, out_profile, out):
     """Fit one link class's bandwidth so pool-sweep's communication share hits a target."""
     from libra.sim.profiles import load_profile  # noqa: PLC0415
 
@@ -165,7 +164,7 @@ def fit_links(base_profile, name, link, target, setting, pool_size, workload, wi
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     path = Path(out_profile) if out_profile else profile_path
-    _write_profile(path, json.dumps(data, indent=2) + "\n", overwrite)
+    _write_profile(path, json.dumps(data, indent=2) + "\n", overwrite_flag())
     load_profile(path)  # validates what was written
     atomic_write_text(Path(out or log_dir) / "fit_log.json", json.dumps(log, indent=2) + "\n")
     base_share = log[f"metric_at_{log['base']}"]

@@ -465,12 +465,17 @@ def _read_summary(folder) -> dict | None:
         return None
 
 
+def other_device_profile(summary: dict) -> bool:
+    """Whether a sim-check's profile kernel was measured on another device type than the run (a GPU
+    profile timed against CPU kernels compares two devices, not the model with this one). Summaries
+    written before the device types were recorded count as one device."""
+    return summary.get("device_type", "") != summary.get("profile_device_type", summary.get("device_type", ""))
+
+
 def sim_check_verdict(summary: dict) -> str:
-    """``met`` / ``NOT met`` for sim-check's median-error target -- or no verdict when the profile's
-    kernel was measured on another device type than the run (a GPU profile timed against CPU kernels
-    compares two devices, not the model with this one). Summaries written before the device types
-    were recorded count as one device."""
-    if summary.get("device_type", "") != summary.get("profile_device_type", summary.get("device_type", "")):
+    """``met`` / ``NOT met`` for sim-check's median-error target, or no verdict for
+    :func:`other_device_profile`."""
+    if other_device_profile(summary):
         return "no verdict (another device's profile)"
     return "met" if summary["median_within_target"] else "NOT met"
 

@@ -34,10 +34,12 @@ from libra.data.source import FileSource, LengthSource, resolve_workload
 SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
 
 OVERWRITE_META = "libra_bench.overwrite"
-QUICK_META = "libra_bench.quick"
 """Key of the ``--overwrite`` flag in the running click command's ``ctx.meta`` (set by
 :func:`overwrite_option`): commands need not thread it through their signatures;
 :class:`experiments.runner.ExperimentRun` reads it when its ``overwrite`` argument is None."""
+QUICK_META = "libra_bench.quick"
+"""Key of the ``--quick`` flag in ``ctx.meta`` (set by :func:`quick_option`; read by
+:func:`experiments.runner.quick_run`)."""
 
 
 def parse_int_size(text: str) -> int:

@@ -354,7 +354,7 @@ def check_run_folder(out_dir: Path, name: str, config: dict) -> None:
         raise RunFolderConflict(f"{out_dir} holds a different run ({shown} differ); {hint}")
 
 
-def _overwrite_flag(overwrite: bool | None) -> bool:
+def overwrite_flag(overwrite: bool | None = None) -> bool:
     """``overwrite``, or the running click command's ``--overwrite`` flag when it is None."""
     if overwrite is not None:
         return bool(overwrite)
@@ -447,7 +447,7 @@ class ExperimentRun:
             out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts,
                                       False if quick_run() else paper)
         self.out_dir = Path(out_dir)
-        self._overwrite = _overwrite_flag(overwrite)
+        self._overwrite = overwrite_flag(overwrite)
         self.jobs = _jobs(jobs)
         self._claimed = False
         # inputs join the key only when there are any: preset runs keep their point folders

@@ -47,6 +47,7 @@ from experiments.gpu_common import (
     dtype_name,
     kv_heads_per_call,
     make_inputs,
+    other_device_profile,
     resolve_backend,
     resolve_device,
     resolve_dtype,
@@ -347,11 +348,10 @@ def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, c
     for r in df.itertuples():
         click.echo(f"  window {r.window} worker {r.worker:>2}: predicted {r.pred_ms:9.4g} ms  measured "
                    f"{r.meas_ms:9.4g} ms  err {r.rel_err:+.1%} (fwd {r.rel_err_fwd:+.1%}, bwd {r.rel_err_bwd:+.1%})")
-    same = s["device_type"] == s["profile_device_type"]
     click.echo(f"median |err| {s['median_abs_err_total']:.1%} (fwd {s['median_abs_err_fwd']:.1%}, bwd "
                f"{s['median_abs_err_bwd']:.1%}); worst {s['worst_abs_err_total']:.1%}; target median <= "
                f"{TARGET_MEDIAN_ERR:.0%}: {sim_check_verdict(s)}; straggler worker agrees in {s['straggler_worker_agrees']}")
-    if not same:
+    if other_device_profile(s):
         click.echo(f"note: profile {s['profile']} models a {s['profile_device_type']} kernel and this run measured on "
                    f"{s['device_type']}: the errors compare two devices, not the model with this one (calibrate "
                    f"this device with `libra-bench calibrate --device {s['device_type']}` and pass its profile.json "

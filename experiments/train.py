@@ -92,7 +92,7 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def summary_table(df: pd.DataFrame) -> str:
     """:func:`summary` as the text ``train`` prints, with the steps its medians are over."""
     table = summary(df).to_string(index=False, formatters={STEP_MS: "{:.1f}".format, TOKENS: "{:.0f}".format})
-    first = "step 0 (first plan, warm-up) not timed" if (df["step"] > 0).any() else "one step only: step 0"
+    first = "step 0 (first plan, warm-up) not timed" if len(timed_steps(df)) < len(df) else "one step only: step 0"
     return f"{table}\n(medians over the timed steps; {first})"
 
 

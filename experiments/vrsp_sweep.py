@@ -30,7 +30,7 @@ from experiments.options import (
     grouping_sweep_options,
 )
 from experiments.paper import fig4_8_reference
-from experiments.runner import RESULTS_ROOT, ExperimentRun, is_preset_workload, quick_run
+from experiments.runner import RESULTS_ROOT, ExperimentRun, is_preset_workload
 from experiments.sim_common import SETTINGS
 from libra.data.source import LengthSource
 from libra.data.windows import gbs_windows, window_workloads
@@ -85,7 +85,7 @@ def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: i
               "pool_sizes": pool_sizes, "windows": windows, "seed": seed, "strategies": list(strategies),
               "packing_policy": "split", "quick": quick}
     paper = is_paper_sweep(workload, seq_len, gbs)
-    if out is None and paper and not quick_run():
+    if out is None and paper and not quick:
         out = paper_sweep_folder(name, seq_len, gbs)
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, workload=workload,
                         layouts=[{"seq_len": seq_len, "gbs": gbs}], paper=paper)
