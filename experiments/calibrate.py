@@ -310,10 +310,31 @@ def fit_heads_half(heads, rates, reference_heads: int) -> tuple[float, float]:
     ref = np.nonzero(heads == reference_heads)[0]
     if not len(ref):
         raise ValueError(f"reference heads {reference_heads} not among measured heads {heads.tolist()}")
-    ratio = rates / rates[ref[0]]
+    return fit_heads_ratio(heads, rates / rates[ref[0]], reference_heads)
+
+
+def fit_heads_ratio(heads, ratio, reference_heads: int, stat: str = "max") -> tuple[float, float]:
+    """``heads_half`` ``c`` of ``h(n) = n/(n+c) / (ref/(ref+c))`` fitted to throughput ratios (each
+    point's rate over the rate at ``reference_heads`` of the same geometry; several geometries may be
+    pooled), minimising the ``stat`` (``max`` or ``median``) relative error over a log grid of ``c``
+    (0 and 1e-3 .. 1e3).
+
+    Returns:
+        ``(c, that error)``.
+
+    Raises:
+        ValueError: mismatched or non-positive inputs, or an unknown ``stat``.
+    """
+    heads = np.asarray(heads, dtype=np.float64)
+    ratio = np.asarray(ratio, dtype=np.float64)
+    if heads.shape != ratio.shape or heads.ndim != 1 or not len(heads) or np.any(ratio <= 0) or np.any(heads <= 0):
+        raise ValueError(f"need matching positive heads and ratios, got {heads} and {ratio}")
+    if stat not in ("max", "median"):
+        raise ValueError(f"stat must be max or median, got {stat!r}")
     grid = np.concatenate(([0.0], np.geomspace(1e-3, 1e3, 3000)))[:, None]
     model = heads / (heads + grid) / (reference_heads / (reference_heads + grid))
-    err = np.max(np.abs(model - ratio) / ratio, axis=1)
+    rel = np.abs(model - ratio) / ratio
+    err = np.max(rel, axis=1) if stat == "max" else np.median(rel, axis=1)
     i = int(np.argmin(err))
     return float(grid[i, 0]), float(err[i])
 

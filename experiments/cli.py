@@ -31,6 +31,8 @@ COMMANDS: dict[str, str] = {
     "calibrate": "experiments.calibrate:calibrate",
     "sim-check": "experiments.sim_check:sim_check",
     "fidelity": "experiments.fidelity:fidelity",
+    "kernel-sweep": "experiments.kernel_sweep:kernel_sweep",
+    "tile-overhead": "experiments.tile_overhead:tile_overhead",
     "fit-links": "experiments.fit_links:fit_links",
 }
 

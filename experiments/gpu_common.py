@@ -164,6 +164,23 @@ def time_calls(fn: Callable[[int], object], device: torch.device, warmup: int, r
     return out
 
 
+def time_calls_within(fn: Callable[[int], object], device: torch.device, warmup: int, repeats: int,
+                      target_ms: float) -> np.ndarray:
+    """:func:`time_calls` with the calls cut to about ``target_ms`` of device time: one untimed
+    probe call (the first warm-up) sizes the rest, so a 5-second call is timed once after it and a
+    50-microsecond call ``repeats`` times after ``warmup`` warm-ups.
+
+    Returns:
+        ``(n,)`` float64 milliseconds, ``1 <= n <= repeats``.
+    """
+    if warmup < 0 or repeats < 1 or not target_ms > 0:
+        raise ValueError(f"need warmup >= 0, repeats >= 1 and target_ms > 0, got {warmup}, {repeats}, {target_ms}")
+    probe = float(time_calls(fn, device, 0, 1)[0])
+    fits = int(target_ms // max(probe, 1e-6))
+    n = max(1, min(repeats, fits))
+    return time_calls(fn, device, max(0, min(warmup - 1, fits - n)), n)
+
+
 def summarize_ms(ms: np.ndarray) -> dict:
     """Median and spread of a timing sample (the median is the figure every experiment uses)."""
     ms = np.asarray(ms, dtype=np.float64)
@@ -394,6 +411,7 @@ def device_info(device: torch.device, backend: AttentionBackend | None = None) -
         info["kernel_backend"] = backend.name
         info["kernel_version"] = {"flash-attn": f"flash-attn {info['flash_attn']}",
                                   "torch-varlen": f"torch {torch.__version__} torch.nn.attention.varlen",
+                                  "aten-flash": f"torch {torch.__version__} aten flash (FlashAttention-2)",
                                   "cpu-flash": f"torch {torch.__version__} aten cpu flash",
                                   "math": f"torch {torch.__version__} plain PyTorch"}.get(backend.name, backend.name)
     return info
@@ -413,7 +431,7 @@ def device_options(timing: bool = True):
         click.option("--device", default="auto", show_default=True,
                      help="auto (CUDA if available), cpu, cuda or cuda:N; cuda without CUDA is an error"),
         click.option("--backend", default="auto", show_default=True,
-                     help="kernel backend: auto, flash-attn, torch-varlen, math, cpu-flash"),
+                     help="kernel backend: auto, flash-attn, aten-flash, torch-varlen, math, cpu-flash"),
     ]
     if timing:
         opts += [
@@ -448,21 +466,8 @@ def device_options(timing: bool = True):
 
 
 # --------------------------------------------------------------------------------------------
-# summary of a device run (scripts/gpu_check.sh)
+# sim-check's verdict (also read by experiments.gpu_summary)
 # --------------------------------------------------------------------------------------------
-
-
-def _read_summary(folder) -> dict | None:
-    import json  # noqa: PLC0415
-    from pathlib import Path  # noqa: PLC0415
-
-    path = Path(folder) / "run.json"
-    if not path.exists():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def other_device_profile(summary: dict) -> bool:
@@ -478,80 +483,3 @@ def sim_check_verdict(summary: dict) -> str:
     if other_device_profile(summary):
         return "no verdict (another device's profile)"
     return "met" if summary["median_within_target"] else "NOT met"
-
-
-def gpu_summary_markdown(out_dir, status: dict | None = None, title: str = "GPU check") -> str:
-    """``summary.md`` of a device run: Figure 5's two curves, the simulator's median and worst
-    compute-time error, the fidelity ratios and the versions, read from the ``run.json`` files of
-    ``<out_dir>/{calibrate,sim-check,fidelity}``. Missing steps are listed as missing.
-
-    Args:
-        out_dir: folder holding the three step folders.
-        status: optional ``{step: "ok" | "failed (rc=N)" | ...}`` from the driver script.
-    """
-    from pathlib import Path  # noqa: PLC0415
-
-    out_dir = Path(out_dir)
-    status = status or {}
-    cal, sim, fid = (_read_summary(out_dir / s) for s in ("calibrate", "sim-check", "fidelity"))
-    lines = [f"# {title}", ""]
-    env = next((r.get("environment_device") for r in (cal, sim, fid) if r), None)
-    if env:
-        lines += ["## Environment", ""]
-        for key in ("name", "device", "driver", "torch", "cuda", "kernel_backend", "kernel_version", "flash_attn",
-                    "triton", "capability", "memory_gib", "python"):
-            if env.get(key) is not None:
-                lines.append(f"- {key}: {env[key]}")
-        lines.append("")
-    if status:
-        lines += ["## Steps", ""] + [f"- {k}: {v}" for k, v in status.items()] + [""]
-    lines += ["## Figure 5 (calibrate): throughput normalised to the best of each curve", ""]
-    if cal:
-        s = cal["summary"]
-        for curve, label in (("heads", "query heads per call"), ("length", "block (document) length, tokens")):
-            fw, bw = s["figure5"][curve]["fwd"], s["figure5"][curve]["bwd"]
-            lines += [f"{label} ({s['backend']}, {s['dtype']}):", "", "| x | fwd | bwd |", "|---|---|---|"]
-            lines += [f"| {x} | {fw[x]:.3f} | {bw.get(x, float('nan')):.3f} |" for x in fw]
-            lines.append("")
-        f = s["fit"]
-        lines.append(f"Fitted kernel model: rate_inf {f['rate_inf_tflops']:.4g} TFLOP/s, half_length "
-                     f"{f['half_length']:.4g}, exponent {f['exponent']:.3g} (worst fit error "
-                     f"{f['length_fit_max_rel_err']:.2%}), heads_half {f['heads_half']:.4g}, launch "
-                     f"{f['launch_ms']:.4g} ms, bwd/fwd {f['backward_time_ratio']:.3f}.")
-        if f.get("piece_median_abs_err"):
-            errs = ", ".join(f"{r} {e:.1%}" for r, e in f["piece_median_abs_err"].items())
-            lines.append(f"Late pieces of a document (piece sweep), median |error| per pricing rule: {errs}; the "
-                         f"profile keeps `{f['piece_pricing']}` (docs/profile.md).")
-        if f.get("device_copy_gbps") is not None:
-            lines.append(f"Device-to-device copy: {f['device_copy_gbps']:.4g} GB/s (bytes copied per second on one "
-                         "device; a memory figure, not a link).")
-        lines += [f"Profile: `{s['profile']}`", ""]
-    else:
-        lines += ["missing (calibrate did not finish)", ""]
-    lines += ["## Simulator vs measurement (sim-check): per-worker compute time", ""]
-    if sim:
-        s = sim["summary"]
-        lines += [f"- profile: {s['profile']}; workers compared: {s['workers']}",
-                  f"- median |error|: {s['median_abs_err_total']:.1%} (fwd {s['median_abs_err_fwd']:.1%}, bwd "
-                  f"{s['median_abs_err_bwd']:.1%}); target <= 10%: {sim_check_verdict(s)}",
-                  f"- worst |error|: {s['worst_abs_err_total']:.1%} (fwd {s['worst_abs_err_fwd']:.1%}, bwd "
-                  f"{s['worst_abs_err_bwd']:.1%})",
-                  f"- mean signed error: {s['mean_signed_err_total']:+.1%}; straggler worker agrees in "
-                  f"{s['straggler_worker_agrees']}"]
-        if "median_abs_err_other_rule" in s:
-            lines.append(f"- piece pricing: the profile's `{s['piece_pricing']}`; under `{s['other_rule']}` the "
-                         f"median |error| would be {s['median_abs_err_other_rule']:.1%}")
-        lines.append("")
-    else:
-        lines += ["missing (sim-check did not finish)", ""]
-    lines += ["## Numerical fidelity (fidelity): max error / max error of bf16 plain PyTorch", ""]
-    if fid:
-        s = fid["summary"]
-        lines += [f"{s['dtype']} vs {s['ref_dtype']} reference, backend {s['backend']}; limits: forward "
-                  f"{s['fwd_limit']}x, gradients {s['grad_limit']}x", "", "| level.quantity | worst ratio |",
-                  "|---|---|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in sorted(s["worst_ratio"].items())]
-        lines += ["", f"All within limits: {s['all_passed']}; all within 2x: {s['all_within_2x']}", ""]
-    else:
-        lines += ["missing (fidelity did not finish)", ""]
-    return "\n".join(lines)

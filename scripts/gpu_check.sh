@@ -1,35 +1,51 @@
 #!/usr/bin/env bash
-# GPU calibration and validation in one command (issue #7; Libra sec. 3.3 / Figure 5, sec. 6.7).
+# GPU calibration and validation in one command (Libra sec. 3.3 / Figure 5, sec. 6.7).
 #
-#   bash scripts/gpu_check.sh [OUTPUT_DIR]        # run from the repository root on a CUDA machine
+#   bash scripts/gpu_check.sh [--budget-s N] [OUTPUT_DIR]   # from the repository root on a CUDA machine
 #
 # Output folder: the argument, else $OUT, else results/gpu/<device-slug>/ (e.g. results/gpu/nvidia-h200/).
-# Steps and their time boxes (sized for one H200; the boxes add up to < 8 minutes including
-# setup, and the expected run is about 2-3 minutes):
+# The whole run fits --budget-s seconds (default 300): each step runs in its own time box, cut to
+# what is left of the budget, and writes its output folder when it finishes, so a step that runs out
+# of time loses only itself. Steps (typical times on one H200):
 #   0. install (pip install --no-deps -e . keeps the image's CUDA torch; no network) + environment
-#      record (env.txt: versions, varlen_attn's signature)                             ~30 s, box 30 s
-#   1. preflight: the auto kernel backend against plain PyTorch on a tiny batch (falls back to
-#      --backend math, with smaller sizes, if the fast backend is broken, and says so)  box  45 s
-#   2. libra-bench calibrate   (Figure 5 + measured profile.json)                         box 120 s
-#   3. libra-bench sim-check   (cost model with that profile vs measured tile batches)    box 120 s
-#   4. libra-bench fidelity    (bf16 tiles vs fp32 reference, ratio to bf16 PyTorch)       box  90 s
-#   5. summary.md              (Figure 5's curves, sim error, fidelity ratios, versions)
-# A failed or timed-out step is recorded and the next one still runs; the script exits non-zero
-# if any step failed. Without CUDA it refuses to run (exit 3) before doing anything.
-# --cpu-smoke runs the same pipeline on CPU with tiny sizes (for CI-style checks of this script;
-# the figures are NOT GPU figures).
+#      record (env.txt: versions, varlen_attn's signature)                              ~15 s, box 60 s
+#   1. preflight: every CUDA kernel backend (flash-attn, aten-flash, torch-varlen) against plain
+#      PyTorch on a tiny bottom-right causal GQA batch; the first that agrees runs every step
+#      (falls back to --backend math, with smaller sizes, if none does, and says so)   ~10 s, box 45 s
+#   2. libra-bench calibrate    (Figure 5 + measured profile.json)                       ~40 s, box 100 s
+#   3. libra-bench kernel-sweep (per-call time over lengths 512..256K x 1,2,4,8,32 heads per call,
+#      single / packed / mixed calls; its own --budget-s 60 skips what would not fit)   ~75 s, box 100 s
+#   4. libra-bench sim-check    (cost model with the measured profile vs measured tile batches) box 60 s
+#   5. libra-bench fidelity     (bf16 tiles vs a float64 reference, ratio to bf16 PyTorch), once per
+#      backend that passed the preflight: fidelity/ (the chosen one), fidelity-<backend>/ box 45 s each
+#   6. libra-bench tile-overhead (one 256K-setting worker's tiles as the runtime runs them vs one
+#      varlen call, libra and libra-adaptive, planned with the measured profile)            box 60 s
+#   7. summary.md              (every figure above, versions)
+# Planning runs on the numpy paths (numba is hidden from the steps: its first-use JIT compilation
+# would cost device time, and the image's numba is not the pinned one; the compiled kernels compute
+# the same plans). A failed, timed-out or skipped step is recorded and the next one still runs; the
+# script exits non-zero if any step failed. Without CUDA it refuses to run (exit 3) before doing
+# anything. --cpu-smoke runs the same pipeline on CPU with tiny sizes (for CI-style checks of this
+# script; the figures are NOT GPU figures).
 set -euo pipefail
 
 PY="${PYTHON:-python3}"
 CPU_SMOKE=0
 ARG_OUT=""
-for arg in "$@"; do
-  case "$arg" in
+BUDGET=300
+while [ $# -gt 0 ]; do
+  case "$1" in
     --cpu-smoke) CPU_SMOKE=1 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-    -*) echo "gpu_check.sh: unknown option $arg" >&2; exit 2 ;;
-    *) ARG_OUT="$arg" ;;
+    --budget-s)
+      if [ $# -lt 2 ] || ! [[ "$2" =~ ^[0-9]+$ ]] || [ "$2" -lt 60 ]; then
+        echo "gpu_check.sh: --budget-s needs a whole number of seconds >= 60" >&2; exit 2
+      fi
+      BUDGET="$2"; shift ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -*) echo "gpu_check.sh: unknown option $1" >&2; exit 2 ;;
+    *) ARG_OUT="$1" ;;
   esac
+  shift
 done
 
 if [ ! -f experiments/cli.py ] || [ ! -d libra ]; then
@@ -136,11 +152,28 @@ EOF
 } > "$OUT_DIR/env.txt" 2>&1 || true
 cat "$OUT_DIR/env.txt" | tee -a "$LOG"
 
+# planning on the numpy paths (see the header): a stand-in module makes `import numba` fail
+if [ "$CPU_SMOKE" = 0 ]; then
+  NONUMBA="$OUT_DIR/.shim-nonumba"
+  mkdir -p "$NONUMBA"
+  echo 'raise ImportError("numba hidden by scripts/gpu_check.sh: planning runs on the numpy paths")' > "$NONUMBA/numba.py"
+  export PYTHONPATH="$(cd "$NONUMBA" && pwd):$PYTHONPATH"
+  say "numba hidden from the steps (planning on the numpy paths)"
+fi
+
 declare -A STATUS
 FAILED=0
-run_step() {  # name, time box (s), command...
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+run_step() {  # name, time box (s), command...: the box is cut to what is left of the budget
   local name="$1" box="$2"; shift 2
-  local t0=$(date +%s) rc=0
+  local remain; remain=$(left)
+  if [ "$remain" -lt 15 ]; then
+    STATUS[$name]="SKIPPED: ${remain}s of the ${BUDGET}s budget left"; FAILED=1
+    say "step $name: ${STATUS[$name]}"; return
+  fi
+  [ "$box" -gt "$remain" ] && box="$remain"
+  local t0 rc=0
+  t0=$(date +%s)
   say "step $name (time box ${box}s): $*"
   timeout --signal=TERM --kill-after=10 "$box" "$@" >>"$LOG" 2>&1 || rc=$?
   local dt=$(( $(date +%s) - t0 ))
@@ -150,81 +183,95 @@ run_step() {  # name, time box (s), command...
   say "step $name: ${STATUS[$name]}"
 }
 
-# ---- 1. preflight: does the fast backend agree with plain PyTorch? ------------------------------
-BACKEND=auto
+# ---- 1. preflight: which kernel backends agree with plain PyTorch? ----------------------------------
 PREFLIGHT="$(timeout 45 "$PY" - "$DEVICE" 2>>"$LOG" <<'EOF' || echo "preflight crashed or timed out"
 import sys, torch
-from libra.runtime.kernels import Segments, get_backend, resolve_backend_name
+from libra.runtime.kernels import CUDA_BACKENDS, Segments, get_backend, resolve_backend_name
 dev = torch.device(sys.argv[1])
-name = resolve_backend_name("auto", dev)
+names = list(CUDA_BACKENDS) if dev.type == "cuda" else [resolve_backend_name("auto", dev)]
 dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+# bottom-right causal pieces (q_len < kv_len), whole samples, GQA 8 q / 2 kv heads
 seg = Segments([96, 64, 200], [96, 160, 200])
 g = torch.Generator(device=dev).manual_seed(0)
 q = torch.randn(seg.total_q, 8, 64, generator=g, device=dev).to(dt)
 k, v = (torch.randn(seg.total_k, 2, 64, generator=g, device=dev).to(dt) for _ in range(2))
 do = torch.randn_like(q)
-try:
-    be, ref = get_backend(name, dev), get_backend("math", dev)
-    o, l = be.forward(q, k, v, seg)
-    ro, rl = ref.forward(*(x.float() for x in (q, k, v)), seg)
-    grads = be.backward(do, q, k, v, o, l, seg)
-    rgrads = ref.backward(*(x.float() for x in (do, q, k, v)), ro, rl, seg)
-    # relative max error: bf16 rounding gives ~1e-2, a wrong mask or head mapping gives ~1
-    errs = [float((a.float() - b).abs().max() / b.abs().max()) for a, b in zip((o, *grads), (ro, *rgrads))]
-    ok = max(errs) < 0.05
-    # lse is only handed back to the same backend's backward, so its layout is reported, not gated
-    lf = l.float()
-    lse = "n/a"
-    for cand, lay in ((lf, "(heads, tokens)"), (lf.transpose(0, 1) if lf.dim() == 2 else lf, "(tokens, heads)")):
-        if cand.shape == rl.shape:
-            lse = f"{lay} err {float((cand - rl).abs().max()):.4f}"
-            break
-    print(f"{name} {'ok' if ok else 'bad'} rel_err(out,dq,dk,dv)={[round(e, 4) for e in errs]} lse {lse}")
-except Exception as exc:
-    print(f"{name} broken {type(exc).__name__}: {str(exc)[:300]}")
+ref = get_backend("math", dev)
+ro, rl = ref.forward(*(x.float() for x in (q, k, v)), seg)
+rgrads = ref.backward(*(x.float() for x in (do, q, k, v)), ro, rl, seg)
+for name in names:
+    try:
+        be = get_backend(name, dev)
+        o, l = be.forward(q, k, v, seg)
+        grads = be.backward(do, q, k, v, o, l, seg)
+        # relative max error: bf16 rounding gives ~1e-2, a wrong mask or head mapping gives ~1
+        errs = [float((a.float() - b).abs().max() / b.abs().max()) for a, b in zip((o, *grads), (ro, *rgrads))]
+        lse = float((l.float().reshape(rl.shape) - rl).abs().max()) if l.numel() == rl.numel() else float("nan")
+        ok = max(errs) < 0.05 and lse < 0.05
+        print(f"{name} {'ok' if ok else 'bad'} rel_err(out,dq,dk,dv)={[round(e, 4) for e in errs]} lse_err={lse:.4f}")
+    except Exception as exc:
+        print(f"{name} broken {type(exc).__name__}: {str(exc)[:200]}")
 EOF
 )"
-say "preflight: $PREFLIGHT"
-case "$PREFLIGHT" in
-  *" ok "*) STATUS[preflight]="ok: $PREFLIGHT" ;;
-  *) BACKEND=math; STATUS[preflight]="fast backend unusable ($PREFLIGHT); falling back to --backend math"; FAILED=1 ;;
-esac
+echo "$PREFLIGHT" > "$OUT_DIR/preflight.txt"
+say "preflight: $(echo "$PREFLIGHT" | tr '\n' ';')"
+GOOD="$(echo "$PREFLIGHT" | awk '$2 == "ok" {print $1}')"
+BACKEND="$(echo "$GOOD" | head -n 1)"
+if [ -n "$BACKEND" ]; then
+  STATUS[preflight]="ok: $(echo "$GOOD" | tr '\n' ' ')agree with plain PyTorch; every step runs $BACKEND"
+else
+  BACKEND=math; GOOD=math; FAILED=1
+  STATUS[preflight]="no fast backend agrees ($(echo "$PREFLIGHT" | tr '\n' ';')); falling back to --backend math"
+fi
 
-# ---- 2-4. the three experiments ------------------------------------------------------------------
+# ---- 2-6. the experiments ----------------------------------------------------------------------
 CLI=("$PY" -m experiments.cli)
 if [ "$CPU_SMOKE" = 1 ]; then
   CAL_ARGS=(--device cpu --quick)
+  SWEEP_ARGS=(--device cpu --quick)
   SIM_ARGS=(--device cpu --quick)
   FID_ARGS=(--device cpu --quick)
+  TILE_ARGS=(--device cpu --quick)
 else
   CAL_ARGS=(--device cuda --lengths 1024,2048,4096,8192,16384,32768,65536 --heads 1,2,4,8,16,32 --q-heads 32
             --kv-heads 4 --head-dim 128 --heads-length 16384 --warmup 3 --repeats 10 --rotate 4 --copy-mb 2048)
+  SWEEP_ARGS=(--device cuda --budget-s 60)
   SIM_ARGS=(--device cuda --seq-len 65536 --pool-size 2 --cp 4 --block-size 4096 --head-split 2 --pipeline-chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 4 --warmup 2 --repeats 5 --rotate 2)
-  FID_ARGS=(--device cuda --seq-len 8192 --pool-size 2 --cp 2 --block-size 1024 --head-split 2 --q-heads 16
-            --kv-heads 4 --head-dim 128 --windows 2)
+  FID_ARGS=(--device cuda --ref-dtype fp64 --seq-len 8192 --pool-size 2 --cp 2 --block-size 1024 --head-split 2
+            --q-heads 16 --kv-heads 4 --head-dim 128 --windows 2)
+  TILE_ARGS=(--device cuda --setting 256k --methods libra,libra-adaptive)
 fi
 if [ "$BACKEND" = math ] && [ "$CPU_SMOKE" = 0 ]; then
   # plain PyTorch materialises (heads, L, L) scores: keep whole documents at <= 8K tokens
   CAL_ARGS=(--device cuda --lengths 512,1024,2048,4096,8192 --heads 1,2,4,8,16,32 --q-heads 32 --kv-heads 4
             --head-dim 128 --heads-length 4096 --warmup 2 --repeats 5 --rotate 2 --copy-mb 2048)
+  SWEEP_ARGS=(--device cuda --budget-s 60 --lengths 512,1024,2048,4096,8192 --packed-tokens 8192 --mixed-lengths 8192)
   SIM_ARGS=(--device cuda --seq-len 32768 --pool-size 2 --cp 4 --block-size 2048 --head-split 2 --pipeline-chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 2 --warmup 1 --repeats 3 --rotate 1)
+  TILE_ARGS=(--device cuda --dp 8 --cp 4 --seq-len 32768 --gbs 8 --methods libra,libra-adaptive)
 fi
-run_step calibrate 120 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/calibrate"
+run_step calibrate 100 "${CLI[@]}" calibrate "${CAL_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/calibrate"
 PROFILE="$OUT_DIR/calibrate/profile.json"
 if [ ! -f "$PROFILE" ]; then
   PROFILE=h100-roce-v1
-  say "no measured profile: sim-check predicts with the built-in $PROFILE (its errors then say little)"
+  say "no measured profile: sim-check and tile-overhead use the built-in $PROFILE (sim-check's errors then say little)"
 fi
-run_step sim-check 120 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --overwrite --out "$OUT_DIR/sim-check"
-run_step fidelity 90 "${CLI[@]}" fidelity "${FID_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/fidelity"
+run_step kernel-sweep 100 "${CLI[@]}" kernel-sweep "${SWEEP_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/kernel-sweep"
+run_step sim-check 60 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --overwrite --out "$OUT_DIR/sim-check"
+FID_STEPS=""
+for be in $GOOD; do
+  folder=fidelity; [ "$be" != "$BACKEND" ] && folder="fidelity-$be"
+  FID_STEPS="$FID_STEPS $folder"
+  run_step "$folder" 45 "${CLI[@]}" fidelity "${FID_ARGS[@]}" --backend "$be" --no-progress --overwrite --out "$OUT_DIR/$folder"
+done
+run_step tile-overhead 60 "${CLI[@]}" tile-overhead "${TILE_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --overwrite --out "$OUT_DIR/tile-overhead"
 
-# ---- 5. summary -----------------------------------------------------------------------------------
-STATUS[total]="$(( $(date +%s) - START ))s wall"
+# ---- 7. summary -----------------------------------------------------------------------------------
+STATUS[total]="$(( $(date +%s) - START ))s wall of a ${BUDGET}s budget"
 STATUS_FILE="$OUT_DIR/steps.tsv"
 : > "$STATUS_FILE"
-for k in preflight calibrate sim-check fidelity total; do
+for k in preflight calibrate kernel-sweep sim-check $FID_STEPS tile-overhead total; do
   printf '%s\t%s\n' "$k" "${STATUS[$k]:-not run}" >> "$STATUS_FILE"
 done
 TITLE="GPU check ($SLUG)"
@@ -232,20 +279,22 @@ if [ "$CPU_SMOKE" = 1 ]; then TITLE="CPU smoke of scripts/gpu_check.sh (NOT GPU 
 "$PY" - "$OUT_DIR" "$STATUS_FILE" "$TITLE" <<'EOF' || { say "summary failed"; FAILED=1; }
 import sys
 from pathlib import Path
-from experiments.gpu_common import gpu_summary_markdown
+from experiments.gpu_summary import gpu_summary_markdown
 out, title = Path(sys.argv[1]), sys.argv[3]
 status = dict(line.split("\t", 1) for line in Path(sys.argv[2]).read_text().splitlines() if "\t" in line)
 text = gpu_summary_markdown(out, status, title)
 if (out / ".shim").exists():
     text += "\nNote: rich was not installed; a no-op progress stand-in was used.\n"
-env = (out / "env.txt")
-if env.exists():
-    text += "\n## env.txt\n\n```\n" + env.read_text() + "```\n"
+if (out / ".shim-nonumba").exists():
+    text += "\nNote: numba was hidden from the steps; planning ran on the numpy paths (the same plans).\n"
+for name in ("preflight.txt", "env.txt"):
+    if (out / name).exists():
+        text += f"\n## {name}\n\n```\n" + (out / name).read_text() + "```\n"
 (out / "summary.md").write_text(text)
 print(text)
 EOF
 say "done in $(( $(date +%s) - START ))s; summary: $OUT_DIR/summary.md"
 if [ "$FAILED" != 0 ]; then
-  say "at least one step failed or fell back; see $OUT_DIR/summary.md and $LOG"
+  say "at least one step failed, was skipped or fell back; see $OUT_DIR/summary.md and $LOG"
   exit 1
 fi

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments.gpu_common import gpu_summary_markdown
+from experiments.gpu_summary import gpu_summary_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

@@ -137,15 +137,55 @@ def test_backend_resolution_is_explicit_and_deterministic():
     assert get_backend("math").name == "math"
     with pytest.raises(ValueError, match="unknown attention backend 'flash'"):
         get_backend("flash")
-    for name in ("flash-attn", "torch-varlen"):
+    for name in ("flash-attn", "aten-flash", "torch-varlen"):
         with pytest.raises(ValueError, match="needs a CUDA device"):
             get_backend(name, "cpu")
-    assert set(BACKENDS) == {"cpu-flash", "math", "flash-attn", "torch-varlen"}
+    assert set(BACKENDS) == {"cpu-flash", "math", "flash-attn", "aten-flash", "torch-varlen"}
+
+
+def _aten_standins():
+    """CPU stand-ins with the schemas of aten::_flash_attention_forward/_backward, computed by the
+    math backend from the varlen offsets they receive (so the backend's argument plumbing is what
+    is tested; the CUDA kernels themselves are checked by the gpu test below)."""
+    math_be = get_backend("math")
+
+    def seg(cu_q, cu_k):
+        ql, kl = np.diff(cu_q.numpy()), np.diff(cu_k.numpy())
+        assert cu_q.dtype == torch.int32 and cu_k.dtype == torch.int32
+        return Segments(ql, kl)
+
+    def fwd(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask, *, scale=None):
+        s = seg(cu_q, cu_k)
+        assert (max_q, max_k, dropout_p, is_causal, return_debug_mask) == (s.max_q, s.max_k, 0.0, True, False)
+        out, lse = math_be.forward(q, k, v, s, scale)
+        return out, lse, torch.zeros(2), torch.empty(0), torch.empty(0)
+
+    def bwd(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, rng, unused, *, scale=None):
+        s = seg(cu_q, cu_k)
+        assert (max_q, max_k, dropout_p, is_causal, rng.shape) == (s.max_q, s.max_k, 0.0, True, (2,))
+        return math_be.backward(dout, q, k, v, out, lse, s, scale)
+
+    return fwd, bwd
+
+
+def test_aten_flash_backend_passes_the_varlen_batch_to_the_aten_operators():
+    from libra.runtime.kernels import AtenFlashBackend
+
+    backend = AtenFlashBackend()
+    backend.forward_op, backend.backward_op = _aten_standins()
+    seg = Segments([64, 7, 100], [64, 90, 160])
+    q, k, v, do = _data(seg, 4, 2, 32, seed=3)
+    out, lse = backend.forward(q, k, v, seg)
+    got = (out, *backend.backward(do, q, k, v, out, lse, seg))
+    ref = _ref_grads(q, k, v, do, seg)
+    for g_, r_ in zip(got, ref):
+        assert _err(g_, r_) < 1e-10
+    assert lse.shape == (4, seg.total_q)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA backends are unverified on CPU)")
-@pytest.mark.parametrize("name", ["auto", "math", "torch-varlen", "flash-attn"])
+@pytest.mark.parametrize("name", ["auto", "math", "aten-flash", "torch-varlen", "flash-attn"])
 def test_cuda_backends_match_float64(name):
     try:
         backend = get_backend(name, "cuda")

@@ -21,11 +21,15 @@ device and what is importable, and the resolved ``name`` is what experiments rec
 * ``math``: plain PyTorch (matmul, mask, softmax) per segment on any device; also the "plain
   PyTorch at the same precision" implementation of FlashAttention's tolerance rule.
 * ``flash-attn``: ``flash_attn_varlen_func`` (CUDA, when the package imports).
+* ``aten-flash``: the FlashAttention-2 kernels built into PyTorch's CUDA build, called through
+  their ATen operators (``_flash_attention_forward`` / ``_flash_attention_backward``), the pair that
+  ``torch.nn.attention.varlen`` wraps (pytorch/pytorch, ``torch/nn/attention/varlen.py`` at
+  000459dc). The backward is the kernel's own, from the saved output and log-sum-exp.
 * ``torch-varlen``: ``torch.nn.attention.varlen.varlen_attn`` (CUDA, when present).
 
-The two CUDA backends compute the backward by re-running their forward under autograd (one extra
-forward; their low-level backward entry points differ between versions). They are unverified in
-sessions without a GPU.
+``flash-attn`` and ``torch-varlen`` compute the backward by re-running their forward under
+autograd (one extra forward; their public backward entry points differ between versions), so
+``auto`` prefers ``aten-flash`` on CUDA when flash-attn is missing.
 """
 
 from __future__ import annotations
@@ -396,8 +400,45 @@ class TorchVarlenBackend(_RecomputeBackend):
         return self._fn(q, k, v, cu_q, cu_k, seg.max_q, seg.max_k, **kw)
 
 
+class AtenFlashBackend(AttentionBackend):
+    """PyTorch's built-in FlashAttention-2 varlen kernels through their ATen operators.
+
+    ``is_causal`` of FlashAttention's varlen kernels aligns each segment's queries to the end of its
+    keys (bottom-right), the convention of :class:`Segments`; GQA is native (KV heads are read, and
+    their gradients summed, by the kernel). The log-sum-exp is ``(hq, Tq)`` float32, as here. The
+    operators are attributes so a test can stand in for them on CPU (their schemas are registered in
+    every build, their kernels only in CUDA builds)."""
+
+    name = "aten-flash"
+
+    def __init__(self):
+        ops = torch.ops.aten
+        if not hasattr(ops, "_flash_attention_forward") or not hasattr(ops, "_flash_attention_backward"):
+            raise ImportError("this torch has no aten::_flash_attention_forward/_backward operators")
+        self.forward_op = ops._flash_attention_forward
+        self.backward_op = ops._flash_attention_backward
+
+    def forward(self, q, k, v, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        cu_q, cu_k = seg.cu_tensors(q.device)
+        # positional: cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal, return_debug_mask
+        res = self.forward_op(q, k, v, cu_q, cu_k, seg.max_q, seg.max_k, 0.0, True, False, scale=scale)
+        return res[0], res[1]
+
+    def backward(self, dout, q, k, v, out, lse, seg, scale=None):
+        _check_inputs(q, k, v, seg)
+        cu_q, cu_k = seg.cu_tensors(q.device)
+        # rng_state and the unused philox offset only matter with dropout, which is always 0 here
+        rng, unused = torch.zeros(2, dtype=torch.uint64, device=q.device), torch.empty(0, device=q.device)
+        dq, dk, dv = self.backward_op(dout.contiguous(), q, k, v, out, lse, cu_q, cu_k, seg.max_q, seg.max_k,
+                                      0.0, True, rng, unused, scale=scale)
+        return dq, dk, dv
+
+
 BACKENDS = {"cpu-flash": CpuFlashBackend, "math": MathBackend, "flash-attn": FlashAttnBackend,
-            "torch-varlen": TorchVarlenBackend}
+            "aten-flash": AtenFlashBackend, "torch-varlen": TorchVarlenBackend}
+CUDA_BACKENDS = ("flash-attn", "aten-flash", "torch-varlen")
+"""The CUDA-only backends, in the order ``auto`` tries them."""
 
 
 def _has_cpu_flash() -> bool:
@@ -405,8 +446,8 @@ def _has_cpu_flash() -> bool:
 
 
 def resolve_backend_name(name: str, device) -> str:
-    """Deterministic resolution of ``"auto"``: CUDA -> flash-attn, torch-varlen, math (first that
-    imports); CPU -> cpu-flash, math.
+    """Deterministic resolution of ``"auto"``: CUDA -> flash-attn, aten-flash, torch-varlen, math
+    (first that is present); CPU -> cpu-flash, math.
 
     Raises:
         ValueError: unknown name, or a CUDA-only backend requested for a non-CUDA device.
@@ -416,13 +457,15 @@ def resolve_backend_name(name: str, device) -> str:
         if device.type == "cuda":
             if importlib.util.find_spec("flash_attn") is not None:
                 return "flash-attn"
+            if hasattr(torch.ops.aten, "_flash_attention_backward") and torch.backends.cuda.is_flash_attention_available():
+                return "aten-flash"
             if importlib.util.find_spec("torch.nn.attention.varlen") is not None:
                 return "torch-varlen"
             return "math"
         return "cpu-flash" if device.type == "cpu" and _has_cpu_flash() else "math"
     if name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {['auto', *BACKENDS]}")
-    if name in ("flash-attn", "torch-varlen") and device.type != "cuda":
+    if name in CUDA_BACKENDS and device.type != "cuda":
         raise ValueError(f"backend {name!r} needs a CUDA device, got {device}")
     if name == "cpu-flash" and device.type != "cpu":
         raise ValueError(f"backend 'cpu-flash' runs on CPU only, got {device}")
