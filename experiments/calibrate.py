@@ -9,8 +9,14 @@ the resolved name is recorded):
 * **length sweep** -- one causal document of ``L`` tokens per call at the reference heads per call
   (``--q-heads``), forward and backward (the geometry of the public calibration table, DESIGN.md
   sec. 5, and of :func:`libra.sim.kernel.fit_length_efficiency`);
-* **heads sweep** -- one document of ``--heads-length`` tokens per call with ``h`` query heads
-  per call (KV heads ``h / group``, at least one);
+* **heads sweep** -- calls of ``--heads-tokens`` tokens packed with documents of ``--heads-length``
+  tokens (the geometry of a Pipeliner chunk's tile batch) with ``h`` query heads per call (KV heads
+  ``h / group``, at least one). Packed, because a single document under-fills a GPU at few heads
+  per call (``kernel-sweep``: on an H200 one 16K-token document at 1 head runs at 0.44 of 32 heads,
+  four of them at 0.73) and a heads term fitted there over-prices tile batches (``sim-check``:
+  28% median error against 3.5% with the packed fit). ``--heads-tokens`` equal to
+  ``--heads-length`` measures one document per call, as before; the CPU default does (one thread
+  has no occupancy to fill);
 * **piece sweep** -- the second half and the last eighth of each length's document, reading
   their causal key prefix as a late tile does (:func:`piece_points`): which
   :data:`~libra.sim.kernel.PIECE_PRICINGS` rule prices them best becomes the profile's
@@ -86,8 +92,8 @@ PIECE_BLOCKS = 8
 PIECE_CHOICES = (*PIECE_PRICINGS, "measured")
 """``--piece-pricing``: a rule kept as is, or ``measured`` (:func:`fit_piece_pricing`)."""
 CPU_DEFAULTS = {"lengths": [128, 256, 512, 1024, 2048, 4096, 8192], "heads": [1, 2, 4, 8], "q_heads": 8,
-                "kv_heads": 2, "head_dim": 64, "heads_length": 2048, "copy_mb": 256, "warmup": 1, "repeats": 5,
-                "rotate": 2}
+                "kv_heads": 2, "head_dim": 64, "heads_length": 2048, "heads_tokens": 2048, "copy_mb": 256, "warmup": 1,
+                "repeats": 5, "rotate": 2}
 """``--device cpu``: the sizes of a CPU profile (each unless given): the CPU microbench's head
 geometry (8 q / 2 kv heads, head_dim 64) and the sample lengths it runs (128 to 8K), where a CPU
 kernel is far from its long-segment rate (issue 13 item 5: ``libra-kt`` with this profile balances
@@ -103,6 +109,8 @@ class CalibrateConfig:
         heads: heads per call of the heads sweep (each divides ``q_heads``; ``q_heads`` is added).
         q_heads, kv_heads, head_dim: reference call geometry (``kv_heads | q_heads``).
         heads_length: document length of the heads sweep.
+        heads_tokens: tokens of one heads-sweep call (``heads_tokens // heads_length`` documents,
+            at least one).
         warmup, repeats: untimed and timed calls per point.
         rotate: input sets rotated over per point; ``rotate_mb`` caps their total size.
         copy_mb: size of the device-to-device copy.
@@ -123,6 +131,7 @@ class CalibrateConfig:
     kv_heads: int = 4
     head_dim: int = 128
     heads_length: int = 16384
+    heads_tokens: int = 65536
     warmup: int = 3
     repeats: int = 10
     rotate: int = 4
@@ -135,7 +144,8 @@ class CalibrateConfig:
     def __post_init__(self) -> None:
         if self.piece_pricing not in PIECE_CHOICES:
             raise ValueError(f"piece_pricing must be one of {', '.join(PIECE_CHOICES)}, got {self.piece_pricing!r}")
-        for name in ("q_heads", "kv_heads", "head_dim", "heads_length", "repeats", "rotate", "rotate_mb", "copy_mb"):
+        for name in ("q_heads", "kv_heads", "head_dim", "heads_length", "heads_tokens", "repeats", "rotate", "rotate_mb",
+                     "copy_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -162,6 +172,11 @@ class CalibrateConfig:
     @property
     def group(self) -> int:
         return self.q_heads // self.kv_heads
+
+    @property
+    def heads_documents(self) -> int:
+        """Documents of ``heads_length`` tokens in one heads-sweep call."""
+        return max(1, self.heads_tokens // self.heads_length)
 
 
 # --------------------------------------------------------------------------------------------
@@ -209,11 +224,13 @@ def measure_copy(nbytes: int, device, warmup: int, repeats: int) -> dict:
 
 def kernel_point(key: dict, backend, cfg: CalibrateConfig, device, dtype) -> list[dict]:
     """Rows (one per pass) of one sweep point ``key`` = ``{"sweep", "length", "heads"}`` (and
-    ``"q_start"`` for a piece: query rows ``[q_start, length)`` of the document, keys ``[0, length)``)."""
+    ``"q_start"`` for a piece: query rows ``[q_start, length)`` of the document, keys ``[0, length)``;
+    ``"documents"``: that many such documents in the call, default one)."""
     length, heads, q0 = int(key["length"]), int(key["heads"]), int(key.get("q_start", 0))
+    docs = int(key.get("documents", 1))
     kvh = kv_heads_per_call(heads, cfg.group)
-    seg = Segments([length - q0], [length])
-    area = float(sample_area(length) - sample_area(q0))
+    seg = Segments([length - q0] * docs, [length] * docs)
+    area = float(sample_area(length) - sample_area(q0)) * docs
     try:
         res = measure_call(backend, seg, heads, kvh, cfg, device, dtype,
                            seed=cfg.seed + length * 131 + heads + q0 * 7)
@@ -228,7 +245,7 @@ def kernel_point(key: dict, backend, cfg: CalibrateConfig, device, dtype) -> lis
     for pas in ("fwd", "bwd"):
         flops = float(attention_flops(area, heads, cfg.head_dim, backward=pas == "bwd"))
         s = res[pas]
-        rows.append({"sweep": key["sweep"], "pass": pas, "length": length, "q_start": q0, "heads": heads,
+        rows.append({"sweep": key["sweep"], "pass": pas, "length": length, "q_start": q0, "documents": docs, "heads": heads,
                      "kv_heads": kvh, "flops": flops, **s, "tflops": flops / (s["ms"] * 1e-3) / 1e12, "rotation": res["rotation"],
                      "gbps": np.nan, "bytes": np.nan})
     return rows
@@ -400,10 +417,11 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                               "heads": cfg.q_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim},
         "launch_ms": f"median forward time of a {LAUNCH_PROBE_TOKENS}-token, 1-head call, capped at half the fastest "
                      f"sweep point: {launch:.6f} ms",
-        "heads_half": (f"fitted to the forward heads sweep (one {cfg.heads_length}-token document per call, heads "
+        "heads_half": (f"fitted to the forward heads sweep ({cfg.heads_documents} document(s) of {cfg.heads_length} tokens "
+                       f"per call, heads "
                        f"{hf['heads'].astype(int).tolist()}); worst relative error {heads_err:.2%}"),
         "heads_table": {"heads": hf["heads"].astype(int).tolist(), "tflops": [round(x, 4) for x in hf["tflops"]],
-                        "length": cfg.heads_length},
+                        "length": cfg.heads_length, "documents": cfg.heads_documents},
         "backward_time_ratio": f"median backward / forward time over the length sweep: {bwd_ratio:.4f} (the "
                                f"backward launch cost is launch_ms x it)",
         "backward_curve": (f"backward_rate_inf_tflops, backward_half_length, backward_exponent = "
@@ -535,7 +553,8 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     run = ExperimentRun("calibrate", config, out_dir=out_dir, force=force, quiet=quiet)
     keys = ([{"sweep": "launch", "length": LAUNCH_PROBE_TOKENS, "heads": 1}]
             + [{"sweep": "length", "length": L, "heads": cfg.q_heads} for L in cfg.lengths]
-            + [{"sweep": "heads", "length": cfg.heads_length, "heads": h} for h in cfg.heads]
+            + [{"sweep": "heads", "length": cfg.heads_length, "heads": h, "documents": cfg.heads_documents}
+               for h in cfg.heads]
             + [{"sweep": "piece", "length": L, "q_start": a, "heads": cfg.q_heads} for L, a in piece_points(cfg.lengths)]
             + [{"sweep": "copy"}] + ([{"sweep": "link"}] if cfg.links else []))
 
@@ -621,6 +640,9 @@ def _cpu_sized(ctx: click.Context, device: str, *values):
 @click.option("--head-dim", type=int, default=128, show_default=True, help="head width")
 @click.option("--heads-length", type=SizeType(), default=16384, show_default=True,
               help="document length of the heads sweep")
+@click.option("--heads-tokens", type=SizeType(), default=65536, show_default=True,
+              help="tokens of one heads-sweep call, packed with --heads-length documents (a tile batch's geometry; "
+                   "equal to --heads-length: one document per call)")
 @click.option("--copy-mb", type=click.IntRange(min=1), default=1024, show_default=True,
               help="size of the device-to-device copy (MiB)")
 @click.option("--base-profile", default=DEFAULT_PROFILE, show_default=True,
@@ -633,7 +655,8 @@ def _cpu_sized(ctx: click.Context, device: str, *values):
               help="also time the link between two local ranks (gloo on CPU, NCCL on 2 GPUs) and fit the "
                    "profile's intra-node class to it")
 def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force, no_progress, lengths,
-              heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, base_profile, quick, piece_pricing, links):
+              heads, q_heads, kv_heads, head_dim, heads_length, heads_tokens, copy_mb, base_profile, quick, piece_pricing,
+              links):
     """Measure the attention kernel (Figure 5), device copy bandwidth, and write a measured profile.
 
     On ``--device cpu`` the sweep is CPU-sized unless given (:data:`CPU_DEFAULTS`: lengths 128..8K,
@@ -641,14 +664,15 @@ def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_th
     ...,libra-kt --profile PATH`` balances kernel time with."""
     if quick:
         lengths, heads, q_heads, kv_heads, head_dim = [128, 256, 512, 1024], [1, 2, 4], 4, 2, 32
-        heads_length, warmup, repeats, rotate, copy_mb = 512, 1, 5, 2, 16
+        heads_length, heads_tokens, warmup, repeats, rotate, copy_mb = 512, 512, 1, 5, 2, 16
     else:
-        (lengths, heads, q_heads, kv_heads, head_dim, heads_length, copy_mb, warmup, repeats,
+        (lengths, heads, q_heads, kv_heads, head_dim, heads_length, heads_tokens, copy_mb, warmup, repeats,
          rotate) = _cpu_sized(click.get_current_context(), device, lengths, heads, q_heads, kv_heads, head_dim,
-                              heads_length, copy_mb, warmup, repeats, rotate)
+                              heads_length, heads_tokens, copy_mb, warmup, repeats, rotate)
     try:
         cfg = CalibrateConfig(lengths=tuple(lengths), heads=tuple(heads), q_heads=q_heads, kv_heads=kv_heads,
-                              head_dim=head_dim, heads_length=heads_length, warmup=warmup, repeats=repeats,
+                              head_dim=head_dim, heads_length=heads_length, heads_tokens=heads_tokens, warmup=warmup,
+                              repeats=repeats,
                               rotate=rotate, rotate_mb=rotate_mb, copy_mb=copy_mb, seed=seed, links=links,
                               piece_pricing=piece_pricing)
         res = run_calibrate(cfg, device=device, backend=backend, dtype=dtype, base_profile=base_profile, out=out,

@@ -14,7 +14,7 @@
 #      (falls back to --backend math, with smaller sizes, if none does, and says so)   ~10 s, box 45 s
 #   2. libra-bench calibrate    (Figure 5 + measured profile.json)                       ~40 s, box 100 s
 #   3. libra-bench kernel-sweep (per-call time over lengths 512..256K x 1,2,4,8,32 heads per call,
-#      single / packed / mixed calls; its own --budget-s 60 skips what would not fit)   ~75 s, box 100 s
+#      single / packed / mixed calls; its own --budget-s 110 skips what would not fit)  ~70 s, box 130 s
 #   4. libra-bench sim-check    (cost model with the measured profile vs measured tile batches) box 60 s
 #   5. libra-bench fidelity     (bf16 tiles vs a float64 reference, ratio to bf16 PyTorch), once per
 #      backend that passed the preflight: fidelity/ (the chosen one), fidelity-<backend>/ box 45 s each
@@ -235,7 +235,7 @@ if [ "$CPU_SMOKE" = 1 ]; then
 else
   CAL_ARGS=(--device cuda --lengths 1024,2048,4096,8192,16384,32768,65536 --heads 1,2,4,8,16,32 --q-heads 32
             --kv-heads 4 --head-dim 128 --heads-length 16384 --warmup 3 --repeats 10 --rotate 4 --copy-mb 2048)
-  SWEEP_ARGS=(--device cuda --budget-s 60)
+  SWEEP_ARGS=(--device cuda --budget-s 110)
   SIM_ARGS=(--device cuda --seq-len 65536 --pool-size 2 --cp 4 --block-size 4096 --head-split 2 --pipeline-chunks 4
             --q-heads 32 --kv-heads 4 --head-dim 128 --windows 4 --warmup 2 --repeats 5 --rotate 2)
   FID_ARGS=(--device cuda --ref-dtype fp64 --seq-len 8192 --pool-size 2 --cp 2 --block-size 1024 --head-split 2
@@ -257,7 +257,7 @@ if [ ! -f "$PROFILE" ]; then
   PROFILE=h100-roce-v1
   say "no measured profile: sim-check and tile-overhead use the built-in $PROFILE (sim-check's errors then say little)"
 fi
-run_step kernel-sweep 100 "${CLI[@]}" kernel-sweep "${SWEEP_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/kernel-sweep"
+run_step kernel-sweep 130 "${CLI[@]}" kernel-sweep "${SWEEP_ARGS[@]}" --backend "$BACKEND" --no-progress --overwrite --out "$OUT_DIR/kernel-sweep"
 run_step sim-check 60 "${CLI[@]}" sim-check "${SIM_ARGS[@]}" --backend "$BACKEND" --profile "$PROFILE" --no-progress --overwrite --out "$OUT_DIR/sim-check"
 FID_STEPS=""
 for be in $GOOD; do
