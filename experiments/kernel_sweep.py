@@ -63,6 +63,8 @@ from libra.runtime.kernels import Segments
 from libra.workload import attention_flops, sample_area
 
 LAYOUTS = ("single", "packed", "mixed", "short-batch")
+ESTIMATE_FLOPS = 1e13
+"""Forward FLOPs of a point long enough (tens of ms on a GPU) to extrapolate the budget from."""
 
 
 @dataclass(frozen=True)
@@ -335,9 +337,11 @@ def run_kernel_sweep(cfg: KernelSweepConfig, device: str = "auto", backend: str 
 
 def measure_all(run: ExperimentRun, cfg: KernelSweepConfig, backend, device, dtype,
                 budget_s: float | None) -> tuple[list[dict], list[dict]]:
-    """Every point's rows, cheapest first (cached points reused); a point whose estimated cost (its
-    FLOPs at the slowest seconds-per-FLOP seen so far, twice over for the probe) would pass
-    ``budget_s`` is skipped and recorded in the rows, never in the point cache."""
+    """Every point's rows, cheapest first (cached points reused); a point whose estimated cost would
+    pass ``budget_s`` is skipped and recorded in the rows, never in the point cache. The estimate is
+    the point's FLOPs at the wall seconds per FLOP of the last measured point of at least
+    :data:`ESTIMATE_FLOPS` (inputs, probe and timed calls included; below that, per-call overheads
+    dominate and would over-estimate the long calls)."""
     from experiments.progress import progress  # noqa: PLC0415
 
     run.claim_folder()
@@ -350,7 +354,7 @@ def measure_all(run: ExperimentRun, cfg: KernelSweepConfig, backend, device, dty
             flops = point_flops(key, cfg)
             if got is not None:
                 run.reused += 1
-            elif budget_s is not None and time.monotonic() - t0 + 2 * flops * sec_per_flop > budget_s:
+            elif budget_s is not None and time.monotonic() - t0 + flops * sec_per_flop > budget_s:
                 skipped.append(key)
                 seg = geometry(key["layout"], int(key["length"]), cfg)
                 heads = int(key["heads"])
@@ -362,8 +366,8 @@ def measure_all(run: ExperimentRun, cfg: KernelSweepConfig, backend, device, dty
                 synchronize(device)
                 run.record(key, got)
                 run.computed += 1
-                if flops >= 1e11:  # compute-bound enough to extrapolate from
-                    sec_per_flop = max(sec_per_flop, (time.monotonic() - t1) / flops)
+                if flops >= ESTIMATE_FLOPS:
+                    sec_per_flop = (time.monotonic() - t1) / flops
             rows += got
             bar.advance()
     return rows, skipped
