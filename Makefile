@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
-        plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke clean
+        plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke fig12-h200 clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -109,10 +109,18 @@ extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive;
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions fig12-h200 reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh
+
+H200 := results/gpu/nvidia-h200
+
+fig12-h200: $(STAMP)  ## Figure 12 simulated with the H200-measured profile (libra, libra-adaptive vs Ulysses) on three corpora
+	$(BENCH) straggler --workload libra-prod --methods ulysses,libra,libra-adaptive --profile $(H200)/calibrate/profile.json --out $(H200)/straggler-libra-prod $(RESULTS)
+	$(BENCH) straggler --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --methods ulysses,libra,libra-adaptive --profile $(H200)/calibrate/profile.json --out $(H200)/straggler-wikipedia $(RESULTS)
+	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_prolong.json --methods ulysses,libra,libra-adaptive --profile $(H200)/calibrate/profile.json --out $(H200)/straggler-prolong $(RESULTS)
+	$(BENCH) gpu-summary $(H200) --title "GPU check (nvidia-h200)"
 
 gpu-smoke: $(STAMP)  ## the same pipeline on CPU with tiny sizes (checks the script, not the GPU)
 	PYTHON=$(BIN)/python bash scripts/gpu_check.sh --cpu-smoke results/gpu/cpu-smoke

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "sim-check": "experiments.sim_check:sim_check",
     "fidelity": "experiments.fidelity:fidelity",
     "kernel-sweep": "experiments.kernel_sweep:kernel_sweep",
+    "gpu-summary": "experiments.gpu_summary:gpu_summary",
     "tile-overhead": "experiments.tile_overhead:tile_overhead",
     "fit-links": "experiments.fit_links:fit_links",
 }

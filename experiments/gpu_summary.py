@@ -1,14 +1,21 @@
-"""``summary.md`` of a device run (``scripts/gpu_check.sh``): every figure the steps measured.
+"""`libra-bench gpu-summary`: ``summary.md`` of a device run (``scripts/gpu_check.sh``).
 
-Read from the ``run.json`` of each step folder (``calibrate``, ``kernel-sweep``, ``sim-check``,
-``fidelity`` and ``fidelity-<backend>``, ``tile-overhead``); a step that did not finish is listed as
-missing. One function per section.
+Every figure the steps measured, read from the ``run.json`` of each step folder (``calibrate``,
+``kernel-sweep``, ``sim-check``, ``fidelity`` and ``fidelity-<backend>``, ``tile-overhead``; a step
+that did not finish is listed as missing), the code fingerprint the steps ran (against this
+checkout's), and, for each ``straggler-*`` folder beside them (``make fig12-h200``: Figure 12
+simulated with the measured profile), each method's speedup and ``libra-adaptive``'s gain over
+``libra`` under that profile against the same workload's run with the default profile under
+``--results``. One function per section.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import click
+import pandas as pd
 
 from experiments.gpu_common import sim_check_verdict
 
@@ -136,19 +143,113 @@ def tile_section(tile: dict | None) -> list[str]:
     return lines + [""]
 
 
-def gpu_summary_markdown(out_dir, status: dict | None = None, title: str = "GPU check") -> str:
+def provenance_section(runs: list[dict | None]) -> list[str]:
+    """The code the steps ran, by fingerprint (a device's copy of the repository may carry another
+    commit's ``.git``, so the recorded git SHA can name the wrong commit)."""
+    from experiments.runner import code_fingerprint  # noqa: PLC0415
+
+    prints = sorted({r.get("code_fingerprint") for r in runs if r and r.get("code_fingerprint")})
+    if not prints:
+        return []
+    here = code_fingerprint()
+    same = "the same code as this checkout" if prints == [here] else f"this checkout's is {here}"
+    shas = sorted({(r.get("environment") or {}).get("git_sha", "?")[:12] for r in runs if r})
+    return ["## Code", "", f"Steps ran code fingerprint {', '.join(prints)} ({same}); their run records name git "
+            f"{', '.join(shas)}.", ""]
+
+
+def _default_counterpart(sources, workload: str, profile: str):
+    """The latest default-profile straggler run of ``workload`` with ``libra`` and ``libra-adaptive``."""
+    from experiments.report import latest  # noqa: PLC0415
+
+    def fits(src) -> bool:
+        methods = src.config.get("methods") or []
+        return (src.workload == workload and src.profile_name == profile and src.config.get("jitter", True)
+                and not src.config.get("known_speeds", False) and "libra" in methods and "libra-adaptive" in methods)
+
+    return latest(sources, "straggler", fits)
+
+
+def profile_section(out_dir: Path, results: Path | None) -> list[str]:
+    """Figure 12 simulated with the measured profile (``straggler-*`` folders) against the default profile."""
+    from experiments.report import Source, discover  # noqa: PLC0415
+    from libra.sim.profiles import DEFAULT_PROFILE  # noqa: PLC0415
+
+    runs = sorted(p for p in out_dir.glob("straggler-*") if (p / "run.json").exists())
+    if not runs:
+        return []
+    others = discover(results)[0] if results is not None and Path(results).is_dir() else []
+    lines = ["## Figure 12 simulated with this profile (make fig12-h200)", "",
+             f"Mean-straggler speedup over Ulysses, each method planned and scored with the profile named; "
+             f"`libra-adaptive` / `libra` is the extension's gain (its planner prices candidates with the same "
+             f"profile that scores it). Default: {DEFAULT_PROFILE}.", "",
+             "| workload | setting | profile | libra | libra-adaptive | libra-adaptive / libra | source |",
+             "|---|---|---|---|---|---|---|"]
+    for folder in runs:
+        src = Source("straggler", folder, read_run(folder), str(folder))
+        pairs = [(src, src.profile_name)]
+        dflt = _default_counterpart(others, src.workload, DEFAULT_PROFILE)
+        if dflt is not None:
+            pairs.append((dflt, DEFAULT_PROFILE))
+        for run, name in pairs:
+            t = pd.read_csv(run.folder / "straggler_summary.csv").set_index(["setting", "method"])
+            for st in dict.fromkeys(k[0] for k in t.index):
+                lib, ada = t.loc[(st, "libra")], t.loc[(st, "libra-adaptive")]
+                lines.append(f"| {src.workload} | {st} | {name} | {lib['mean_speedup']:.2f}x | {ada['mean_speedup']:.2f}x "
+                             f"| {lib['mean_ms'] / ada['mean_ms']:.3f} | `{run.label}` |")
+    return lines + [""]
+
+
+def gpu_summary_markdown(out_dir, status: dict | None = None, title: str = "GPU check",
+                         results: str | Path | None = None) -> str:
     """``summary.md`` of a device run (module docstring).
 
     Args:
         out_dir: folder holding the step folders.
         status: optional ``{step: "ok (40s)" | "FAILED ..." | ...}`` from the driver script.
+        results: the results tree holding the default-profile runs the profile section compares with.
     """
     out_dir = Path(out_dir)
     cal, sweep, sim, tile = (read_run(out_dir / s) for s in ("calibrate", "kernel-sweep", "sim-check", "tile-overhead"))
     folders = ["fidelity"] + sorted(p.name for p in out_dir.glob("fidelity-*") if p.is_dir())
     fids = {f: r for f in folders if (r := read_run(out_dir / f))}
-    lines = [f"# {title}", ""] + environment_section([cal, sweep, sim, *fids.values(), tile], status or {})
+    steps = [cal, sweep, sim, *fids.values(), tile]
+    lines = [f"# {title}", ""] + environment_section(steps, status or {}) + provenance_section(steps)
     for section in (calibrate_section(cal), sweep_section(sweep), sim_check_section(sim), fidelity_section(fids),
-                    tile_section(tile)):
+                    tile_section(tile), profile_section(out_dir, results)):
         lines += section
+    log = (out_dir / "gpu_check.log").read_text() if (out_dir / "gpu_check.log").exists() else ""
+    for said, note in (("rich missing", "rich was not installed; a no-op progress stand-in was used."),
+                       ("numba hidden", "numba was hidden from the steps; planning ran on the numpy paths (the same "
+                                        "plans).")):
+        if said in log:
+            lines += [f"Note: {note}", ""]
+    for name in ("preflight.txt", "env.txt"):
+        if (out_dir / name).exists():
+            lines += [f"## {name}", "", "```", (out_dir / name).read_text().rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def read_status(path: Path | None) -> dict:
+    """``{step: status}`` from the driver script's ``steps.tsv`` (tab-separated), empty without one."""
+    if path is None or not Path(path).exists():
+        return {}
+    return dict(line.split("\t", 1) for line in Path(path).read_text().splitlines() if "\t" in line)
+
+
+@click.command("gpu-summary")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--title", default=None, help="heading (default: 'GPU check (<folder name>)')")
+@click.option("--results", type=click.Path(file_okay=False), default="results", show_default=True,
+              help="results tree with the default-profile Figure 12 runs the profile section compares with")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="markdown file (default FOLDER/summary.md)")
+def gpu_summary(folder, title, results, out):
+    """Write FOLDER/summary.md from a device run's step folders (scripts/gpu_check.sh calls this; rerun it
+    after adding straggler-* runs with the measured profile)."""
+    from experiments.runner import atomic_write_text  # noqa: PLC0415
+
+    folder = Path(folder)
+    text = gpu_summary_markdown(folder, read_status(folder / "steps.tsv"), title or f"GPU check ({folder.name})",
+                                results)
+    path = atomic_write_text(Path(out) if out else folder / "summary.md", text)
+    click.echo(f"wrote {path}")

@@ -43,6 +43,10 @@ SETTING_OF_SEQ = SEQ_LABEL
 # --------------------------------------------------------------------------------------------
 
 
+PROFILE_PRODUCERS = ("calibrate",)
+"""Experiments whose run record carries the profile they wrote, not one they were priced with."""
+
+
 @dataclass(frozen=True)
 class Source:
     """One discovered result folder (a ``run.json`` and its CSVs).
@@ -74,7 +78,11 @@ class Source:
 
     @property
     def profile(self) -> dict | None:
-        """The profile record (a dict from the run record or its config; a bare name otherwise)."""
+        """The profile record the run was priced with (a dict from the run record or its config; a bare
+        name otherwise); None for a run that priced nothing, such as ``calibrate``, whose record holds
+        the profile it measured (an output, not the run's premise)."""
+        if self.experiment in PROFILE_PRODUCERS:
+            return None
         cands = (self.record.get("profile"), self.config.get("profile"))
         for prof in cands:
             if isinstance(prof, dict):
@@ -840,8 +848,8 @@ def _kept(df: pd.DataFrame, sweep: str, x: str, pas: str, value: int) -> float:
 
 
 def rows_fig5(sources) -> list[Row]:
-    """Figure 5 at the Pipeliner's cut: throughput kept with 1/4 of the heads per call against a block
-    1/4 as long (the latest CUDA calibration, else any)."""
+    """Figure 5 at the Pipeliner's cut: throughput kept with 1/4 of the heads per call against the heads
+    curve's document cut into blocks 1/4 as long (the latest CUDA calibration, else any)."""
     src = latest(sources, "calibrate", _on_cuda) or latest(sources, "calibrate")
     k = PAPER["fig5"]["reduction"]
     r = Row("fig5", "Fig. 5", "", "throughput falls less with fewer heads per call than with shorter blocks",
@@ -851,7 +859,8 @@ def rows_fig5(sources) -> list[Row]:
     cfg, df = src.config, src.csv()
     qh, hl = int(cfg.get("q_heads", 0)), int(cfg.get("heads_length", 0))
     lengths = sorted(int(x) for x in df[df.sweep == "length"]["length"].unique())
-    long_ = max((L for L in lengths if L // k in lengths), default=None)
+    # the heads curve's own document length cut into k blocks: the alternative the Pipeliner avoids
+    long_ = hl if hl in lengths and hl // k in lengths else max((L for L in lengths if L // k in lengths), default=None)
     if not qh or qh % k or long_ is None:
         return [r]
     heads = {p: _kept(df, "heads", "heads", p, qh // k) / _kept(df, "heads", "heads", p, qh) for p in ("fwd", "bwd")}

@@ -108,8 +108,9 @@ class TileOverheadConfig:
         for name in ("window", "step", "warmup", "seed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.worker is not None and self.worker < 0:
-            raise ValueError(f"worker must be >= 0, got {self.worker}")
+        workers = self.setting.dp * self.setting.cp
+        if self.worker is not None and not 0 <= self.worker < workers:
+            raise ValueError(f"worker {self.worker} is not in the plan: the layout has workers 0..{workers - 1}")
         if not self.target_ms > 0:
             raise ValueError(f"target_ms must be > 0, got {self.target_ms}")
         make_shape(self.q_heads, self.kv_heads, self.head_dim)  # GQA check

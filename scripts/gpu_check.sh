@@ -276,23 +276,8 @@ for k in preflight calibrate kernel-sweep sim-check $FID_STEPS tile-overhead tot
 done
 TITLE="GPU check ($SLUG)"
 if [ "$CPU_SMOKE" = 1 ]; then TITLE="CPU smoke of scripts/gpu_check.sh (NOT GPU figures)"; fi
-"$PY" - "$OUT_DIR" "$STATUS_FILE" "$TITLE" <<'EOF' || { say "summary failed"; FAILED=1; }
-import sys
-from pathlib import Path
-from experiments.gpu_summary import gpu_summary_markdown
-out, title = Path(sys.argv[1]), sys.argv[3]
-status = dict(line.split("\t", 1) for line in Path(sys.argv[2]).read_text().splitlines() if "\t" in line)
-text = gpu_summary_markdown(out, status, title)
-if (out / ".shim").exists():
-    text += "\nNote: rich was not installed; a no-op progress stand-in was used.\n"
-if (out / ".shim-nonumba").exists():
-    text += "\nNote: numba was hidden from the steps; planning ran on the numpy paths (the same plans).\n"
-for name in ("preflight.txt", "env.txt"):
-    if (out / name).exists():
-        text += f"\n## {name}\n\n```\n" + (out / name).read_text() + "```\n"
-(out / "summary.md").write_text(text)
-print(text)
-EOF
+"${CLI[@]}" gpu-summary "$OUT_DIR" --title "$TITLE" >>"$LOG" 2>&1 || { say "summary failed"; FAILED=1; }
+[ -f "$OUT_DIR/summary.md" ] && cat "$OUT_DIR/summary.md"
 say "done in $(( $(date +%s) - START ))s; summary: $OUT_DIR/summary.md"
 if [ "$FAILED" != 0 ]; then
   say "at least one step failed, was skipped or fell back; see $OUT_DIR/summary.md and $LOG"

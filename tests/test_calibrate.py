@@ -324,3 +324,23 @@ def test_piece_pricing_choice_is_checked():
         CalibrateConfig(piece_pricing="tokens")
     res = CliRunner().invoke(calibrate, [*TINY, "--piece-pricing", "tokens"])
     assert res.exit_code != 0 and "tokens" in res.output
+
+
+def test_heads_sweep_packs_documents_into_each_call(tmp_path):
+    cfg = CalibrateConfig(lengths=(64, 128, 256), heads=(1, 2), q_heads=2, kv_heads=1, head_dim=16, heads_length=128,
+                          heads_tokens=512, warmup=0, repeats=1, rotate=1, copy_mb=1)
+    assert cfg.heads_documents == 4
+    assert CalibrateConfig(heads_length=16384, heads_tokens=1000).heads_documents == 1
+    import torch
+
+    from experiments.calibrate import kernel_point
+    from libra.runtime.kernels import get_backend
+
+    rows = kernel_point({"sweep": "heads", "length": 128, "heads": 2, "documents": 4}, get_backend("math"), cfg,
+                        torch.device("cpu"), torch.float32)
+    one = kernel_point({"sweep": "heads", "length": 128, "heads": 2}, get_backend("math"), cfg, torch.device("cpu"),
+                       torch.float32)
+    assert rows[0]["documents"] == 4 and one[0]["documents"] == 1
+    assert rows[0]["flops"] == pytest.approx(4 * one[0]["flops"])  # four documents' work in one call
+    with pytest.raises(ValueError, match="heads_tokens must be a positive integer"):
+        CalibrateConfig(heads_tokens=0)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from experiments.cli import COMMANDS, main
 
 COMMON = ("--quick", "--no-progress", "--seed", "--out", "--force")
-READERS = {"report": "--out", "compare": "--out"}  # read finished folders: no stream, nothing to recompute
+READERS = {"report": "--out", "compare": "--out", "gpu-summary": "--out"}  # read finished folders: no stream, nothing to recompute
 PARTIAL = {"fit-links": ("--quick", "--seed", "--out")}  # one fit, no point cache and no progress bar
 
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from experiments.cli import main
 from experiments.gpu_summary import gpu_summary_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,8 +76,56 @@ def test_summary_markdown_quotes_every_figure(tmp_path):
     assert "median |error|: 6.1%" in text and "worst |error|: 19.0%" in text and "target <= 10%: met" in text
     assert "under `prefix-difference` the median |error| would be 4.4%" in text
     assert "effective-length 12.0%, prefix-difference 3.1%" in text and "keeps `effective-length`" in text
-    assert "missing (fidelity did not finish)" in text
+    assert "missing (fidelity did not finish)" in text and "missing (tile-overhead did not finish)" in text
     assert "torch: 2.11.0" in text and "driver: 570.1" in text and "calibrate: ok (40s)" in text
+
+
+def test_summary_markdown_quotes_the_sweep_parity_and_tile_overhead(tmp_path):
+    _fake_run(tmp_path / "kernel-sweep", {
+        "backend": "aten-flash", "dtype": "bf16", "multiprocessors": 132, "budget_s": 110.0,
+        "skipped": [{"layout": "single", "length": 262144, "heads": 32}],
+        "heads_half_by_length": [{"layout": "single", "length": 512, "pass": "fwd", "heads_half": 99.0,
+                                  "worst_rel_err": 0.097, "min_heads": 1, "reference_heads": 32,
+                                  "min_heads_ratio": 0.037}],
+        "joint_heads_half": {"fwd": {"heads_half": 0.3257, "median_rel_err": 0.194, "points": 50}},
+        "mixed": [{"length": 16384, "heads": 1, "pass": "fwd", "ratio": 0.887}]})
+    for folder, backend in (("fidelity", "aten-flash"), ("fidelity-torch-varlen", "torch-varlen")):
+        _fake_run(tmp_path / folder, {
+            "backend": backend, "dtype": "bf16", "ref_dtype": "fp64", "fwd_limit": 2.0, "grad_limit": 3.0,
+            "worst_ratio": {"pool.out": 0.614, "pool.dq": 0.746}, "all_passed": True, "all_within_2x": True})
+    _fake_run(tmp_path / "tile-overhead", {
+        "setting": "256k", "profile": "p", "target_ratio": 1.05,
+        "methods": {"libra": {"worker": 172, "calls": 4, "runtime_ratio": 1.02, "calls_ratio": 1.004,
+                              "one_call_ms": 313.3, "model_err_calls": 0.047}}})
+    (tmp_path / "gpu_check.log").write_text("[gpu_check] numba hidden from the steps\n")
+    text = gpu_summary_markdown(tmp_path, {}, "GPU check")
+    assert "| single | 512 | fwd | 99 | 9.7% | 0.037 (1 vs 32) |" in text
+    assert "one c over every single-document length (fwd): 0.3257" in text
+    assert "0.887 x its parts run alone" in text and "single 262144x32" in text
+    assert "`fidelity/`: backend aten-flash" in text and "`fidelity-torch-varlen/`: backend torch-varlen" in text
+    assert "| libra | 172 | 4 | 1.020 | 1.004 | 313.3 | +4.7% |" in text
+    assert "numba was hidden" in text and "rich was not installed" not in text
+
+
+def test_gpu_summary_compares_the_profile_runs_with_the_default(tmp_path):
+    import pandas as pd
+
+    def straggler(folder, profile, gain):
+        folder.mkdir(parents=True)
+        rows = [{"setting": "256k", "method": m, "mean_ms": ms, "mean_speedup": 300.0 / ms}
+                for m, ms in (("ulysses", 300.0), ("libra", 100.0), ("libra-adaptive", 100.0 / gain))]
+        pd.DataFrame(rows).to_csv(folder / "straggler_summary.csv", index=False)
+        (folder / "run.json").write_text(json.dumps({
+            "experiment": "straggler", "finished_utc": "2026-01-01T00:00:00", "profile": {"name": profile},
+            "config": {"workload": "libra-prod", "jitter": True, "methods": ["ulysses", "libra", "libra-adaptive"]}}))
+
+    straggler(tmp_path / "gpu" / "straggler-libra-prod", "measured", 1.25)
+    straggler(tmp_path / "results" / "straggler-extensions", "h100-roce-v1", 1.5)
+    res = CliRunner().invoke(main, ["gpu-summary", str(tmp_path / "gpu"), "--results", str(tmp_path / "results")])
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "gpu" / "summary.md").read_text()
+    assert "| libra-prod | 256k | measured | 3.00x | 3.75x | 1.250 |" in text
+    assert "| libra-prod | 256k | h100-roce-v1 | 3.00x | 4.50x | 1.500 |" in text
 
 
 @pytest.mark.slow

@@ -163,3 +163,43 @@ def test_an_ad_hoc_report_never_replaces_the_committed_one(tmp_path, monkeypatch
     assert r.exit_code == 0, r.output
     assert (tmp_path / "runs/report/runs-h100-roce-v1/REPRODUCTION.md").is_file()
     assert not (tmp_path / "results").exists()
+
+
+def _calibrate_run(folder, heads_keep, length_keep, device="cuda"):
+    """A calibrate record: heads curve kept fraction per heads, length curve per block length."""
+    rows = [{"sweep": "heads", "pass": p, "length": 16384, "documents": 4, "heads": h, "normalized": v}
+            for p in ("fwd", "bwd") for h, v in heads_keep.items()]
+    rows += [{"sweep": "length", "pass": p, "length": L, "documents": 1, "heads": 32, "normalized": v}
+             for p in ("fwd", "bwd") for L, v in length_keep.items()]
+    write_run(folder, "calibrate", {"device": device, "backend": "aten-flash", "dtype": "bf16", "q_heads": 32,
+                                    "heads_length": 16384}, "calibrate", pd.DataFrame(rows),
+              profile={"name": "nvidia-h200-aten-flash-measured"})
+
+
+def test_fig5_row_compares_fewer_heads_with_shorter_blocks(tmp_path):
+    from experiments.report import discover, rows_fig5
+
+    _calibrate_run(tmp_path / "gpu" / "calibrate", {8: 0.99, 32: 1.0}, {4096: 0.77, 16384: 1.0, 65536: 1.0})
+    row = rows_fig5(discover(tmp_path)[0])[0]
+    assert "8 of 32 heads per call keep 0.99" in row.ours and "a 4096-token block keeps 0.77" in row.ours
+    assert verdict(row.pairs).startswith("agrees")
+    _calibrate_run(tmp_path / "gpu2" / "calibrate", {8: 0.5, 32: 1.0}, {4096: 0.77, 16384: 1.0})
+    src = discover(tmp_path / "gpu2")[0]
+    assert verdict(rows_fig5(src)[0].pairs).startswith("differs")
+    # the record's measured profile is an output: the row is in the main table, not a sensitivity one
+    out, rows = generate(tmp_path, tmp_path / "R.md")
+    assert any(r.key == "fig5" and r.source is not None for r in rows)
+
+
+def test_sec67_row_takes_the_backend_the_gpu_run_used_and_lists_the_others(tmp_path):
+    from experiments.report import rows_sec67
+
+    def fid(folder, backend, ratio):
+        df = pd.DataFrame([{"quantity": q, "ratio": ratio, "passed": True} for q in ("out", "dq", "dk", "dv")])
+        write_run(folder, "fidelity", {"device": "cuda", "backend": backend, "dtype": "bf16"}, "fidelity", df,
+                  profile=None)
+
+    fid(tmp_path / "gpu" / "fidelity", "aten-flash", 0.7)
+    fid(tmp_path / "gpu" / "fidelity-torch-varlen", "torch-varlen", 0.9)  # same finish time, later label
+    row = rows_sec67(discover(tmp_path)[0])[0]
+    assert row.setting == "cuda aten-flash bf16" and "torch-varlen: fwd 0.90" in row.ours
