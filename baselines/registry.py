@@ -38,7 +38,12 @@ PLANNERS: dict[str, str] = {
     # Ulysses with the window sorted across GA steps (VRSP at P = 1); a baseline, not in the paper
     "ulysses-sorted": "baselines.ulysses:UlyssesSortedPlanner",
     "wlb-llm": "baselines.wlbllm:WlbLlmPlanner",
+    # DistCA's own planning algorithm (hao-ai-lab/DistCA's planner), and the Libra paper's emulation of it
     "distca": "baselines.distca:DistCAPlanner",
+    "distca-paper": "baselines.distca_paper:DistCAPaperPlanner",
+    # Megatron Core's dynamic context parallelism (DefaultDynamicCPScheduler); may form another
+    # number of microbatches than GA
+    "dynamic-cp": "baselines.dynamic_cp:DynamicCPPlanner",
     "libra-tap": "baselines.libra_planners:LibraTapPlanner",
     "libra-tap-vrsp": "baselines.libra_planners:LibraTapVrspPlanner",
     "libra": "baselines.libra_planners:LibraPlanner",

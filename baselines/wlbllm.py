@@ -295,11 +295,12 @@ def wlb_sequence(bucket: int, dp_rank: int, doc_lengths, cp: int) -> SequenceLay
                           dp_rank * cp + rank)
 
 
-def wlb_tiles(seq: SequenceLayout, shape: AttentionShape) -> TileTable:
-    """One tile per chunk, all query heads, computed where it lives (``dest == q_home``)."""
+def wlb_tiles(seq: SequenceLayout, shape: AttentionShape, seq_index: int = 0) -> TileTable:
+    """One tile per chunk, all query heads, computed where it lives (``dest == q_home``); ``seq_index``
+    is the sequence's index in its pool."""
     n = len(seq.holder_start)
     heads = shape.num_q_heads
-    return TileTable(seq=np.zeros(n), q_start=seq.holder_start, q_end=seq.holder_end,
+    return TileTable(seq=np.full(n, seq_index), q_start=seq.holder_start, q_end=seq.holder_end,
                      head_start=np.zeros(n), head_end=np.full(n, heads), q_home=seq.holder_worker,
                      dest=seq.holder_worker,
                      flops=tile_flops(seq, seq.holder_start, seq.holder_end, heads, shape.head_dim))

@@ -4,7 +4,7 @@ Every worker runs its complete core-attention call for each step (GA index) of e
 forward + backward (or forward only), communication and computation, for every method:
 
 * ``ulysses``: the deployed Ulysses runtime (:mod:`baselines.ulysses_runtime`, all-to-all);
-* every other registry planner (``libra``, ``libra-tap``, ``libra-tap-vrsp``, ``distca``,
+* every other registry planner (``libra``, ``libra-tap``, ``libra-tap-vrsp``, ``distca``, ``distca-paper``,
   ``wlb-llm``): its Plans executed by :func:`libra.runtime.attention.libra_attention`.
 
 A step's straggler is the slowest worker's time (median over ``--repeats`` barrier-aligned
@@ -94,7 +94,8 @@ from experiments.options import DtypeType, SizeType, apply_quick, overwrite_opti
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
-METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "libra-adaptive")
+METHODS = ("ulysses", "wlb-llm", "distca", "distca-paper", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt",
+           "libra-adaptive")
 PROFILED = ("libra-kt", "libra-adaptive")
 """The methods that plan with a hardware profile (``--profile``)."""
 DTYPES = ("fp32", "bf16", "fp64", "fp16")

@@ -42,7 +42,7 @@ the targets belong to the paper's runs only (``libra-prod``, a paper layout with
 paper's head shape; :func:`experiments.paper.paper_settings`): any other run has ``paper_ms``
 NaN and prints no targets. A layout of your own writes to ``runs/plan-cost/<workload>-<layout>/``
 unless ``--out`` says otherwise (:func:`experiments.runner.default_out_dir`). Besides timing, the
-command plans every window with ``ulysses``, ``wlb-llm``, ``libra`` and ``distca`` and reports per
+command plans every window with ``ulysses``, ``wlb-llm``, ``libra``, ``distca-paper`` and ``distca`` and reports per
 method the max/mean worker FLOPs (over the PP stage at the worst GA index, and inside the worst
 pool, next to the floor the heaviest indivisible tile sets) and the forward bytes moved per
 optimizer step (``plan-cost-quality.csv`` one row per window and method; ``run.json`` aggregated).
@@ -106,7 +106,7 @@ default of ``--q-heads --kv-heads --head-dim``."""
 
 PAPER_MS = {name: NUMBERS["sec5"][paper_label(name)] for name in ("256k", "1m")}  # Libra sec. 5 (experiments.paper)
 """Libra sec. 5's timings (ms, one CPU core) of the paper's settings (:data:`experiments.sim_common.SETTINGS`)."""
-QUALITY_METHODS = ("ulysses", "wlb-llm", "libra", "distca")
+QUALITY_METHODS = ("ulysses", "wlb-llm", "libra", "distca-paper", "distca")
 STAGES = ("vrsp", "tap", "compile", "prepare")
 """Main stages (one CSV row each per setting); ``tap.*`` and ``prepare.*`` rows are their parts."""
 TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0},
@@ -487,11 +487,11 @@ def echo_timings(s: Setting, sub: pd.DataFrame, paper: bool, placer: str, method
 def echo_quality(quality: pd.DataFrame) -> None:
     """Print one setting's plan balance and traffic per method of :data:`QUALITY_METHODS`."""
     q = summarize_quality(quality).set_index("method")
-    click.echo(f"  {'method':8s} {'max/mean FLOPs (stage)':>22s} {'worst pool max/mean':>20s} "
+    click.echo(f"  {'method':12s} {'max/mean FLOPs (stage)':>22s} {'worst pool max/mean':>20s} "
                f"{'(tile bound)':>12s} {'bytes moved/step':>17s} {'pools > 1+tau':>14s} {'(big tile)':>10s}")
     for m in QUALITY_METHODS:
         r = q.loc[m]
-        click.echo(f"  {m:8s} {r.stage_max_over_mean:22.3f} {r.pool_max_over_mean:20.3f} "
+        click.echo(f"  {m:12s} {r.stage_max_over_mean:22.3f} {r.pool_max_over_mean:20.3f} "
                    f"{r.worst_pool_tile_bound:12.3f} {r.bytes_total / 2**30:13.2f} GiB "
                    f"{int(r.pools_over_1_plus_tau):8d}/{int(r.pools):<5d} {int(r.pools_over_with_tile_above_target):10d}")
     click.echo("  (stage: mean over windows of the worst GA index; bytes: mean forward bytes per step;"

@@ -37,6 +37,8 @@ METHOD_PALETTE: dict[str, str] = {
     "ulysses": "#7f7f7f",
     "wlb-llm": "#9467bd",
     "distca": "#2ca02c",
+    "distca-paper": "#98df8a",
+    "dynamic-cp": "#17becf",
     "libra-tap": "#ff7f0e",
     "libra-tap-vrsp": "#8c564b",
     "libra": "#d62728",

@@ -25,10 +25,13 @@ from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
 from libra.sim.topology import Topology
 from libra.workload import AttentionShape
 
-METHODS = ("ulysses", "ulysses-sorted", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra")
-"""Planner registry names of the default Figure 12 run: the paper's six in its order plus
-``ulysses-sorted`` (not in the paper: Ulysses with the window sorted across GA steps, which
-separates the gain of cross-step sorting from the gain of pooling)."""
+METHODS = ("ulysses", "ulysses-sorted", "wlb-llm", "dynamic-cp", "distca-paper", "distca", "libra-tap",
+           "libra-tap-vrsp", "libra")
+"""Planner registry names of the default Figure 12 run: the paper's six in its order (its DistCA is
+``distca-paper``, the paper's emulation) plus ``ulysses-sorted`` (not in the paper: Ulysses with the
+window sorted across GA steps, which separates the gain of cross-step sorting from the gain of
+pooling), ``dynamic-cp`` (Megatron Core's dynamic context parallelism) and ``distca`` (DistCA's own
+planning algorithm)."""
 
 OPTIONAL_METHODS = ("libra-kt", "libra-adaptive")
 """Registry planners beyond the paper's six that ``--methods`` accepts but no default list runs:
@@ -37,7 +40,8 @@ the fastest of Alg. 2 and adaptive tilings/placements, then of the Pipeliner's h
 tile-grouped chunks, under the cost model (extensions, not in the
 paper; both plan with the run's ``--profile``, which :func:`planner_options` passes them)."""
 
-LABELS = {"ulysses": "Ulysses", "ulysses-sorted": "Ulysses (sorted)", "wlb-llm": "WLB-LLM", "distca": "DistCA",
+LABELS = {"ulysses": "Ulysses", "ulysses-sorted": "Ulysses (sorted)", "wlb-llm": "WLB-LLM",
+          "dynamic-cp": "Dynamic CP (Megatron)", "distca-paper": "DistCA (paper's emulation)", "distca": "DistCA",
           "libra-tap": "Libra (TAP)", "libra-tap-vrsp": "Libra (TAP+VRSP)", "libra": "Libra (full)",
           "libra-kt": "Libra (kernel-time TAP)", "libra-adaptive": "Libra (adaptive)"}
 

@@ -7,7 +7,9 @@ all methods (``--no-jitter``: every GPU at speed 1, recorded as ``jitter`` in ``
 config). A step's straggler is its slowest worker's forward + backward core-attention time
 (compute + exposed communication). Per method we report the mean straggler over all steps and the
 worst step of a window (averaged over windows), both normalised to Ulysses' mean, the speedups
-over Ulysses (and their spread over windows), the paper's speedups where sec. 6.3 gives them, and
+over Ulysses (and their spread over windows), the window total (a window's step stragglers summed:
+the one comparable figure for a planner that forms another number of microbatches than GA, such
+as ``dynamic-cp``) and its speedup, the paper's speedups where sec. 6.3 gives them, and
 the ratio of the straggler to the perfect-balance bound (total attention compute of the step
 spread over all workers at the kernel's best rate, ``bound_ratio``) and to the step's own kernel
 time spread evenly (``balanced_ratio``).
@@ -217,8 +219,10 @@ def loss_decomposition(g: pd.DataFrame) -> dict:
 
 
 def summarize(df: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:
-    """Per (setting, method): mean straggler, mean per-window worst step, both / Ulysses' mean, and
-    the loss decomposition (geometric means over steps) with the FLOPs-only limit.
+    """Per (setting, method): mean straggler, mean per-window worst step, both / Ulysses' mean, the
+    window total (``window_ms``: a window's step stragglers summed, mean over windows, and
+    ``window_speedup`` = Ulysses' / the method's), and the loss decomposition (geometric means over
+    steps) with the FLOPs-only limit.
 
     ``paper``: the settings that get the paper's speedups (``paper_mean_speedup``,
     ``paper_max_speedup``; None: every setting the paper reports). An empty set leaves the
@@ -229,6 +233,7 @@ def summarize(df: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:
         rows.append({"workload": g["workload"].iloc[0], "setting": setting, "method": method,
                      "steps": len(g), "windows": g["window"].nunique(),
                      "mean_ms": g["straggler_ms"].mean(), "max_ms": per_window_max.mean(),
+                     "window_ms": g.groupby("window")["straggler_ms"].sum().mean(),
                      "max_overall_ms": g["straggler_ms"].max(),
                      "compute_ms": g["compute_ms"].mean(), "comm_exposed_ms": g["comm_exposed_ms"].mean(),
                      "bound_ms": g["balance_bound_ms"].mean(), "bound_ratio": g["bound_ratio"].mean(),
@@ -242,6 +247,7 @@ def summarize(df: pd.DataFrame, paper: set[str] | None = None) -> pd.DataFrame:
             continue
         u_mean, u_max = float(base["mean_ms"].iloc[0]), float(base["max_ms"].iloc[0])
         idx = g.index
+        out.loc[idx, "window_speedup"] = float(base["window_ms"].iloc[0]) / out.loc[idx, "window_ms"]
         out.loc[idx, "mean_norm"] = out.loc[idx, "mean_ms"] / u_mean
         out.loc[idx, "max_norm"] = out.loc[idx, "max_ms"] / u_mean
         out.loc[idx, "mean_speedup"] = u_mean / out.loc[idx, "mean_ms"]
@@ -403,8 +409,8 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
 def echo_tables(summary: pd.DataFrame) -> None:
     """Print the speedup table and the loss-decomposition table."""
     paper = [c for c in ("paper_mean_speedup", "paper_max_speedup") if c in summary]
-    click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "mean_norm", "max_norm",
-                                      "mean_speedup", *paper[:1], "max_speedup", *paper[1:],
+    click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "window_ms", "mean_norm", "max_norm",
+                                      "mean_speedup", *paper[:1], "max_speedup", *paper[1:], "window_speedup",
                                       "window_speedup_min", "window_speedup_max", "bound_ratio",
                                       "balanced_ratio"], "{:.2f}"))
     click.echo("\nloss decomposition, geometric means over steps (comm x placement x pooling x kernel = "

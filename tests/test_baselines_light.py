@@ -3,7 +3,8 @@
 import subprocess
 import sys
 
-MODULES = ["baselines.registry", "baselines.ulysses", "baselines.wlbllm", "baselines.distca",
+MODULES = ["baselines.registry", "baselines.ulysses", "baselines.wlbllm", "baselines.distca", "baselines.distca_items", "baselines.distca_paper",
+           "baselines.dynamic_cp", "baselines.dynamic_cp_schedule",
            "baselines.libra_planners"]
 
 

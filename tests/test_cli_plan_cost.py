@@ -40,7 +40,7 @@ def test_plan_cost_quick_writes_and_prints(tmp_path):
     quality = pd.read_csv(out / "plan-cost-quality.csv").set_index(["setting", "method"])
     for setting in ("256k", "1m"):
         # Libra moves fewer bytes than the cluster-wide DistCA pool and balances far better than Ulysses
-        assert quality.loc[(setting, "libra"), "bytes_total"] < quality.loc[(setting, "distca"), "bytes_total"]
+        assert quality.loc[(setting, "libra"), "bytes_total"] < quality.loc[(setting, "distca-paper"), "bytes_total"]
         assert quality.loc[(setting, "libra"), "stage_max_over_mean"] < quality.loc[(setting, "ulysses"), "stage_max_over_mean"]
         # every pool Libra leaves above 1 + tau holds a tile heavier than the target (indivisible)
         row = quality.loc[(setting, "libra")]

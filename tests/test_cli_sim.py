@@ -57,6 +57,24 @@ def test_straggler_with_file_workload_and_user_profile(tmp_path):
     assert json.loads((tmp_path / "o" / "run.json").read_text())["profile"]["name"] == "mine"
 
 
+def test_straggler_prices_windows_for_a_planner_with_its_own_microbatch_count(tmp_path):
+    """dynamic-cp forms its own number of microbatches: every method gets the window total (its step
+    stragglers summed), and dynamic-cp's steps carry no GA-paired FLOPs-only references."""
+    r = invoke(["straggler", "--quick", "--settings", "256k", "--methods", "ulysses,dynamic-cp,distca",
+                "--no-progress", "--out", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "straggler.csv")
+    summary = pd.read_csv(tmp_path / "straggler_summary.csv").set_index("method")
+    for method, steps in df.groupby("method"):
+        assert summary.loc[method, "window_ms"] == pytest.approx(steps["straggler_ms"].sum())
+        assert summary.loc[method, "window_speedup"] == pytest.approx(
+            summary.loc["ulysses", "window_ms"] / summary.loc[method, "window_ms"])
+    dcp = df[df["method"] == "dynamic-cp"]
+    assert len(dcp) != 4  # this window's samples make Megatron's scheduler form another count than GA = 4
+    assert dcp["flops_ulysses_ms"].isna().all()
+    assert len(df[df["method"] == "distca"]) == 4 and "window_ms" in r.output
+
+
 @pytest.mark.parametrize("args, match", [
     (["--settings", "2m"], "unknown setting '2m'"),
     (["--methods", "ulysses,foo"], "unknown method 'foo'"),

@@ -29,7 +29,8 @@ pytest.importorskip("numba")
 
 SHAPE = AttentionShape(8, 2, 8)
 TAP = {"block_size": 32, "head_split": 1, "pipeline_chunks": 2, "pool_size": 2}
-METHODS = {"ulysses": {}, "wlb-llm": {}, "distca": {k: v for k, v in TAP.items() if k != "pool_size"},
+METHODS = {"ulysses": {}, "wlb-llm": {}, "distca-paper": {k: v for k, v in TAP.items() if k != "pool_size"},
+           "distca": {"pipeline_chunks": 2}, "dynamic-cp": {"pipeline_chunks": 2},
            "libra": TAP, "libra-kt": TAP, "libra-adaptive": TAP}
 PROFILE = load_profile("h100-roce-v1")
 

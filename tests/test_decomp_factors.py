@@ -22,7 +22,8 @@ from libra.workload import AttentionShape, packed_flops, packed_workloads
 
 SHAPE = AttentionShape(num_q_heads=8, num_kv_heads=2, head_dim=64)
 TAP = {"block_size": 2048, "head_split": 2}
-PLANNERS = {"ulysses": {}, "ulysses-sorted": {}, "wlb-llm": {"rejoin": "none"}, "distca": TAP,
+PLANNERS = {"ulysses": {}, "ulysses-sorted": {}, "wlb-llm": {"rejoin": "none"}, "distca-paper": TAP, "distca": {},
+            "dynamic-cp": {},
             "libra-tap": {**TAP, "pool_size": 2}, "libra": {**TAP, "pool_size": 2}}
 
 

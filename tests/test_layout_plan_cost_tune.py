@@ -41,7 +41,7 @@ def test_plan_cost_on_a_users_layout(tmp_path, monkeypatch):
     assert "16q/4kv heads d=64" in r.output
     assert not (tmp_path / "results").exists()
     quality = pd.read_csv(out / "plan-cost-quality.csv")
-    assert set(quality["method"]) == {"ulysses", "wlb-llm", "libra", "distca"}
+    assert set(quality["method"]) == {"ulysses", "wlb-llm", "libra", "distca-paper", "distca"}
 
 
 def test_plan_cost_partial_layout_and_bad_layout_are_usage_errors(tmp_path):

@@ -24,7 +24,7 @@ def write_run(folder, experiment, config, csv_name, df, sha="0123456789abcdef", 
 
 def straggler_fixture(folder):
     """256K: Ulysses 300 ms every step, WLB-LLM 200, DistCA 150, TAP 140/180, TAP+VRSP 120, Libra 100."""
-    ms = {"ulysses": (300.0, 300.0), "wlb-llm": (150.0, 250.0), "distca": (150.0, 150.0),
+    ms = {"ulysses": (300.0, 300.0), "wlb-llm": (150.0, 250.0), "distca-paper": (150.0, 150.0),
           "libra-tap": (140.0, 180.0), "libra-tap-vrsp": (120.0, 120.0), "libra": (100.0, 100.0)}
     rows = [{"workload": "libra-prod", "setting": "256k", "method": m, "window": 0, "step": k,
              "straggler_ms": v[k], "compute_ms": v[k], "comm_exposed_ms": 0.0, "balance_bound_ms": 50.0,

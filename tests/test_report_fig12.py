@@ -48,7 +48,7 @@ def straggler_run(folder, ms: dict, workload="libra-prod", jitter=None, finished
 
 
 FULL = {"ulysses": (300, 300, 300, 300), "ulysses-sorted": (200, 200, 200, 200), "wlb-llm": (200, 250, 200, 250),
-        "distca": (150, 150, 150, 150), "libra-tap": (140, 180, 140, 180), "libra-tap-vrsp": (120, 120, 120, 120),
+        "distca-paper": (150, 150, 150, 150), "libra-tap": (140, 180, 140, 180), "libra-tap-vrsp": (120, 120, 120, 120),
         "libra": (100, 100, 150, 150)}
 
 

@@ -37,14 +37,16 @@ def _window(dp: int, seq_len: int, seed: int):
 
 
 def _plan(case, dp, cp, seq_len, seed):
-    from baselines.registry import get_planner  # noqa: PLC0415
+    from baselines.registry import get_planner, planner_class  # noqa: PLC0415
     from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
     shape = AttentionShape(case["hq"], case["hkv"], case["d"], 8)
     par = ParallelConfig(dp=dp, cp=cp, gbs=dp, seq_len=seq_len)
-    planner = get_planner(case.get("planner", "libra"), pool_size=case["P"], block_size=case["B"],
-                          head_split=case["H"], pipeline_chunks=case["M"], **case.get("options", {}))
+    name = case.get("planner", "libra")
+    layout = {"pool_size": case["P"], "block_size": case["B"], "head_split": case["H"], "pipeline_chunks": case["M"]}
+    takes = planner_class(name).option_names()  # DistCA and dynamic CP take only M of the TAP layout
+    planner = get_planner(name, **{k: v for k, v in layout.items() if k in takes}, **case.get("options", {}))
     window = _window(dp, seq_len, seed) if "lengths" not in case else _explicit_window(case["lengths"], dp)
     return planner.plan_window(window, par, shape)[0].validate(), window, shape
 
@@ -63,6 +65,13 @@ def _moved_across_groups(plan, cp) -> int:
     return int(sum(np.sum(p.tiles.dest // cp != p.tiles.q_home // cp) for p in plan.pools))
 
 
+def _kv_across_groups(plan, cp) -> int:
+    from libra.plan import KV  # noqa: PLC0415
+
+    return int(sum(np.sum((p.transfers.kind == KV) & (p.transfers.src // cp != p.transfers.dst // cp))
+                   for p in plan.pools))
+
+
 def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
     from libra.runtime.attention import prepare  # noqa: PLC0415
 
@@ -71,8 +80,10 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
     attn = prepare(plan, groups.pool, comm=case["comm"])
     ranges = [(pool.sequences[s].seq_id, a, b) for s, a, b in attn.program.local_ranges]
     lengths = {s.seq_id: s.sample_lengths for s in pool.sequences}
-    full = {w.seq_id: t for w, t in zip(window, full_tensors([w.sample_lengths for w in window], shape, seed))}
-    res = {"moved": _moved_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools)),
+    # a planner that repacks the samples (dynamic CP) computes its own sequences: the data follows them
+    packed = [s for p in plan.pools for s in p.sequences] if case.get("at_home") else window
+    full = {w.seq_id: t for w, t in zip(packed, full_tensors([w.sample_lengths for w in packed], shape, seed))}
+    res = {"moved": _moved_across_groups(plan, cp), "kv_across": _kv_across_groups(plan, cp), "tiles": int(sum(len(p.tiles) for p in plan.pools)),
            "chunkings": sorted({p.chunking for p in plan.pools}),
            "relayed": int(sum((p.transfers.hop > 0).sum() for p in plan.pools)),
            "rebalanced": sum("+rebalanced" in c for c in plan.meta.get("adaptive_choice", ())),
@@ -162,7 +173,10 @@ def _assert_results(results):
             if case.get("method") != "ulysses":
                 assert res["unreleased_bytes"] == 0, f"{case}: transient buffers outlived the call"
                 assert res["peak_transient_bytes"] > 0
-                assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
+                if case.get("at_home"):  # dynamic CP computes every chunk where it lives; its groups span CP groups
+                    assert res["moved"] == 0 and res["kv_across"] > 0, f"{case}: no KV crossed the static CP groups"
+                else:
+                    assert res["moved"] > 0, f"{case}: no tile moved across CP groups; the test would not exercise pooling"
             if case.get("split"):
                 assert res["off_block"] > 0, f"{case}: no tile was cut; the test would not exercise split tiles"
             if "fine-retain-link-relay" in case.get("options", {}).get("candidates", ()):
@@ -207,6 +221,14 @@ CASES_4 = [
     # run with the deeper Pipeliner (M = 4 for the layout's 2: baselines.libra_planners.DEEPER_CHUNKS)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link",), "profile": FLOPS_KERNEL},
      "split": True, "deepened": True, "lengths": [[256], [8] * 32], "B": 128, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
+    # DistCA's own planner: head/tail-pair layout, deficits filled by token pairs (B and H unused)
+    {**BASE, "planner": "distca", "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
+    {**BASE, "planner": "distca", "options": {"nano_batches": 2, "tolerance": 0.0}, "B": 32, "H": 1, "M": 1,
+     "comm": "a2a", "dtypes": ["float64"]},
+    # Megatron's dynamic CP at 64 tokens per rank: a 200-token sample on a CP group of all 4 ranks (both
+    # static CP groups), the next microbatches' on smaller ones; chunks computed at home, KV fetched in groups
+    {**BASE, "planner": "dynamic-cp", "options": {"max_seqlen_per_rank": 64}, "at_home": True, "lengths": [[8, 8, 200, 40], [8] * 32], "B": 32, "H": 1,
+     "M": 2, "comm": "p2p", "dtypes": ["float64", "float32"]},
 ]
 
 
@@ -238,6 +260,10 @@ CASES_8 = [
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES},
      "B": 16, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "float32"], "rebalanced": (4, 2, 4)},
+    # DistCA over 8 attention servers, and dynamic CP with groups of up to 8 ranks
+    {**BASE, "planner": "distca", "B": 32, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
+    {**BASE, "planner": "dynamic-cp", "options": {"max_seqlen_per_rank": 32}, "at_home": True, "B": 32, "H": 1,
+     "M": 2, "comm": "p2p", "dtypes": ["float64"]},
 ]
 
 

@@ -157,7 +157,7 @@ def test_crossing_traffic_hand_counted():
     # DistCA-like P = DP pool on the small cluster: every supernode's bytes add up to the plan's total
     prof = small_profile()
     topo = Topology(prof, PAR)
-    plans = get_planner("distca", block_size=2048, head_split=2).plan_window(window(), PAR, SHAPE)
+    plans = get_planner("distca-paper", block_size=2048, head_split=2).plan_window(window(), PAR, SHAPE)
     cost = CostModel(prof, topo).price(plans[0])
     rows = crossing_traffic(cost, topo)
     sent = cost.bytes_sent["inter_supernode"]

@@ -100,10 +100,12 @@ def _window(rng, dp: int, S: int):
 def _options(name: str, M: int, H: int, B: int, dp: int) -> dict:
     if name in ("ulysses", "ulysses-sorted", "wlb-llm"):
         return {}
+    if name in ("distca", "dynamic-cp"):
+        return {"pipeline_chunks": M}
     opts = {"block_size": B, "head_split": H}
-    if name != "distca":
+    if name != "distca-paper":
         opts["pool_size"] = dp
-    if name in ("libra", "libra-kt", "libra-adaptive", "distca"):
+    if name in ("libra", "libra-kt", "libra-adaptive", "distca-paper"):
         opts["pipeline_chunks"] = M
     return opts
 

@@ -131,14 +131,14 @@ def _window(gbs: int, seq_len: int, seed: int):
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "distca"])
+@pytest.mark.parametrize("name", ["libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "distca-paper"])
 def test_planners_make_identical_plans_with_either_placer(name, monkeypatch):
     from baselines.registry import get_planner
     from libra.config import ParallelConfig
 
     shape = AttentionShape(32, 4, 8)
     opts = {"block_size": 32, "head_split": 4, "tau": 0.0}
-    if name != "distca":
+    if name != "distca-paper":
         opts["pool_size"] = 4
     calls = []
 

@@ -143,10 +143,12 @@ def simulate_window(planner, window, par: ParallelConfig, shape: AttentionShape,
         seed: device-jitter seed; use the same seed for every method of a comparison.
         jitter: apply the profile's device variability (False: every GPU at speed 1).
         flops_pool_size: ``P`` of Libra's FLOPs-only straggler; when given, every step carries
-            both :func:`flops_stragglers` (None: they stay NaN).
+            both :func:`flops_stragglers` (None, or a planner that forms another number of steps
+            than GA: they stay NaN).
 
     Returns:
-        One :class:`StepResult` per GA index, in GA order.
+        One :class:`StepResult` per Plan (per GA index; a planner may form another number of
+        microbatches), in order.
 
     Raises:
         ValueError: ``par`` differs from the cost model's topology, or the window size is not GBS.
@@ -161,7 +163,7 @@ def simulate_window(planner, window, par: ParallelConfig, shape: AttentionShape,
     for plan in plans:
         speed = dev.speeds(int(plan.ga_index)) if dev is not None else None
         out.append(step_result(cost_model.price(plan, speed=speed)))
-    if flops_pool_size is not None:
+    if flops_pool_size is not None and len(out) == par.ga:  # a planner with its own step count: no GA pairing
         uly, lib = flops_stragglers(window, par, shape, flops_pool_size, cost_model)
         out = [replace(r, flops_ulysses_ms=float(uly[r.step]), flops_libra_ms=float(lib[r.step])) for r in out]
     return out
