@@ -28,6 +28,13 @@ def make_window(gbs: int, seq_len: int, seed: int) -> list[PackedSequence]:
     return [PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(seqs)]
 
 
+def deterministic_plans(name: str, window, par: ParallelConfig, shape: AttentionShape = SHAPE, **opts) -> list:
+    """``name``'s Plans of ``window``, after checking a second planner instance plans them identically."""
+    plans = get_planner(name, **opts).plan_window(window, par, shape)
+    assert [p.digest() for p in plans] == [p.digest() for p in get_planner(name, **opts).plan_window(window, par, shape)]
+    return plans
+
+
 def options(name: str, pool_size: int) -> dict:
     if name in ("ulysses", "ulysses-sorted", "wlb-llm", "distca", "dynamic-cp"):
         return {}
