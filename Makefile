@@ -4,13 +4,14 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 BENCH   := $(BIN)/libra-bench
-# the make targets are the one writer of the committed results/: they replace a folder's previous
-# run even when its config changed (an ad-hoc run without --overwrite is refused there)
+# the make targets are the one writer of results/ (every command's default folder is under runs/):
+# they replace a folder's previous run even when its config changed. A rerun that changes no number
+# leaves the committed files as they are; `make check-results` recomputes a slice and compares.
 RESULTS := --overwrite
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
+.PHONY: help setup test test-all check-results lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
         plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke fig12-h200 clean
 
 help:  ## list the targets
@@ -30,10 +31,15 @@ test: $(STAMP)  ## run the default test suite (CPU only, GPU tests skip)
 test-all: $(STAMP)  ## the default suite plus the slow tests
 	$(BIN)/pytest -q -m "slow or not slow" $(PYTEST_ARGS)
 
+WORKLOADS := ../shared/workloads
+
+check-results: $(STAMP)  ## recompute Figure 12's first window (libra-prod) and one Wikipedia point; fail on any difference from results/
+	$(BIN)/python -m experiments.check_results --results results --workloads $(WORKLOADS)
+
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .
 
-bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP per pool, compile and prepare per worker); prints medians
+bench: $(STAMP)  ## pytest-benchmark suites (VRSP per window, TAP per pool, compile and prepare per worker); prints medians (JSON not committed)
 	mkdir -p results/bench
 	$(BIN)/pytest -q benchmarks --benchmark-only --benchmark-min-rounds=30 --benchmark-columns=min,median,iqr,rounds -p no:cacheprovider -p no:hypothesispytest --benchmark-json=results/bench/benchmarks.json
 
@@ -50,8 +56,6 @@ plan-cost: $(STAMP)  ## planning time per optimizer step / microbatch (sec. 5)
 
 fig12: $(STAMP)  ## Figure 12: straggler comparison of all methods (the main job)
 	$(BENCH) straggler --workload libra-prod --out results/straggler $(RESULTS)
-
-WORKLOADS := ../shared/workloads
 
 fig12-real: $(STAMP)  ## Figure 12 on the two public length corpora (FlexSP Wikipedia, DistCA ProLong)
 	$(BENCH) straggler --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --methods all --out results/straggler-wikipedia $(RESULTS)
@@ -106,7 +110,7 @@ paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link t
 extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive; not in the paper) on libra-prod
 	$(BENCH) straggler --workload libra-prod --methods all --out results/straggler-extensions $(RESULTS)
 
-reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from the committed CSVs
+reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from results/ (after make figures: it reads the per-step CSVs that are not committed)
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
 figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions fig12-h200 reproduction  ## every simulated figure

@@ -40,7 +40,8 @@ The fitted :class:`~libra.sim.kernel.KernelModel` (``rate_inf, half_length, expo
 ``heads_half`` from the heads sweep; ``backward_time_ratio`` = median backward / forward time
 of the length sweep; the backward curve ``backward_rate_inf_tflops, backward_half_length,
 backward_exponent`` from ``fit_length_efficiency`` on the backward length sweep) replaces the base profile's kernel; links, cluster shape and variability
-are kept. Outputs (``results/gpu/<device>/calibrate/`` or ``--out``): ``calibrate.csv`` (one row
+are kept. Outputs (``runs/gpu/<device>/calibrate/`` or ``--out``; ``scripts/gpu_check.sh`` writes
+``results/gpu/<device>/calibrate/``): ``calibrate.csv`` (one row
 per point and pass), ``calibrate.png`` (Figure 5), ``profile.json`` (loads with
 ``libra.sim.profiles.load_profile`` and ``--profile``) and ``run.json``.
 """
@@ -73,7 +74,7 @@ from experiments.gpu_common import (
     time_calls,
 )
 from experiments.options import IntListType, SizeType, quick_option
-from experiments.runner import ExperimentRun, atomic_write_text, git_sha, results_root
+from experiments.runner import RUNS_ROOT, ExperimentRun, git_sha
 from libra.runtime.kernels import Segments
 from libra.sim.fit_links import fit_latency_bandwidth, with_link_bandwidth
 from libra.sim.kernel import (
@@ -547,7 +548,7 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
 
         check_link_probe(dev.type)
     info = device_info(dev, be)
-    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "calibrate"
+    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "calibrate"
     config = {**asdict(cfg), "device": str(dev), "cpu_threads": cpu_threads_n if dev.type == "cpu" else None, "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "base_profile": base.name, "torch": info["torch"]}
     run = ExperimentRun("calibrate", config, out_dir=out_dir, force=force, quiet=quiet)
@@ -577,14 +578,15 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     profile, link_fit = fit_link(df, profile, base)
     fit.update(link_fit)
     load_profile_check = profile.to_dict()
-    profile_path = atomic_write_text(run.out_dir / "profile.json", _json(load_profile_check))
+    profile_path = run.out_dir / "profile.json"
     curves = {s: {p: {int(x): round(float(v), 4) for x, v in
                       df[(df.sweep == s) & (df["pass"] == p)][[s, "normalized"]].itertuples(index=False)}
                   for p in ("fwd", "bwd")} for s in ("heads", "length")}
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "fit": fit,
                "figure5": curves, "profile": str(profile_path)}
     paths = run.finish(df, plot_figure5, extra={"environment_device": info, "summary": summary,
-                                               "profile": profile.to_dict()})
+                                               "profile": profile.to_dict()},
+                       files={profile_path.name: _json(load_profile_check)})
     paths["profile"] = profile_path
     return {"df": df, "profile": profile, "fit": fit, "paths": paths, "info": info, "out_dir": run.out_dir,
             "summary": summary}

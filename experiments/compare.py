@@ -208,7 +208,7 @@ def compare(runs, metrics, labels, out):
     config = {"experiment": experiment, "runs": [str(Path(r).resolve()) for r in runs], "labels": names,
               "metrics": chosen, "keys": keys, "run_naming_keys": naming}
     out = out or RUNS_ROOT / "compare" / f"{experiment}-{stable_hash(config)[:10]}"
-    run = ExperimentRun("compare", config, out_dir=out, quiet=True, paper=False)
+    run = ExperimentRun("compare", config, out_dir=out, quiet=True)
     paths = run.finish(table, plot=lambda d, p: plot_compare(d, names, keys, p), extra={"config_differences": diffs})
     for lab, keys_ in diffs.items():
         click.echo(f"{lab} vs {names[0]}: config differs in {', '.join(keys_) if keys_ else 'nothing'}")

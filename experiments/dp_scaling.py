@@ -15,8 +15,7 @@ largest divisor of DP up to 8), the paper's ``P = min(8, DP)``. ``--q-heads``, `
 ``--head-dim`` replace the model's head shape. The paper's DP = 16 scaling
 (:mod:`experiments.paper`: the ``paper_scaling`` column of ``dp-scaling.csv``, black marks in the
 figure, the printed comparison) appears only for an unmodified preset on ``libra-prod`` with the
-paper's model; such a run on a built-in preset workload writes to ``results/dp-scaling``, every
-other to ``runs/dp-scaling/<workload>-<layout>/`` (unless ``--out``).
+paper's model. Runs write to ``runs/dp-scaling/<workload>-<layout>-<profile>/`` unless ``--out``.
 """
 
 from __future__ import annotations

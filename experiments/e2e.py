@@ -13,7 +13,7 @@ presets': 256K 4,8,16 and 1M 2,4,8), CP, S, GBS and PP staying fixed. At DP = d 
 largest divisor of d up to the setting's pool size (``--pool-size``, P at the layout's own DP),
 i.e. the paper's ``P = min(cap, DP)``. ``--q-heads``, ``--kv-heads`` and ``--head-dim`` replace the
 models' head shape. The paper's ratios are printed only for the paper's presets, DP grid and
-corpus (``libra-prod``); a run that is not a paper preset writes under ``runs/e2e/`` by default
+corpus (``libra-prod``); every run writes under ``runs/e2e/`` by default
 (:func:`experiments.runner.default_out_dir`).
 
 ``--measure`` instead runs real training (``libra-bench train``'s loop) per method on a small CPU
@@ -39,7 +39,7 @@ import pandas as pd
 from baselines.registry import get_planner, options_from_tap
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS
-from experiments.runner import ExperimentRun, is_preset_workload
+from experiments.runner import ExperimentRun
 from experiments.sim_common import (
     Setting,
     check_counts,
@@ -190,16 +190,12 @@ class SimSetup:
                 "seed": self.seed, "settings": [setting_record(st) for st in self.settings.values()],
                 "heads": self.heads}
 
-    def run(self, name: str, config: dict, paper: bool = True) -> ExperimentRun:
-        """The run, in ``results/<name>`` only for a paper preset: a built-in workload, every setting
-        a paper layout and ``paper`` (the command's own knobs, e.g. PP, at the paper's); else
-        ``runs/<name>/<workload-stem>-<layout-tag>`` (unless ``--out``)."""
-        folder = paper and is_preset_workload(self.workload) and all(map(self.paper_layout, self.settings))
+    def run(self, name: str, config: dict) -> ExperimentRun:
+        """The run, in ``runs/<name>/<workload-stem>-<layout-tag>-<profile>`` unless ``--out``."""
         pp = config.get("pp")  # an int, or per setting: two runs differing only in PP get their own folders
         layouts = [{**setting_record(st), **({"pp": pp.get(n) if isinstance(pp, dict) else pp} if pp else {})}
                    for n, st in self.settings.items()]
-        return ExperimentRun(name, config, out_dir=self.out, force=self.force, quiet=self.quiet, paper=folder,
-                             layouts=layouts)
+        return ExperimentRun(name, config, out_dir=self.out, force=self.force, quiet=self.quiet, layouts=layouts)
 
 
 def sim_setup(opts: dict, presets: dict[str, Setting]) -> SimSetup:
@@ -354,7 +350,7 @@ def e2e(models, dps, pp, measure, nproc, steps, **opts):
     check_points(setup, sweep, pps, shapes)
     config = {**setup.config(), "models": list(shapes), "dps": sweep, "pp": pps, "methods": METHODS,
               "linear_mfu": 0.5}
-    run = setup.run("e2e", config, paper=all(pps[s] == E2E_PP.get(s) for s in pps))
+    run = setup.run("e2e", config)
     df = _simulate(run, setup, sweep, pps, shapes)
     finish_throughput(run, df, "mean", f"{setup.windows} window(s)", extra={"profile": setup.profile.name})
     paper = all(setup.paper_marks(s) and sweep[s] == E2E_DP[s] and pps[s] == E2E_PP[s] for s in setup.settings)
@@ -411,7 +407,7 @@ def _measure(workload, seed, out, force, nproc, steps):
 
     Ulysses and Libra run in one set of spawned gloo ranks from the same initialization and data;
     WLB-LLM has no runtime in this project (its variable-length repacking is simulated only). A
-    CPU-sized run is no paper preset: its default folder is under ``runs/e2e-measured/``.
+    Its default folder is under ``runs/e2e-measured/``.
     """
     from experiments.train import TrainConfig, run_training, timed_steps  # noqa: PLC0415
 
@@ -422,7 +418,7 @@ def _measure(workload, seed, out, force, nproc, steps):
         raise click.UsageError(str(exc)) from exc
     run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps,
                                          "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force, quiet=True,
-                        paper=False, layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
+                        layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
     run.claim_folder()
     results = run_training(cfgs)
     df = pd.DataFrame(measured_rows(workload, methods, cfgs, results))

@@ -17,7 +17,8 @@ of P = 2, CP = 2) two levels are checked, forward output and the three gradients
   PyTorch). An output or dQ element no tile wrote is an error. Transfers are not executed here;
   the gloo parity tests cover that path.
 
-Outputs (``results/gpu/<device>/fidelity/`` or ``--out``): ``fidelity.csv`` (one row per window,
+Outputs (``runs/gpu/<device>/fidelity/`` or ``--out``; ``scripts/gpu_check.sh`` writes
+``results/gpu/<device>/fidelity/``): ``fidelity.csv`` (one row per window,
 level, worker and quantity: errors, ratio, limit, pass), ``fidelity.png`` and ``run.json``.
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``) come from
@@ -50,7 +51,7 @@ from experiments.gpu_common import (
     worker_pieces,
 )
 from experiments.options import SizeType, quick_option, tap_options
-from experiments.runner import ExperimentRun, results_root
+from experiments.runner import RUNS_ROOT, ExperimentRun
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments, get_backend
 from libra.tap.tile_chunks import schedule_for_pool
@@ -289,7 +290,7 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
     par, shape = cfg.par(), cfg.shape()
     windows = gbs_windows(cfg.workload, cfg.seq_len, par.gbs, cfg.windows, seed=cfg.seed)
     planner = cfg.planner()
-    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "fidelity"
+    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "fidelity"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype, "ref_dtype": dtype_name(ref), "torch": info["torch"]}
     run = ExperimentRun("fidelity", config, out_dir=out_dir, force=force, quiet=quiet)

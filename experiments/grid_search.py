@@ -18,8 +18,7 @@ the mean-straggler speedup over Ulysses on the same layout, windows and device j
 layout rules reject (B not dividing S/CP, H not dividing hq, ...) are kept as rows with a
 ``reason`` instead of aborting the sweep; a setting without any valid cell is an error (exit 2).
 
-Outputs (``results/grid-search/`` for the presets unchanged on a built-in workload,
-``runs/grid-search/<workload>-<layout>/`` otherwise, or ``--out``): ``grid-search.csv`` (one row per
+Outputs (``runs/grid-search/<workload>-<layout>-<profile>/`` or ``--out``): ``grid-search.csv`` (one row per
 setting, method, cell, window, step), ``grid-search_summary.csv`` (one row per cell, skipped cells
 included), ``grid-search.png`` (one seaborn heatmap per setting) and ``run.json`` (config, profile,
 git SHA). The paper's quoted values (``paper_speedup_low``/``_high`` columns, outlined cells) appear
@@ -38,7 +37,7 @@ import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS, PRESET_KEYS
-from experiments.runner import ExperimentRun, atomic_write_text, flat_layout, is_preset_workload
+from experiments.runner import ExperimentRun, flat_layout
 from experiments.sim_common import (
     Setting,
     build_cost_model,
@@ -175,9 +174,7 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
         tap_overrides: TapConfig fields replacing every setting's (None values keep the setting's).
         profile_file: the ``--profile`` value; when it is a file its bytes key the run too.
 
-    Outputs go to ``out`` or, by default, ``results/<name>`` for the paper's grid (a built-in preset
-    workload on sec. 6.6's layouts unchanged) and ``runs/<name>/...`` otherwise
-    (:func:`experiments.runner.default_out_dir`).
+    Outputs go to ``out`` or, by default, ``runs/<name>/...`` (:func:`experiments.runner.default_out_dir`).
 
     Raises:
         ValueError: unknown setting, bad workload, a setting without any valid cell, or a planner
@@ -193,9 +190,8 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
               "windows": windows, "seed": seed,
               "shapes": {s: [shapes[s].num_q_heads, shapes[s].num_kv_heads, shapes[s].head_dim,
                              shapes[s].dtype_bytes] for s in settings}}
-    presets = all(GRID_SETTINGS.get(s) == st for s, st in chosen.items())
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, files={"profile": profile_file},
-                        layouts=grid_layouts(chosen), paper=is_preset_workload(workload) and presets)
+                        layouts=grid_layouts(chosen))
     cache: dict = {}
     label = Path(workload).name if Path(workload).exists() else workload
 
@@ -382,9 +378,8 @@ def grid_search(profile, windows, seed, out, quick, force, no_progress, workload
                                     tap_overrides={"pool_size": pool_size, "tau": tau}, profile_file=profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    atomic_write_text(run.out_dir / f"{run.name}_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p),
-                       extra={"profile": prof.to_dict()})
+    paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p), extra={"profile": prof.to_dict()},
+                       files={f"{run.name}_summary.csv": summary.to_csv(index=False)})
     ok = summary[summary["status"] == "ok"]
     paper = ["paper_speedup_low"] if "paper_speedup_low" in summary else []
     click.echo(format_table(ok, ["setting", "head_split", "block_size", "tiles_per_sequence", "speedup", *paper,

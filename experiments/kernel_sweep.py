@@ -58,7 +58,7 @@ from experiments.gpu_common import (
     time_calls_within,
 )
 from experiments.options import IntListType, SizeType, quick_option
-from experiments.runner import ExperimentRun, results_root
+from experiments.runner import RUNS_ROOT, ExperimentRun
 from libra.runtime.kernels import Segments
 from libra.workload import attention_flops, sample_area
 
@@ -314,7 +314,7 @@ def run_kernel_sweep(cfg: KernelSweepConfig, device: str = "auto", backend: str 
     dt = resolve_dtype(dtype, dev)
     be = resolve_backend(backend, dev)
     info = device_info(dev, be)
-    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "kernel-sweep"
+    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "kernel-sweep"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "torch": info["torch"]}
     run = ExperimentRun("kernel_sweep", config, out_dir=out_dir, force=force, quiet=quiet)

@@ -48,7 +48,7 @@ Launch:
 * ``torchrun --nnodes N --nproc-per-node 8 -m experiments.cli microbench --device cuda ...``:
   one process per GPU, NCCL (unverified in sessions without GPUs).
 
-Outputs (``results/microbench/`` or ``--out``): ``microbench.csv`` (the straggler CSV schema plus
+Outputs (``runs/microbench/<workload>-<layout>/`` or ``--out``): ``microbench.csv`` (the straggler CSV schema plus
 ``measured = True``, backend, device, dtype and per-step memory; bytes per link class are NaN, the
 measured ``bytes_sent`` replaces them; ``balance_bound_ms`` is the measured mean worker compute), ``microbench_summary.csv``
 (per method: mean / max straggler, speedup over Ulysses, ``ideal_ms``, ``ideal_ratio``, ``cpu_ms`` and
@@ -91,7 +91,7 @@ import pandas as pd
 
 from experiments.microbench_targets import reference_targets
 from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, quick_option, tap_options
-from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
+from experiments.runner import ExperimentRun, stable_hash
 from libra.config import ParallelConfig, TapConfig, check_layout
 
 METHODS = ("ulysses", "wlb-llm", "distca", "distca-paper", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt",
@@ -708,8 +708,7 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
         world, under_torchrun = _world(nproc, dp, cp, device, oversubscribe)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    # CPU-sized measurements are never the paper's preset: without --out they go under runs/
-    run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress, paper=False,
+    run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress,
                         layouts=[{k: v for k, v in cfg.items() if k in ("dp", "cp", "seq_len", "gbs", "tap")}])
     if not under_torchrun or os.environ["RANK"] == "0":  # the folder rank 0 writes: checked before any rank starts
         run.claim_folder()
@@ -740,8 +739,7 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
                                                  seed=cfg["seed"]))
     extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
              "targets": [asdict(t) for t in targets]}
-    paths = run.finish(df, plot=plot, extra=extra)
-    atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
+    paths = run.finish(df, plot=plot, extra=extra, files={"microbench_summary.csv": summary.to_csv(index=False)})
     cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift",
                         "paired_ideal_ms", "paired_ratio", "cpu_ms",
                         "cpu_vs_ulysses",

@@ -37,9 +37,6 @@ OVERWRITE_META = "libra_bench.overwrite"
 """Key of the ``--overwrite`` flag in the running click command's ``ctx.meta`` (set by
 :func:`overwrite_option`): commands need not thread it through their signatures;
 :class:`experiments.runner.ExperimentRun` reads it when its ``overwrite`` argument is None."""
-QUICK_META = "libra_bench.quick"
-"""Key of the ``--quick`` flag in ``ctx.meta`` (set by :func:`quick_option`; read by
-:func:`experiments.runner.quick_run`)."""
 
 
 def parse_int_size(text: str) -> int:
@@ -169,20 +166,12 @@ def seed_option(default: int = 0):
 
 def out_option():
     return click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-                        help="output folder (default results/<experiment> for the paper's presets, "
-                             "runs/<experiment>/<workload>-<layout>/ otherwise)")
-
-
-def _store_quick(ctx: click.Context, _param, value: bool) -> bool:
-    ctx.meta[QUICK_META] = bool(value)
-    return value
+                        help="output folder (default runs/<experiment>/<workload>-<layout>-<profile>/)")
 
 
 def quick_option(help_text: str = "small, fast version (for smoke tests)"):
-    """``--quick``: a smoke run. Besides the command's own use of the flag, it lands in ``ctx.meta``
-    where :class:`experiments.runner.ExperimentRun` (and :func:`experiments.runner.results_root`)
-    read it: a smoke run is never a paper result, so its default folder is under ``runs/``."""
-    return click.option("--quick", is_flag=True, callback=_store_quick, help=help_text)
+    """``--quick``: a smoke run (the command's own use of the flag)."""
+    return click.option("--quick", is_flag=True, help=help_text)
 
 
 def force_option():

@@ -8,7 +8,9 @@ those two settings are :data:`experiments.sim_common.SETTINGS`.
 
 from __future__ import annotations
 
-from experiments.runner import is_paper_layout
+from collections.abc import Mapping
+
+from experiments.runner import flat_layout
 
 PRESET_KEYS = (("256K", "256k"), ("1M", "1m"))
 """``(table key, run setting name)`` of the paper's two settings."""
@@ -56,9 +58,25 @@ def label(setting) -> str:
     return {name: key for key, name in PRESET_KEYS}.get(s.lower(), s)
 
 
+def is_paper_layout(layout: Mapping) -> bool:
+    """Whether every layout field ``layout`` carries equals one of the paper's settings (Libra sec.
+    6.3; the one its ``name`` names, when it has one)."""
+    from experiments.sim_common import SETTINGS, setting_record  # noqa: PLC0415  (sim_common's commands import this module)
+
+    flat = flat_layout(layout)
+    fields = {k: v for k, v in flat.items() if k != "name"}
+    candidates = [SETTINGS[flat["name"]]] if flat.get("name") in SETTINGS else (
+        [] if "name" in flat else list(SETTINGS.values()))
+    for setting in candidates:
+        paper = flat_layout(setting_record(setting))
+        if fields and all(paper.get(k) == v for k, v in fields.items()):
+            return True
+    return False
+
+
 def paper_settings(workload: str, chosen: dict, shape) -> set[str]:
     """The settings of a run whose numbers the paper's sec. 6.3 figures describe: the paper's corpus
-    stand-in (``libra-prod``), the paper's layout (:func:`experiments.runner.is_paper_layout`) and
+    stand-in (``libra-prod``), the paper's layout (:func:`is_paper_layout`) and
     head shape. Other runs get no ``paper_*`` columns and no paper marks (``chosen``: name ->
     :class:`experiments.sim_common.Setting`)."""
     from experiments.sim_common import setting_record  # noqa: PLC0415  (sim_common's commands import this module)

@@ -40,7 +40,7 @@ median, the inter-quartile range, the sample count and the paper's number; the p
 median next to its target (issue 12's goals for this 2-core machine class). The paper's numbers and
 the targets belong to the paper's runs only (``libra-prod``, a paper layout with its TAP layout, the
 paper's head shape; :func:`experiments.paper.paper_settings`): any other run has ``paper_ms``
-NaN and prints no targets. A layout of your own writes to ``runs/plan-cost/<workload>-<layout>/``
+NaN and prints no targets. Runs write to ``runs/plan-cost/<workload>-<layout>/``
 unless ``--out`` says otherwise (:func:`experiments.runner.default_out_dir`). Besides timing, the
 command plans every window with ``ulysses``, ``wlb-llm``, ``libra``, ``distca-paper`` and ``distca`` and reports per
 method the max/mean worker FLOPs (over the PP stage at the worst GA index, and inside the worst
@@ -76,7 +76,7 @@ from experiments.options import (
 )
 from experiments.paper import NUMBERS, paper_settings
 from experiments.paper import label as paper_label
-from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runner import ExperimentRun
 from experiments.sim_common import (
     Setting,
     chosen_settings,
@@ -520,8 +520,7 @@ def echo_quality(quality: pd.DataFrame) -> None:
 @click.option("--compile-workers", type=click.IntRange(min=1), default=None,
               help="workers of the first pool per window whose compile/prepare is timed (default 4; --quick: 2).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="output folder (default results/plan-cost for the paper's settings, "
-                   "runs/plan-cost/<workload>-<layout>/ otherwise).")
+              help="output folder (default runs/plan-cost/<workload>-<layout>/).")
 @click.option("--force", is_flag=True, help="recompute cached points.")
 @overwrite_option()
 @no_progress_option()
@@ -564,10 +563,8 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     df = summarize(samples, paper)
-    run.claim_folder()
-    atomic_write_text(run.out_dir / "plan-cost-quality.csv", quality.to_csv(index=False))
     warm = warmups(samples)
-    paths = run.finish(df, plot=lambda d, p: plot(d, p, paper),
+    paths = run.finish(df, plot=lambda d, p: plot(d, p, paper), files={"plan-cost-quality.csv": quality.to_csv(index=False)},
                        extra={"placer": placer, "cost_impl": _cost.cost_impl(), "jit_warmup_ms": warm, "paper_settings": sorted(paper),
                               "targets_ms": {s.name: TARGETS_MS[s.name] for s in chosen if s.name in paper},
                               "quality": summarize_quality(quality).to_dict(orient="records")})

@@ -27,7 +27,7 @@ import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig15_marks
-from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runner import ExperimentRun
 from experiments.sim_common import (
     LABELS,
     TAP_METHODS,
@@ -174,8 +174,8 @@ def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, hea
                                                          "tau": tau, "pipeline_chunks": pipeline_chunks})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    atomic_write_text(run.out_dir / "pool_sweep_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p), extra={"profile": prof.to_dict()})
+    paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p), extra={"profile": prof.to_dict()},
+                       files={"pool_sweep_summary.csv": summary.to_csv(index=False)})
     click.echo(format_table(summary, ["setting", "pool_size", "method", "straggler_norm", "compute_norm",
                                       "comm_norm", "paper_compute", "paper_comm", "inter_supernode_gb"], "{:.3f}"))
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}")

@@ -16,9 +16,8 @@ Outputs: ``pp-balance.csv`` (one row per setting, method, window, DP rank, micro
 ``pp-balance_summary.csv`` (min, mean and max normalized forward time per setting and method),
 ``pp-balance.png`` and ``run.json``. The paper's values (:mod:`experiments.paper`: the
 ``paper_min``/``paper_max`` columns of the summary, black marks in the figure, the printed
-comparison) appear only for an unmodified preset at PP 2 on ``libra-prod`` with the paper's model;
-such a run on a built-in preset workload writes to ``results/pp-balance``, every other to
-``runs/pp-balance/<workload>-<layout>/`` (unless ``--out``).
+comparison) appear only for an unmodified preset at PP 2 on ``libra-prod`` with the paper's model.
+Runs write to ``runs/pp-balance/<workload>-<layout>-<profile>/`` unless ``--out``.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ import pandas as pd
 from experiments.e2e import check_points, model_shapes, price_window, sim_options, sim_setup
 from experiments.paper import NUMBERS
 from experiments.paper import label as paper_label
-from experiments.runner import atomic_write_text
 from experiments.sim_common import SETTINGS as PAPER_SETTINGS
 from experiments.sim_common import format_table
 from libra.sim.models import MODELS
@@ -117,7 +115,7 @@ def pp_balance(model_name, pp, **opts):
     shapes = model_shapes([model_name], setup.heads)
     check_points(setup, {s: (st.dp,) for s, st in setup.settings.items()}, dict.fromkeys(setup.settings, pp), shapes)
     config = {**setup.config(), "model": model_name, "pp": pp, "methods": METHODS, "linear_mfu": 0.5}
-    run = setup.run("pp-balance", config, paper=pp == PAPER_PP)
+    run = setup.run("pp-balance", config)
 
     def point(key):
         s, method, w = key
@@ -137,8 +135,8 @@ def pp_balance(model_name, pp, **opts):
     df["normalized_fwd"] = df.fwd_ms / df.libra_mean
     paper = {s for s in setup.settings if setup.paper_marks(s) and model_name == PAPER_MODEL and pp == PAPER_PP}
     summary = summarize(df, paper)
-    atomic_write_text(run.out_dir / "pp-balance_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, lambda d, p: _plot(d, summary, p), extra={"profile": setup.profile.name})
+    paths = run.finish(df, lambda d, p: _plot(d, summary, p), extra={"profile": setup.profile.name},
+                       files={"pp-balance_summary.csv": summary.to_csv(index=False)})
     click.echo(format_table(summary, [c for c in ("setting", "method", "min", "mean", "max", *PAPER_COLUMNS)
                                       if c in summary], "{:.3f}"))
     _echo_worst(summary, paper)

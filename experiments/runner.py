@@ -1,25 +1,31 @@
 """The one experiment runner every `libra-bench` command uses: where a run's results live and how.
 
 Contract:
-* outputs go to ``--out DIR`` or, by default, to ``results/<name>/`` for a paper-preset run (a
-  built-in workload preset on the paper's layouts) and to
-  ``runs/<name>/<workload-stem>-<layout-tag>/`` for every other run (:func:`default_out_dir`), so
-  an ad-hoc run never lands on the committed paper results; ``<name>.csv`` (long format),
-  ``<name>.png`` (seaborn) and ``run.json`` (resolved config, content hashes of the input files,
-  seed, git SHA, package versions, host, hardware profile when one is used, command line, wall
-  time);
-* a folder that already holds the ``run.json`` of a different config (or experiment) is not
-  written to unless ``overwrite`` (``--overwrite``): the error names the differing keys
+* outputs go to ``--out DIR`` or, by default, to
+  ``runs/<name>/<workload-stem>-<layout-tag>-<profile>/`` (:func:`default_out_dir`; ``runs/`` is
+  git-ignored: only the make targets write the committed ``results/``, with ``--out``);
+  ``<name>.csv`` (long format), ``<name>.png`` (seaborn) and ``run.json`` (resolved config, content
+  hashes of the input files, seed, git SHA, package versions, host, hardware profile when one is
+  used, command line, wall time, the files the run wrote);
+* a run claims its folder before it computes anything: it takes the folder's lock, so a second run
+  into the same folder while the first is running is refused (:mod:`experiments.run_folder`), and
+  a folder that already holds the ``run.json`` of a different config (or experiment) is not written
+  to unless ``overwrite`` (``--overwrite``): the error names the differing keys
   (:class:`RunFolderConflict`); a rerun of the same config (on edited input data too) is not a
   conflict;
-* every file is written atomically (temporary file in the same folder, then ``os.replace``);
+* the folder is written as one unit (:meth:`ExperimentRun.finish`): a killed run leaves the
+  previous complete folder or the new complete one. A rerun whose numbers are byte-identical to the
+  folder's (same experiment, config and inputs) keeps the folder's ``run.json``, which records the
+  run that produced them: a new git SHA, host or wall time alone never rewrites a folder;
 * each finished point of a sweep is stored under ``.points/<key>/`` as soon as it is computed, so
   an interrupted sweep resumes where it stopped and a rerun of the same config reuses finished
   points unless ``force=True`` (``--force``) is given. The key hashes the resolved config, the
   *contents* of its input files (:func:`input_fingerprints`: a length file edited or shuffled in
   place is a new input) *and* a fingerprint of the project's source (:func:`code_fingerprint`), so
   neither a different config, nor different data, nor a code change can mix stale points into a
-  new run. Ctrl-C during a sweep says how many points are cached and exits 130.
+  new run. A point file stores a hash of its rows; one that is unreadable, of the wrong shape or
+  fails that check is recomputed with a warning. Ctrl-C during a sweep says how many points are
+  cached and exits 130.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from experiments.options import CONFIG_META, JOBS_META, OVERWRITE_META, QUICK_META, QUIET_META, size_text
+from experiments import run_folder
+from experiments.options import CONFIG_META, JOBS_META, OVERWRITE_META, QUIET_META, size_text
 from experiments.progress import progress
 
 RESULTS_ROOT = Path("results")
+"""The committed results: written by the make targets (``--out results/...``), never by default."""
 RUNS_ROOT = Path("runs")
-"""Default home of every run that is not a paper preset (``.gitignore`` lists it)."""
+"""Default home of every run (``.gitignore`` lists it)."""
 
 _PACKAGES = ("libra-bench", "torch", "numpy", "pandas", "seaborn", "matplotlib", "click", "flash-attn")
 
@@ -231,30 +239,8 @@ def layouts_of(config: Mapping) -> list[dict]:
     return [flat_layout(r) for r in (found or []) if isinstance(r, Mapping)]
 
 
-def is_paper_layout(layout: Mapping) -> bool:
-    """Whether every layout field ``layout`` carries equals one of the paper's settings (Libra sec.
-    6.3; the one its ``name`` names, when it has one)."""
-    from experiments.sim_common import SETTINGS, setting_record  # noqa: PLC0415
-
-    flat = flat_layout(layout)
-    fields = {k: v for k, v in flat.items() if k != "name"}
-    candidates = [SETTINGS[flat["name"]]] if flat.get("name") in SETTINGS else (
-        [] if "name" in flat else list(SETTINGS.values()))
-    for setting in candidates:
-        paper = flat_layout(setting_record(setting))
-        if fields and all(paper.get(k) == v for k, v in fields.items()):
-            return True
-    return False
-
-
-def is_preset_workload(workload) -> bool:
-    """Whether ``workload`` (a name, a source or its ``describe()``) is a built-in length preset."""
-    from libra.data.presets import PRESETS  # noqa: PLC0415
-    from libra.data.source import PresetSource  # noqa: PLC0415
-
-    if isinstance(workload, Mapping):
-        return workload.get("kind") == "preset" and workload.get("name") in PRESETS
-    return isinstance(workload, PresetSource) or (isinstance(workload, str) and workload in PRESETS)
+def _folder_safe(text: str, fallback: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text) or fallback
 
 
 def workload_stem(workload) -> str:
@@ -269,29 +255,33 @@ def workload_stem(workload) -> str:
         text = str(getattr(workload, "path", None) or getattr(workload, "name", "workload"))
     name = Path(text.split("#", 1)[0]).name
     kind = file_kind(name)
-    stem = name[: -len(kind)] if kind else name
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in stem) or "workload"
+    return _folder_safe(name[: -len(kind)] if kind else name, "workload")
 
 
-def default_out_dir(name: str, workload, layouts: Sequence[Mapping] = (), paper: bool | None = None) -> Path:
-    """``results/<name>`` for a paper-preset run, else ``runs/<name>/<workload-stem>-<layout-tag>``.
+def profile_stem(profile) -> str | None:
+    """Folder-safe name of a config's hardware profile (its record's ``name``, a built-in's name or a
+    profile file's name without ``.json``); None for a run without one."""
+    if isinstance(profile, Mapping):
+        profile = profile.get("name")
+    if not isinstance(profile, (str, Path)) or not str(profile):
+        return None
+    name = Path(str(profile)).name
+    return _folder_safe(name[: -len(".json")] if name.endswith(".json") else name, "profile")
 
-    A run is a paper preset when ``paper`` says so or, when it is None, when its workload is a
-    built-in preset and each layout is one of the paper's (:func:`is_paper_layout`). One layout
-    gets its full :func:`layout_tag`; several (e.g. ``--settings 256k,1m``) their names joined
-    with ``+`` (each's tag when it has no name).
-    """
+
+def default_out_dir(name: str, workload, layouts: Sequence[Mapping] = (), profile=None) -> Path:
+    """``runs/<name>/<workload-stem>-<layout-tag>[-<profile>]``: one layout gets its full
+    :func:`layout_tag`; several (e.g. ``--settings 256k,1m``) their names joined with ``+`` (each's
+    tag when it has no name); a run priced with a hardware profile ends with its name, so runs that
+    differ only in ``--profile`` get their own folders."""
     layouts = [flat_layout(x) for x in layouts]
-    if paper is None:
-        paper = is_preset_workload(workload) and all(is_paper_layout(x) for x in layouts)
-    folder = name.replace("_", "-")  # the command's name (`pool-sweep` writes pool_sweep.csv in results/pool-sweep)
-    if paper:
-        return RESULTS_ROOT / folder
+    folder = name.replace("_", "-")  # the command's name (`pool-sweep` writes pool_sweep.csv)
     if len(layouts) == 1:
         tag = layout_tag(layouts[0])
     else:
         tag = "+".join(x.get("name") or layout_tag(x) for x in layouts) or "custom"
-    return RUNS_ROOT / folder / f"{workload_stem(workload)}-{tag}"
+    prof = profile_stem(profile)
+    return RUNS_ROOT / folder / "-".join(filter(None, (workload_stem(workload), tag, prof)))
 
 
 def differing_keys(old, new, prefix: str = "", depth: int = 3) -> list[str]:
@@ -362,19 +352,6 @@ def overwrite_flag(overwrite: bool | None = None) -> bool:
     return bool(ctx is not None and ctx.meta.get(OVERWRITE_META))
 
 
-def quick_run() -> bool:
-    """Whether the running click command was given ``--quick`` (:func:`experiments.options.quick_option`)."""
-    ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.meta.get(QUICK_META))
-
-
-def results_root() -> Path:
-    """Where the running command's default folders go: ``results/`` -- or ``runs/`` for a ``--quick``
-    smoke run, which is never a paper result (a one-window ``lln --quick`` in ``results/lln`` was the
-    newest Fig. 4 run that ``report`` quoted)."""
-    return RUNS_ROOT if quick_run() else RESULTS_ROOT
-
-
 def _jobs(jobs: int | None) -> int:
     """``jobs``, or the running click command's ``--jobs`` when it is None (1 outside a command)."""
     if jobs is not None:
@@ -404,15 +381,43 @@ def _timed(fn: Callable, key) -> tuple[list[dict], float]:
     return rows, time.perf_counter() - t0
 
 
+def _point_text(key, rows) -> str:
+    """The canonical JSON of a point (sorted keys; what its stored hash covers)."""
+    return json.dumps({"key": key, "rows": rows}, sort_keys=True, default=str)
+
+
+def _point_problem(payload, key) -> str | None:
+    """Why a loaded point file cannot be trusted for ``key`` (None: it can)."""
+    if not isinstance(payload, dict) or not {"key", "rows", "sha256"} <= set(payload):
+        return "not a point record (key, rows, sha256)"
+    if payload["key"] != json.loads(json.dumps(key, default=str)):
+        return "holds another point's key"
+    rows = payload["rows"]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        return "its rows are not a list of records"
+    if payload["sha256"] != _sha256(_point_text(payload["key"], rows).encode()):
+        return "its rows do not match their stored hash"
+    return None
+
+
+def _read_record(folder: Path) -> dict | None:
+    """The folder's run record, or None when it has none or an unreadable one."""
+    try:
+        record = json.loads((Path(folder) / run_folder.RECORD_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 class ExperimentRun:
-    """One run of one experiment: resumable points, atomic outputs, a run record.
+    """One run of one experiment: resumable points, a run folder written as one unit, a run record.
 
     Args:
         name: experiment name; file stem of the CSV/PNG and of the default folder.
         config: the resolved configuration (JSON-serialisable); with the input contents its hash
             keys the point cache.
-        out_dir: output folder (default :func:`default_out_dir`: ``results/<name>`` for a paper
-            preset, ``runs/<name>/<workload-stem>-<layout-tag>`` otherwise).
+        out_dir: output folder (default :func:`default_out_dir`:
+            ``runs/<name>/<workload-stem>-<layout-tag>-<profile>``).
         force: drop cached points of this config and recompute everything.
         quiet: no progress.
         overwrite: write into a folder holding a different run's ``run.json``; None = the running
@@ -422,7 +427,6 @@ class ExperimentRun:
         workload: the run's workload (name, path or source; default ``config["workload"]``): its
             lengths' content hash joins the key, and it names the default folder.
         layouts: the run's layouts (records as in :func:`layouts_of`; default read from config).
-        paper: whether the run is a paper preset (default: decided by :func:`default_out_dir`).
         files: other input files whose bytes key the run, e.g. ``{"profile": path}``; a config
             ``profile`` that is a path to a file is included by default.
 
@@ -430,26 +434,27 @@ class ExperimentRun:
         click.BadParameter: an unreadable length file.
         RunFolderConflict: (from :meth:`map`, :meth:`finish` or :meth:`claim_folder`, before anything
             is written) ``out_dir`` holds a different run and overwrite is off.
-        click.ClickException: (from the same, as early) ``out_dir`` cannot be created.
+        experiments.run_folder.FolderBusy: (from the same) another run is writing ``out_dir``.
+        click.ClickException: (from the same, as early) ``out_dir`` cannot be created or locked.
     """
 
     def __init__(self, name: str, config: dict, out_dir: str | Path | None = None, force: bool = False,
                  quiet: bool = False, *, overwrite: bool | None = None, workload=None,
-                 layouts: Sequence[Mapping] | None = None, paper: bool | None = None,
-                 files: Mapping[str, str | Path] | None = None, jobs: int | None = None):
+                 layouts: Sequence[Mapping] | None = None, files: Mapping[str, str | Path] | None = None,
+                 jobs: int | None = None):
         self.name = name
         self.config = json.loads(json.dumps(config, sort_keys=True, default=str))
         workload = config.get("workload") if workload is None else workload
         profile = config.get("profile")
         files = {**({"profile": profile} if isinstance(profile, (str, Path)) else {}), **(files or {})}
         self.inputs = json.loads(json.dumps(input_fingerprints(workload, files), sort_keys=True))
-        if out_dir is None:  # a --quick smoke run is never a paper preset (results_root)
-            out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts,
-                                      False if quick_run() else paper)
+        if out_dir is None:
+            out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts, profile)
         self.out_dir = Path(out_dir)
         self._overwrite = overwrite_flag(overwrite)
         self.jobs = _jobs(jobs)
-        self._claimed = False
+        self._force = force
+        self._lock: run_folder.FolderLock | None = None
         # inputs join the key only when there are any: preset runs keep their point folders
         self.config_hash = stable_hash({**self.config, "__inputs__": self.inputs} if self.inputs else self.config)
         self.code_hash = code_fingerprint()
@@ -460,43 +465,67 @@ class ExperimentRun:
         self.reused = 0
         self.computed = 0
         self.point_seconds: list[tuple[object, float]] = []  # (key, seconds) of each point computed
-        if force and self.points_dir.exists():
-            shutil.rmtree(self.points_dir, ignore_errors=True)
 
     def claim_folder(self) -> None:
-        """Check, once, that the output folder holds no other run's record (see
-        :func:`check_run_folder`) and create it (:func:`make_out_dir`); :meth:`map` and
-        :meth:`finish` call it before writing, so a command's own argument checks between
+        """Create the output folder (:func:`make_out_dir`), take its lock until :meth:`finish` (or
+        :meth:`release`), remove what a killed run left (:func:`experiments.run_folder.recover`) and
+        check that the folder holds no other run's record (:func:`check_run_folder`). :meth:`map`
+        and :meth:`finish` call it before writing, so a command's own argument checks between
         construction and the sweep report first. A command that measures or spawns processes
         outside :meth:`map` calls it before it starts them.
 
         Raises:
             RunFolderConflict: the folder holds a different run and overwrite is off.
-            click.ClickException: the folder cannot be created.
+            experiments.run_folder.FolderBusy: another run holds the folder's lock.
+            click.ClickException: the folder cannot be created or locked.
         """
-        if not self._claimed:
+        if self._lock is not None:
+            return
+        make_out_dir(self.out_dir)
+        self._lock = run_folder.FolderLock(self.out_dir)
+        try:
+            run_folder.recover(self.out_dir)
             if not self._overwrite:
                 check_run_folder(self.out_dir, self.name, self.config)
-            make_out_dir(self.out_dir)
-        self._claimed = True
+        except BaseException:
+            self.release()
+            raise
+        if self._force and self.points_dir.exists():
+            shutil.rmtree(self.points_dir, ignore_errors=True)
+            self._force = False
+
+    def release(self) -> None:
+        """Give up the folder's lock (:meth:`finish` does; a process's exit does too)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # -- points --------------------------------------------------------------------------
     def _point_path(self, key) -> Path:
         return self.points_dir / f"{stable_hash(key)}.json"
 
     def cached(self, key) -> list[dict] | None:
-        """Rows of a finished point, or None."""
+        """Rows of a finished point, or None; a point file that cannot be trusted (unreadable, of
+        the wrong shape, another key, rows that fail their stored hash) is None with one warning
+        line, and is replaced when the point is recomputed."""
         path = self._point_path(key)
         if not path.exists():
             return None
         try:
             payload = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None  # a torn file cannot exist (atomic writes) but a hand-edited one might
-        return payload["rows"] if payload.get("key") == json.loads(json.dumps(key, default=str)) else None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            problem = f"unreadable ({exc})"
+        else:
+            problem = _point_problem(payload, key)
+        if problem is None:
+            return payload["rows"]
+        click.echo(f"warning: cached point {path} {problem}; recomputing it", err=True)
+        return None
 
     def record(self, key, rows: list[dict]) -> None:
-        atomic_write_text(self._point_path(key), json.dumps({"key": key, "rows": rows}, default=str))
+        """Store a finished point with the hash of its rows (:meth:`cached` checks it)."""
+        digest = _sha256(_point_text(key, rows).encode())  # over sorted keys; the file keeps the rows' column order
+        atomic_write_text(self._point_path(key), json.dumps({"key": key, "rows": rows, "sha256": digest}, default=str))
 
     def map(self, keys: Iterable, fn: Callable[[object], list[dict]], desc: str | None = None) -> list[dict]:
         """Compute ``fn(key)`` for every key not already finished; return all rows in key order.
@@ -554,31 +583,88 @@ class ExperimentRun:
         return self.out_dir / f"{self.name}.png"
 
     def finish(self, df: pd.DataFrame, plot: Callable[[pd.DataFrame, Path], None] | None = None,
-               extra: dict | None = None) -> dict[str, Path]:
-        """Write the CSV, the PNG (``plot(df, tmp_png)``) and ``run.json``, each atomically."""
+               extra: dict | None = None, files: Mapping[str, str | bytes] | None = None) -> dict[str, Path]:
+        """Write the CSV, the run's other ``files`` (name -> contents, e.g. a summary CSV), the PNG
+        (``plot(df, path)``) and ``run.json`` into the folder as one unit
+        (:func:`experiments.run_folder.commit`), then release the folder's lock.
+
+        The previous run's files that this run does not write are removed. A file whose bytes equal
+        the folder's is not rewritten, and when every data file (the CSV and ``files``) the folder
+        holds is byte-identical and the record's experiment, config and inputs are this run's, the
+        folder's ``run.json`` is kept (it records the run that produced these numbers): a rerun that
+        changed no number changes no file but a re-rendered PNG or a data file the folder lacked.
+        """
         self.claim_folder()
-        paths = {"csv": atomic_write_text(self.csv_path, df.to_csv(index=False))}
-        if plot is not None:  # the folder exists: claim_folder made it
-            fd, tmp = _new_temp(self.out_dir, self.name, ".png")
-            os.close(fd)
-            try:
-                plot(df, Path(tmp))
-                os.replace(tmp, self.png_path)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            paths["png"] = self.png_path
+        data = {self.csv_path.name: df.to_csv(index=False), **(files or {})}
+        data = {name: blob.encode() if isinstance(blob, str) else bytes(blob) for name, blob in data.items()}
+        outputs = sorted([*data, *([self.png_path.name] if plot is not None else [])])
+        old = _read_record(self.out_dir)
+        stage = run_folder.new_stage(self.out_dir)
+        try:
+            for name, blob in data.items():
+                run_folder.write_file(stage, name, blob)
+            if plot is not None:
+                plot(df, stage / self.png_path.name)
+            if self._same_numbers(old, data):
+                click.echo(f"{self.out_dir}: numbers unchanged since its run of {old.get('finished_utc', '?')}; "
+                           "run.json kept", err=True)
+            else:
+                record = self._record(len(df), outputs, extra)
+                run_folder.write_file(stage, run_folder.RECORD_NAME, json.dumps(record, indent=2, default=str).encode())
+            drop = _previous_outputs(old, self.out_dir) - set(outputs)
+            if _unstage_unchanged(stage, self.out_dir) or drop:
+                run_folder.commit(self.out_dir, stage, drop)
+            else:
+                run_folder.discard(stage)
+        except BaseException:
+            run_folder.abandon(self.out_dir, stage)
+            raise
+        finally:
+            self.release()
+        paths = {"csv": self.csv_path, **({"png": self.png_path} if plot is not None else {})}
+        return {**paths, "run": self.out_dir / run_folder.RECORD_NAME}
+
+    def _same_numbers(self, old: dict | None, data: Mapping[str, bytes]) -> bool:
+        """Whether ``old`` records this run (experiment, config, inputs) and the folder's data files
+        are byte-identical to ``data`` (at least one present; missing ones, e.g. git-ignored per-step
+        CSVs in a fresh clone, are only added)."""
+        if old is None or (old.get("experiment"), old.get("config"), old.get("inputs")) != (
+                self.name, self.config, self.inputs):
+            return False
+        present = [name for name in data if (self.out_dir / name).is_file()]
+        return bool(present) and all((self.out_dir / name).read_bytes() == data[name] for name in present)
+
+    def _record(self, rows: int, outputs: list[str], extra: dict | None) -> dict:
+        """The run record: what ran (config, inputs, command), on what, how long, and its files."""
         record = {
             "experiment": self.name, "config": self.config, "inputs": self.inputs,
             "config_hash": self.config_hash, "code_fingerprint": self.code_hash,
             "command": " ".join(sys.argv), "finished_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
             "wall_s": round(time.time() - self.started, 3), "points_computed": self.computed,
-            "points_reused": self.reused, "rows": len(df), "environment": environment(),
+            "points_reused": self.reused, "rows": rows, "outputs": outputs, "environment": environment(),
         }
         ctx = click.get_current_context(silent=True)
         if ctx is not None and CONFIG_META in ctx.meta:
             record["config_file"] = ctx.meta[CONFIG_META]  # --config: the file and the values it gave
-        if extra:
-            record.update(extra)
-        paths["run"] = atomic_write_text(self.out_dir / "run.json", json.dumps(record, indent=2, default=str))
-        return paths
+        return {**record, **(extra or {})}
+
+
+def _previous_outputs(record: dict | None, folder: Path) -> set[str]:
+    """The files of ``folder`` its record lists as the run's outputs (plain names only: a record is
+    data, never a path to follow)."""
+    names = record.get("outputs") if isinstance(record, dict) else None
+    return {n for n in names if isinstance(n, str) and n == Path(n).name and n not in (".", "..")
+            and (folder / n).is_file()} if isinstance(names, list) else set()
+
+
+def _unstage_unchanged(stage: Path, folder: Path) -> bool:
+    """Remove from the stage each file byte-identical to the folder's (which is kept as it is);
+    whether any staged file is left."""
+    left = False
+    for staged in list(stage.iterdir()):
+        here = folder / staged.name
+        if here.is_file() and here.stat().st_size == staged.stat().st_size and here.read_bytes() == staged.read_bytes():
+            staged.unlink()
+        else:
+            left = True
+    return left

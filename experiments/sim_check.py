@@ -15,7 +15,8 @@ KV prefix. Its compute time is
 
 Workers are run one after another on the one device (the single-GPU emulation of a pool; no
 communication is timed -- that is the cost model's other half, which one device cannot check).
-Outputs (``results/gpu/<device>/sim-check/`` or ``--out``): ``sim_check.csv`` (one row per window
+Outputs (``runs/gpu/<device>/sim-check/`` or ``--out``; ``scripts/gpu_check.sh`` writes
+``results/gpu/<device>/sim-check/``): ``sim_check.csv`` (one row per window
 and worker), ``sim_check.png`` (predicted vs measured, with y = x and a +-10 % band),
 ``run.json`` with the median and worst relative error (target: median within 10 %). Every worker
 is also priced under the profile's other piece-pricing rule (``KernelModel.piece_pricing``:
@@ -58,7 +59,7 @@ from experiments.gpu_common import (
     worker_pieces,
 )
 from experiments.options import SizeType, quick_option, tap_options
-from experiments.runner import ExperimentRun, results_root
+from experiments.runner import RUNS_ROOT, ExperimentRun
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments
 from libra.sim.cost import CostModel
@@ -283,7 +284,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     planner = cfg.planner()
     model = CostModel(prof, Topology(prof, par))
     other = other_rule_model(prof, par)
-    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "sim-check"
+    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "sim-check"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "profile": prof.to_dict(), "torch": info["torch"],
               "cpu_threads": cpu_threads_n if dev.type == "cpu" else None}

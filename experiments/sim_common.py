@@ -240,8 +240,7 @@ def common_options(default_windows: int, default_workload: str | None = "libra-p
             click.option("--seed", type=int, default=0, show_default=True,
                          help="Seed of the workload stream and the device jitter."),
             click.option("--out", type=click.Path(file_okay=False), default=None,
-                         help="Output folder (default results/<experiment> for the paper's presets, "
-                              "runs/<experiment>/<workload>-<layout>/ otherwise)."),
+                         help="Output folder (default runs/<experiment>/<workload>-<layout>-<profile>/)."),
             quick_option("One window, for a smoke run (written under runs/ unless --out)."),
             click.option("--force", is_flag=True, help="Recompute cached points."),
             overwrite_option(),

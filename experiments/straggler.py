@@ -34,7 +34,8 @@ is):
 ``comm x placement x pooling x kernel = bound_ratio_gmean``) and ``flops_limit_speedup`` = mean
 ``flops_ulysses_ms`` / mean ``flops_libra_ms``.
 
-Outputs (``results/straggler/`` or ``--out``): ``straggler.csv`` (one row per setting, method,
+Outputs (``runs/straggler/<workload>-<layouts>-<profile>/`` or ``--out``; ``make fig12`` writes
+``results/straggler/``): ``straggler.csv`` (one row per setting, method,
 window, step), ``straggler_summary.csv``, ``straggler.png`` (speedups, and the four factors per
 method stacked on a log axis) and ``run.json`` (with the profile). The experiment is ``straggler``
 whatever ``--methods`` holds.
@@ -59,7 +60,7 @@ import pandas as pd
 
 from experiments.options import given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig12_speedups, paper_settings
-from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runner import ExperimentRun
 from experiments.sim_common import (
     LABELS,
     METHODS,
@@ -395,12 +396,12 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     wall = time.perf_counter() - t0
-    atomic_write_text(run.out_dir / "straggler_summary.csv", summary.to_csv(index=False))
     names = [s if isinstance(s, str) else s.name for s in settings]
     per_setting = {s: round(sum(v for (ss, _), v in timings.items() if ss == s), 3) for s in names}
     paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p),
                        extra={"profile": prof.to_dict(), "simulate_seconds_per_setting": per_setting,
-                              "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}})
+                              "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}},
+                       files={"straggler_summary.csv": summary.to_csv(index=False)})
     echo_tables(summary)
     click.echo(f"simulation seconds per setting (computed points only): {per_setting}; wall {wall:.1f} s")
     click.echo(f"wrote {paths['csv']}, {paths.get('png')}, {run.out_dir / 'straggler_summary.csv'}")

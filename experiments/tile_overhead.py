@@ -47,7 +47,7 @@ from experiments.gpu_common import (
     worker_pieces,
 )
 from experiments.options import given_layout, layout_options, quick_option, tap_options
-from experiments.runner import ExperimentRun, results_root
+from experiments.runner import RUNS_ROOT, ExperimentRun
 from experiments.sim_common import (
     SETTINGS,
     Setting,
@@ -394,10 +394,10 @@ def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: st
     prof = load_profile(profile)
     info = device_info(dev, be)
     windows = load_windows(cfg.workload, cfg.setting, cfg.window + 1, cfg.seed)
-    out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "tile-overhead"
+    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "tile-overhead"
     config = {**asdict(cfg), "setting": setting_record(cfg.setting), "device": str(dev), "device_name": info.get("name"),
               "backend": be.name, "dtype": dtype_name(dt), "profile": prof.to_dict(), "torch": info["torch"]}
-    run = ExperimentRun("tile_overhead", config, out_dir=out_dir, force=force, quiet=quiet, paper=False)
+    run = ExperimentRun("tile_overhead", config, out_dir=out_dir, force=force, quiet=quiet)
     with cpu_threads(dev, cpu_threads_n):
         rows = run.map(list(cfg.methods), lambda m: method_rows(m, cfg, windows[cfg.window], prof, be, dt, dev),
                        desc="tile-overhead")

@@ -21,8 +21,7 @@ for the run is cycled with a one-line warning saying how many times.
 ``train.csv`` (one row per step: loss, step time, tokens/GPU/s), ``train.png`` (loss curve and the
 medians of :func:`summary`, the same table ``train`` prints) and ``run.json`` (with ``ranks``: every
 rank's global and local rank, node, host, DP/CP/pool coordinates and group members, see
-:mod:`experiments.training.ranks`) under ``results/train/`` for the default preset workload and layout,
-``runs/train/<workload>-<layout-tag>/`` otherwise, or ``--out``; ``--overwrite`` replaces a folder's
+:mod:`experiments.training.ranks`) under ``runs/train/<workload>-<layout-tag>/`` or ``--out``; ``--overwrite`` replaces a folder's
 results of a different config.
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
@@ -164,8 +163,7 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="seed of the length stream and the model")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="output folder (default results/train for the default layout on a preset, "
-                   "runs/train/<workload>-<layout>/ otherwise)")
+              help="output folder (default runs/train/<workload>-<layout>/)")
 @quick_option("smoke run: 2 steps, S=256, 1 layer, hidden 32 (each unless given)")
 @click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
 @no_progress_option()
@@ -236,19 +234,14 @@ def _world_size(nproc: int | None, launched: bool) -> int:
 
 def _prepare_run(cfg: TrainConfig, out, force: bool):
     """The run's :class:`ExperimentRun` (folder checked, input hashed) and the repeat warning."""
-    from experiments.runner import ExperimentRun, is_preset_workload  # noqa: PLC0415
+    from experiments.runner import ExperimentRun  # noqa: PLC0415
     from libra.data.source import resolve_workload  # noqa: PLC0415
     from libra.data.windows import warn_if_repeated  # noqa: PLC0415
 
     warn_if_repeated(resolve_workload(cfg.workload), (cfg.steps + 1) * cfg.gbs * cfg.seq_len,
                      f"{cfg.steps} step(s) of GBS {cfg.gbs} x S {cfg.seq_len} tokens")
     layout = {"dp": cfg.dp, **cfg.to_dict()}
-    default = TrainConfig()
-    paper = is_preset_workload(cfg.workload) and all(
-        layout[k] == v for k, v in {"dp": default.dp, **default.to_dict()}.items()
-        if k in ("dp", "cp", "seq_len", "gbs", "pool_size", "block_size", "head_split", "pipeline_chunks"))
-    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, quiet=True, layouts=[layout],
-                        paper=paper)
+    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, quiet=True, layouts=[layout])
     run.claim_folder()
     return run
 

@@ -37,8 +37,8 @@ than the spread between windows. Because every candidate sees the same windows, 
 says which of those are behind rank 1 on every window (``windows_behind_rank1``, a paired
 comparison the spread does not blur). With one window there is no spread and the check is off.
 
-The printed table is narrow (``--wide``: every column). Outputs (``results/tune/`` for the paper's
-layouts and workload presets, ``runs/tune/<workload>-<layout>/`` otherwise, or ``--out``; see
+The printed table is narrow (``--wide``: every column). Outputs (``runs/tune/<workload>-<layout>-<profile>/``
+or ``--out``; see
 :func:`experiments.runner.default_out_dir`): ``tune.csv`` (one row per candidate, ranked, with the
 per-window ``*_window_mean/min/max`` columns, ``windows``, ``within_noise``, ``windows_behind_rank1``
 and the loss decomposition of ``libra-bench straggler`` -- ``comm_factor``, ``placement_factor``,
@@ -61,7 +61,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, tap_options
-from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runner import ExperimentRun
 from experiments.sim_common import (
     OPTIONAL_METHODS,
     SETTINGS,
@@ -542,10 +542,10 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
         raise click.UsageError(str(exc)) from exc
     rec = table[table["recommended"]].iloc[0]
     recommendation = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
-    atomic_write_text(run.out_dir / f"{run.name}_steps.csv", steps.to_csv(index=False))
     paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective),
                        extra={"profile": prof.to_dict(), "recommendation": recommendation,
-                              "within_noise_ranks": within_noise(table, objective)})
+                              "within_noise_ranks": within_noise(table, objective)},
+                       files={f"{run.name}_steps.csv": steps.to_csv(index=False)})
     _print_table(table, top, prof.name, objective, wide)
     echo_summary(table, objective, tie_tolerance)
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}, "

@@ -27,8 +27,7 @@ The paper's two numbers are printed, plotted and given as ``paper_mean_spread`` 
 a paper layout without TAP overrides and the paper's head shape,
 :func:`experiments.paper.paper_settings`); any other run has no paper columns or lines.
 
-Outputs (``results/variability/`` for the paper's settings, ``runs/variability/...`` for any other
-layout, or ``--out``): ``variability.csv`` (one row per setting, P, window, pool),
+Outputs (``runs/variability/<workload>-<layout>-<profile>/`` or ``--out``): ``variability.csv`` (one row per setting, P, window, pool),
 ``variability_summary.csv`` (one row per P; with a ``setting`` column when several settings run),
 ``variability.png`` (one panel per setting), ``run.json``.
 """
@@ -45,7 +44,7 @@ import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS, paper_settings
-from experiments.runner import ExperimentRun, atomic_write_text, flat_layout
+from experiments.runner import ExperimentRun, flat_layout
 from experiments.sim_common import (
     check_counts,
     chosen_settings,
@@ -257,8 +256,8 @@ def variability(profile, windows, seed, out, quick, force, q_heads, kv_heads, he
                                                   tap_overrides={"block_size": block_size, "head_split": head_split})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    atomic_write_text(run.out_dir / "variability_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper), extra={"profile": prof.to_dict()})
+    paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper), extra={"profile": prof.to_dict()},
+                       files={"variability_summary.csv": summary.to_csv(index=False)})
     lead = ["setting"] if "setting" in summary else []
     click.echo(format_table(summary, [*lead, "pool_size", "workers", "steps", "mean_spread", "max_spread",
                                       "mean_speed_min"], "{:.4f}"))

@@ -6,8 +6,8 @@ Libra sec. 2.3) and each pool size ``P`` dividing GBS, every strategy of
 pools, and the window's ``R - 1 = max pool / mean pool - 1`` is recorded (Libra sec. 3.2, 4.2),
 with the grouping-independent lower bound of :func:`baselines.grouping.lower_bound_r_minus_1`.
 
-Outputs (``results/vrsp/256k`` or ``results/vrsp/1m`` for the paper's presets, as ``make fig8``
-writes them; ``runs/vrsp/<workload>-s<S>-gbs<GBS>/`` for other runs and ``--quick``; or ``--out``): ``vrsp.csv`` (long format, one row per window x strategy
+Outputs (``runs/vrsp/<workload>-s<S>-gbs<GBS>/`` or ``--out``; ``make fig8`` writes
+``results/vrsp/256k`` and ``results/vrsp/1m``): ``vrsp.csv`` (long format, one row per window x strategy
 x P: ``workload, seq_len, gbs, strategy, pool_size, window, r_minus_1, r_minus_1_lower_bound``),
 ``vrsp.png`` (mean R - 1 vs P, log-x, one line per strategy, the lower bound dashed, the paper's
 reference values as stars) and ``run.json``. A summary table (mean R - 1 per strategy and P) is
@@ -30,8 +30,7 @@ from experiments.options import (
     grouping_sweep_options,
 )
 from experiments.paper import fig4_8_reference
-from experiments.runner import RESULTS_ROOT, ExperimentRun, is_preset_workload
-from experiments.sim_common import SETTINGS
+from experiments.runner import ExperimentRun
 from libra.data.source import LengthSource
 from libra.data.windows import gbs_windows, window_workloads
 from libra.vrsp import pool_imbalance
@@ -59,21 +58,6 @@ def window_rows(workloads: np.ndarray, strategies, pool_sizes, seed: int, window
     return rows
 
 
-def is_paper_sweep(workload: LengthSource, seq_len: int, gbs: int) -> bool:
-    """Whether a sweep is one of Figure 4/8's: a built-in preset at (256K, GBS 128) or (1M, GBS 32);
-    any other run defaults to ``runs/`` (:func:`experiments.runner.default_out_dir`)."""
-    return is_preset_workload(workload) and (seq_len, gbs) in {(s.seq_len, s.gbs) for s in SETTINGS.values()}
-
-
-def paper_sweep_folder(name: str, seq_len: int, gbs: int) -> Path:
-    """``results/<name>/<setting>``: where ``make fig4`` / ``make fig8`` write a paper sweep, and so
-    its default folder -- an ad-hoc run of a paper preset then meets the committed run there (and is
-    refused unless the same or ``--overwrite``) instead of landing beside it in ``results/<name>``,
-    where ``report`` would have quoted it as the newest."""
-    setting = next(k for k, s in SETTINGS.items() if (s.seq_len, s.gbs) == (seq_len, gbs))
-    return RESULTS_ROOT / name / setting
-
-
 def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: int, gbs: int,
                        pool_sizes, windows: int, seed: int, out, quick: bool, force: bool,
                        quiet: bool = False) -> tuple[pd.DataFrame, dict]:
@@ -84,11 +68,8 @@ def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: i
     config = {"experiment": name, "workload": workload.describe(), "seq_len": seq_len, "gbs": gbs,
               "pool_sizes": pool_sizes, "windows": windows, "seed": seed, "strategies": list(strategies),
               "packing_policy": "split", "quick": quick}
-    paper = is_paper_sweep(workload, seq_len, gbs)
-    if out is None and paper and not quick:
-        out = paper_sweep_folder(name, seq_len, gbs)
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, workload=workload,
-                        layouts=[{"seq_len": seq_len, "gbs": gbs}], paper=paper)
+                        layouts=[{"seq_len": seq_len, "gbs": gbs}])
     base = {"workload": workload.name, "seq_len": seq_len, "gbs": gbs}
     packed: list = []
 

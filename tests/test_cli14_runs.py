@@ -41,8 +41,10 @@ def test_shuffled_length_file_is_recomputed_not_reused(tmp_path):
     assert first.exit_code == 0, first.output
     rec = _record(out)
     assert rec["points_computed"] == 4 and rec["inputs"]["workload"]["lengths_sha256"]
+    points = {p: p.stat().st_mtime_ns for p in out.glob(".points/*/*.json")}
     again = _lln("--workload", str(data), "--out", str(out))
-    assert again.exit_code == 0 and _record(out)["points_reused"] == 4  # same data: reused
+    assert again.exit_code == 0 and _record(out) == rec  # same numbers: the record of the run that made them
+    assert {p: p.stat().st_mtime_ns for p in out.glob(".points/*/*.json")} == points  # same data: reused
 
     lines = data.read_text().split()
     np.random.default_rng(1).shuffle(lines)
@@ -67,15 +69,15 @@ def test_ad_hoc_run_goes_to_runs_not_results(tmp_path, monkeypatch):
 def test_default_folders_and_layout_tag(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     paper = setting_record(SETTINGS["256k"])
-    assert default_out_dir("straggler", "libra-prod", [paper]).as_posix() == "results/straggler"
+    # the paper's preset too: results/ is written only by the make targets' --out
+    assert default_out_dir("straggler", "libra-prod", [paper]).as_posix() == \
+        "runs/straggler/libra-prod-dp32-cp8-s256k-gbs128-p8-b4k-h2-m4"
     assert default_out_dir("straggler", str(tmp_path / "w.txt.gz"), [paper]).as_posix() == \
         "runs/straggler/w-dp32-cp8-s256k-gbs128-p8-b4k-h2-m4"
     both = [paper, setting_record(SETTINGS["1m"])]
     assert default_out_dir("straggler", "data/w.npy", both).as_posix() == "runs/straggler/w-256k+1m"
-    tweaked = {**paper, "tap": {**paper["tap"], "pool_size": 4}}  # a TAP override: not the paper's layout
-    assert default_out_dir("pool-sweep", "libra-prod", [tweaked]).parts[:2] == ("runs", "pool-sweep")
     # the experiment pool_sweep (its CSV's name) writes where `make fig15` does: the command's name
-    assert default_out_dir("pool_sweep", "libra-prod", [paper]).as_posix() == "results/pool-sweep"
+    assert default_out_dir("pool_sweep", "libra-prod", [paper]).parts[:2] == ("runs", "pool-sweep")
     custom = {"dp": 8, "cp": 4, "seq_len": 128 * 1024, "gbs": 32,
               "tap": asdict(TapConfig(pool_size=4, block_size=4096, head_split=2))}
     assert layout_tag(custom) == "dp8-cp4-s128k-gbs32-p4-b4k-h2-m4"

@@ -26,9 +26,11 @@ def test_dp_scaling_writes_normalized_scaling(tmp_path):
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["config"]["dps"] == {"1m": [1, 4]} and record["profile"] == "h100-roce-v1"
     # a rerun reuses the finished points
+    points = {p: p.stat().st_mtime_ns for p in tmp_path.glob(".points/*/*.json")}
     again = _run(["dp-scaling", "--settings", "1m", "--dps", "1,4", "--windows", "1", "--out", str(tmp_path)])
-    assert again.exit_code == 0
-    assert json.loads((tmp_path / "run.json").read_text())["points_reused"] == 4
+    assert again.exit_code == 0 and len(points) == 4
+    assert {p: p.stat().st_mtime_ns for p in points} == points  # none recomputed
+    assert json.loads((tmp_path / "run.json").read_text()) == record  # same numbers: the record is kept
 
 
 def test_pp_balance_normalizes_to_libra_mean(tmp_path):

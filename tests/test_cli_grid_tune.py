@@ -56,8 +56,10 @@ def test_grid_search_quick_cells_skips_and_determinism(tmp_path):
     assert run["experiment"] == "grid-search" and run["profile"]["name"] == "h100-roce-v1"
     assert (a / "grid-search.png").stat().st_size > 0
     assert "skipped 256k H=1 B=3000" in ra.output
+    points = {p: p.stat().st_mtime_ns for p in a.glob(".points/*/*.json")}
     rc = invoke(GRID + ["--out", str(a)])  # resumable: every point reused
-    assert rc.exit_code == 0 and json.loads((a / "run.json").read_text())["points_reused"] == 3
+    assert rc.exit_code == 0 and len(points) == 3 and {p: p.stat().st_mtime_ns for p in points} == points
+    assert json.loads((a / "run.json").read_text()) == run  # same numbers: the record is kept
 
 
 def test_grid_search_1m_kv_override_marks_replicated_kv(tmp_path):

@@ -33,11 +33,13 @@ def test_vrsp_small_run_outputs_and_resume(tmp_path):
     assert record["config"]["gbs"] == 16 and record["points_computed"] == 3
     assert "mean R - 1 over 3 windows" in res.output and "vrsp" in res.output
 
+    points = {p: p.stat().st_mtime_ns for p in out.glob(".points/*/*.json")}
     again = invoke("vrsp", *SMALL, "--out", str(out))
-    assert json.loads((out / "run.json").read_text())["points_reused"] == 3
+    assert len(points) == 3 and {p: p.stat().st_mtime_ns for p in points} == points  # every point reused
     assert pd.read_csv(out / "vrsp.csv").equals(df), again.output  # deterministic
+    assert json.loads((out / "run.json").read_text()) == record and "run.json kept" in again.output
     invoke("vrsp", *SMALL, "--out", str(out), "--force")
-    assert json.loads((out / "run.json").read_text())["points_computed"] == 3
+    assert all(p.stat().st_mtime_ns != t for p, t in points.items())  # recomputed
 
 
 def test_lln_production_only_and_quick(tmp_path):

@@ -47,9 +47,11 @@ def test_plan_cost_quick_writes_and_prints(tmp_path):
         assert row["pools_over_1_plus_tau"] == row["pools_over_with_tile_above_target"]
     assert "VRSP + workload estimation per step" in result.output and "paper 2.2 ms" in result.output
     assert "ulysses" in result.output and "distca" in result.output
+    points = {p: p.stat().st_mtime_ns for p in out.glob(".points/*/*.json")}
     again = runner.invoke(main, ["plan-cost", "--quick", "--out", str(out)])
     assert again.exit_code == 0, again.output
-    assert json.loads((out / "run.json").read_text())["points_computed"] == 0     # resumed from points
+    assert points and {p: p.stat().st_mtime_ns for p in points} == points  # resumed from points
+    assert json.loads((out / "run.json").read_text()) == record and "run.json kept" in again.output
 
 
 def test_plan_cost_bad_input(tmp_path):

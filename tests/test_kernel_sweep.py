@@ -127,5 +127,8 @@ def test_cli_quick_run_on_cpu(tmp_path):
     assert summary["heads_half_by_length"] and summary["mixed"] and not summary["skipped"]
     assert (out / "kernel_sweep.png").stat().st_size > 0
     assert "heads_half c" in res.output and "x its parts run alone" in res.output
+    record = (out / "run.json").read_bytes()
+    points = {p: p.stat().st_mtime_ns for p in out.glob(".points/*/*.json")}
     again = CliRunner().invoke(main, ["kernel-sweep", "--quick", "--device", "cpu", "--out", str(out)])
-    assert again.exit_code == 0 and json.loads((out / "run.json").read_text())["points_computed"] == 0
+    assert again.exit_code == 0 and points and {p: p.stat().st_mtime_ns for p in points} == points  # resumed
+    assert (out / "run.json").read_bytes() == record  # the same measured points: the same record
