@@ -58,6 +58,7 @@ from experiments.sim_common import (
     workload_record,
 )
 from libra.config import TapConfig, check_layout
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
 GRID_METHOD = "libra-tap-vrsp"
@@ -197,7 +198,7 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, files={"profile": profile_file},
                         layouts=grid_layouts(chosen), paper=is_preset_workload(workload) and presets)
     cache: dict = {}
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def context(s):
         if s not in cache:

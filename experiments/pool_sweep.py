@@ -33,6 +33,7 @@ from experiments.sim_common import (
     TAP_METHODS,
     build_cost_model,
     check_counts,
+    check_settings,
     chosen_settings,
     common_options,
     format_table,
@@ -46,6 +47,7 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
@@ -61,6 +63,7 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
     """
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
+    check_settings(chosen, shape, pool_sizes)
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
               "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
@@ -78,7 +81,7 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
         st, wins, cm = context(s)
         planner = make_planner(method, st, pool_size=None if method == "ulysses" else p)
         steps = simulate_window(planner, wins[w], st.par(), shape, cm, seed=jitter_seed(seed, w))
-        label = Path(workload).name if Path(workload).exists() else workload
+        label = resolve_workload(workload).name  # the file name (#column), or the preset
         return [{"workload": label, "setting": s, "pool_size": p, "method": method, "window": w, **r.to_row()}
                 for r in steps]
 
@@ -154,7 +157,8 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 @layout_options()
 @click.option("--pool-sizes", type=IntListType(), default=",".join(map(str, POOL_SIZES)), show_default=True,
               help="Comma list of P (those not dividing DP are skipped per setting).")
-@click.option("--methods", default=",".join(TAP_METHODS), show_default=True, help="Libra variants to sweep.")
+@click.option("--methods", default=",".join(TAP_METHODS), show_default=True,
+              help="Comma list of Libra variants to sweep.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
                settings_, dp, cp, seq_len, gbs, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks):

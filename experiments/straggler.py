@@ -65,6 +65,7 @@ from experiments.sim_common import (
     WLB_REJOIN_DEFAULT,
     build_cost_model,
     check_counts,
+    check_settings,
     chosen_settings,
     common_options,
     format_table,
@@ -78,6 +79,7 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 from libra.sim.variability import DeviceJitter
 
@@ -129,6 +131,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
 
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
+    check_settings(chosen, shape)
     options = {s: {m: {k: (v.name if k == "profile" else v)
                        for k, v in run_options(m, chosen[s], profile, wlb_rejoin).items()} for m in methods}
                for s in settings}
@@ -141,7 +144,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
               "planner_options": options}
     run = ExperimentRun("straggler", config, out_dir=out, force=force, quiet=quiet)
     cache: dict = {}
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def context(setting_name):
         if setting_name not in cache:

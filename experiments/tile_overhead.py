@@ -52,6 +52,7 @@ from experiments.sim_common import (
     SETTINGS,
     Setting,
     build_cost_model,
+    check_settings,
     custom_setting,
     load_windows,
     make_planner,
@@ -393,6 +394,7 @@ def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: st
     be = resolve_backend(backend, dev)
     prof = load_profile(profile)
     info = device_info(dev, be)
+    check_settings({cfg.setting.name: cfg.setting}, make_shape(cfg.q_heads, cfg.kv_heads, cfg.head_dim))
     windows = load_windows(cfg.workload, cfg.setting, cfg.window + 1, cfg.seed)
     out_dir = Path(out) if out is not None else results_root() / "gpu" / device_slug(info) / "tile-overhead"
     config = {**asdict(cfg), "setting": setting_record(cfg.setting), "device": str(dev), "device_name": info.get("name"),

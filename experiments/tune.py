@@ -79,6 +79,7 @@ from experiments.sim_common import (
 )
 from experiments.straggler import loss_decomposition, step_ratios
 from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
 TUNE_METHODS = ("libra", "libra-adaptive")
@@ -302,7 +303,7 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
     wins = gbs_windows(workload, par.seq_len, par.gbs, windows, seed=seed)
     cost_model = build_cost_model(profile, par)
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def point(key):
         method, p, h, b, chunks, w = key

@@ -59,6 +59,7 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
+from libra.data.source import resolve_workload
 from libra.sim.variability import DeviceJitter
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
@@ -166,7 +167,7 @@ def run_variability(workload, profile, settings, pool_sizes, windows, seed, shap
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, layouts=layouts)
     cache: dict = {}
     rate = profile.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def point(key):
         s, p, w = key
