@@ -345,7 +345,7 @@ def e2e(models, dps, pp, measure, nproc, steps, **opts):
     PP 2, GBS 32, S 1M, P <= 4); or your layout: --dp --cp --seq-len --gbs [--pp], --dps to sweep DP."""
     if measure:
         _check_measure_options(dps, pp, opts)
-        _measure(opts["workload"], opts["seed"], opts["out"], opts["force"], nproc, steps)
+        _measure(opts["workload"], opts["seed"], opts["out"], opts["force"], nproc, steps, opts["no_progress"])
         return
     setup = sim_setup(opts, E2E_SETTINGS)
     shapes = model_shapes([m.strip() for m in models.split(",") if m.strip()], setup.heads)
@@ -406,14 +406,16 @@ def _check_measure_options(dps, pp, opts: dict) -> None:
                                "trains with libra-bench train's own layout")
 
 
-def _measure(workload, seed, out, force, nproc, steps):
+def _measure(workload, seed, out, force, nproc, steps, quiet=False):
     """Measured Figure 11 on this machine: the real training loop (DP x CP = nproc, CP 2) per method.
 
     Ulysses and Libra run in one set of spawned gloo ranks from the same initialization and data;
     WLB-LLM has no runtime in this project (its variable-length repacking is simulated only). A
-    CPU-sized run is no paper preset: its default folder is under ``runs/e2e-measured/``.
+    CPU-sized run is no paper preset: its default folder is under ``runs/e2e-measured/``. Each
+    method is a point of the run's cache, kept as soon as its training finishes: Ctrl-C or a failed
+    rank says how many are kept, and a rerun trains only the others.
     """
-    from experiments.train import TrainConfig, run_training, timed_steps  # noqa: PLC0415
+    from experiments.train import TrainConfig, timed_steps  # noqa: PLC0415
 
     methods = ("ulysses", "libra")
     try:
@@ -421,15 +423,50 @@ def _measure(workload, seed, out, force, nproc, steps):
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps,
-                                         "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force, quiet=True,
-                        paper=False, layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
+                                         "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force,
+                        quiet=quiet, paper=False, layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
     run.claim_folder()
-    results = run_training(cfgs)
+    _train_points(run, methods, cfgs)
+    results = [{"steps": run.cached(["method", m])} for m in methods]
     df = pd.DataFrame(measured_rows(workload, methods, cfgs, results))
     timed = timed_steps(df, "window")
     over = f"{timed['window'].nunique()} step(s)" + (" after the first" if len(timed) < len(df) else "")
     finish_throughput(run, df, "median", over, rows=timed)
     click.echo(f"wrote {run.csv_path}")
+
+
+def _train_points(run: ExperimentRun, methods, cfgs) -> None:
+    """Train the methods not cached yet (one set of ranks), caching each method's step records as
+    its training finishes, with progress over all their steps."""
+    from experiments.progress import progress  # noqa: PLC0415
+    from experiments.train import run_training  # noqa: PLC0415
+    from libra.runtime.launch import RankDeadlineError, RankFailure  # noqa: PLC0415
+
+    todo = [i for i, m in enumerate(methods) if run.cached(["method", m]) is None]
+    steps = sum(c.steps for c in cfgs)
+    with progress(total=steps, desc="e2e --measure", disable=run.quiet, unit="steps") as bar:
+        bar.advance(steps - sum(cfgs[i].steps for i in todo))
+
+        def on_message(message: dict) -> None:
+            if "step" in message:
+                bar.advance()
+            elif "done" in message:
+                run.record(["method", methods[todo[message["config"]]]], message["done"]["steps"])
+
+        try:
+            if todo:
+                run_training([cfgs[i] for i in todo], on_message=on_message)
+        except KeyboardInterrupt:
+            click.echo(f"\ninterrupted: {_kept_methods(run, methods)}", err=True)
+            raise click.exceptions.Exit(130) from None
+        except (RankFailure, RankDeadlineError) as exc:
+            raise click.ClickException(f"{exc}; {_kept_methods(run, methods)}") from None
+
+
+def _kept_methods(run: ExperimentRun, methods) -> str:
+    kept = [m for m in methods if run.cached(["method", m]) is not None]
+    return (f"{len(kept)} of {len(methods)} methods of e2e --measure are cached in {run.points_dir}"
+            f"{' (' + ', '.join(kept) + ')' if kept else ''}; rerun the same command to resume")
 
 
 def measured_rows(workload, methods, cfgs, results) -> list[dict]:
