@@ -60,7 +60,12 @@ def load_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     record_path = folder / "run.json"
     if not record_path.is_file():
         raise click.UsageError(f"{folder} holds no run.json (not a libra-bench result folder)")
-    record = json.loads(record_path.read_text())
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.UsageError(f"{record_path} cannot be read: {exc}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise click.UsageError(f"{record_path} is not a run record (no config object)")
     name = record.get("experiment", "")
     for table in (folder / f"{name}_summary.csv", folder / f"{name}.csv"):
         if table.is_file():
