@@ -39,7 +39,8 @@ import pandas as pd
 from baselines.registry import get_planner, options_from_tap
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS
-from experiments.runner import ExperimentRun, is_preset_workload
+from experiments.runner import ExperimentRun, is_preset_workload, layout_tag
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     Setting,
     check_counts,
@@ -299,7 +300,7 @@ def throughput_table(frame: pd.DataFrame, stat: str) -> pd.DataFrame:
     return table
 
 
-def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> None:
+def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str, caption: str | None = None) -> None:
     """Bars of :func:`throughput_frame` (one value per bar, no error bar), y labelled with ``stat``."""
     import matplotlib  # noqa: PLC0415
 
@@ -313,15 +314,17 @@ def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> 
     g.figure.suptitle(f"End-to-end throughput (Figure 11; {source}; {stat_label(stat)})", y=1.02)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(g.figure, path, tight_bbox=True)  # the suptitle sits above the grid
+    save_figure(g.figure, path, caption=caption)
 
 
 def finish_throughput(run: ExperimentRun, df: pd.DataFrame, stat: str, over: str, extra: dict | None = None,
-                      rows: pd.DataFrame | None = None):
+                      rows: pd.DataFrame | None = None, layout: str | None = None):
     """Write the run (the PNG draws :func:`throughput_frame`) and print the same frame as a table;
-    ``rows``: the rows of ``df`` the statistic is taken over (default all)."""
+    ``rows``: the rows of ``df`` the statistic is taken over (default all); ``layout``: the title's
+    layout when the config does not say it (a measured run's training layout)."""
     frame = throughput_frame(df if rows is None else rows, stat)
-    paths = run.finish(df, lambda _d, p: plot_throughput(frame, p, stat, str(df["source"].iloc[0])), extra=extra)
+    paths = run.finish(df, lambda _d, p: plot_throughput(frame, p, stat, str(df["source"].iloc[0]),
+                                                        run_caption(run.config, layout)), extra=extra)
     click.echo(f"{stat_label(stat)} over {over}:")
     click.echo(throughput_table(frame, stat).round(3).to_string())
     return paths
@@ -431,7 +434,7 @@ def _measure(workload, seed, out, force, nproc, steps, quiet=False):
     df = pd.DataFrame(measured_rows(workload, methods, cfgs, results))
     timed = timed_steps(df, "window")
     over = f"{timed['window'].nunique()} step(s)" + (" after the first" if len(timed) < len(df) else "")
-    finish_throughput(run, df, "median", over, rows=timed)
+    finish_throughput(run, df, "median", over, rows=timed, layout=layout_tag({"dp": cfgs[0].dp, **cfgs[0].to_dict()}))
     click.echo(f"wrote {run.csv_path}")
 
 

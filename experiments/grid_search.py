@@ -39,6 +39,7 @@ import pandas as pd
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS, PRESET_KEYS
 from experiments.runner import ExperimentRun, atomic_write_text, flat_layout, is_preset_workload
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     Setting,
     build_cost_model,
@@ -315,7 +316,7 @@ def cell_text(r) -> str:
     return t
 
 
-def plot_grid(summary: pd.DataFrame, path: Path) -> None:
+def plot_grid(summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """One heatmap per setting: speedup over Ulysses per (H, B), tile count in each cell; cells with
     a paper value (paper runs only, :func:`paper_grid`) are outlined and carry it; skipped cells are
     blank with 'skip'."""
@@ -346,7 +347,7 @@ def plot_grid(summary: pd.DataFrame, path: Path) -> None:
                      f"h_kv {r0['kv_heads']}" + (" (outlined: paper)" if outlined else ""), fontsize=9)
         ax.set_xlabel("block size B (tokens)")
         ax.set_ylabel("head split H")
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("grid-search")
@@ -384,7 +385,7 @@ def grid_search(profile, windows, seed, out, quick, force, no_progress, workload
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     atomic_write_text(run.out_dir / f"{run.name}_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p),
+    paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p, run_caption(run.config)),
                        extra={"profile": prof.to_dict()})
     ok = summary[summary["status"] == "ok"]
     paper = ["paper_speedup_low"] if "paper_speedup_low" in summary else []

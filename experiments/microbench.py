@@ -93,6 +93,7 @@ from experiments.microbench_targets import reference_targets
 from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, quick_option, tap_options
 from experiments.progress import progress
 from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
+from experiments.runs_table import run_caption
 from libra.config import ParallelConfig, TapConfig, check_layout
 
 METHODS = ("ulysses", "wlb-llm", "distca", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt", "libra-adaptive")
@@ -588,7 +589,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def plot(df: pd.DataFrame, path: Path) -> None:
+def plot(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -612,7 +613,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     ax.tick_params(axis="x", rotation=20)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 # --------------------------------------------------------------------------------------------
@@ -778,7 +779,7 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
                                                  seed=cfg["seed"]))
     extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
              "targets": [asdict(t) for t in targets]}
-    paths = run.finish(df, plot=plot, extra=extra)
+    paths = run.finish(df, plot=lambda d, p: plot(d, p, run_caption(run.config)), extra=extra)
     atomic_write_text(run.out_dir / "microbench_summary.csv", summary.to_csv(index=False))
     cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift",
                         "paired_ideal_ms", "paired_ratio", "cpu_ms",

@@ -34,6 +34,7 @@ from experiments.e2e import check_points, model_shapes, price_window, sim_option
 from experiments.paper import NUMBERS
 from experiments.paper import label as paper_label
 from experiments.runner import atomic_write_text
+from experiments.runs_table import run_caption
 from experiments.sim_common import SETTINGS as PAPER_SETTINGS
 from experiments.sim_common import format_table
 from libra.sim.models import MODELS
@@ -65,7 +66,7 @@ def summarize(df: pd.DataFrame, paper: set[str]) -> pd.DataFrame:
     return out
 
 
-def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path) -> None:
+def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -86,7 +87,7 @@ def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path) -> None:
         ax.set(yscale="log", title=s, ylabel="forward time / Libra mean", xlabel="")
     fig.suptitle("Per-microbatch forward time, stage 0 (Figure 14, simulated)")
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def _paper_marks(ax, summary: pd.DataFrame, order: list[str]) -> None:
@@ -138,7 +139,7 @@ def pp_balance(model_name, pp, **opts):
     paper = {s for s in setup.settings if setup.paper_marks(s) and model_name == PAPER_MODEL and pp == PAPER_PP}
     summary = summarize(df, paper)
     atomic_write_text(run.out_dir / "pp-balance_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, lambda d, p: _plot(d, summary, p), extra={"profile": setup.profile.name})
+    paths = run.finish(df, lambda d, p: _plot(d, summary, p, run_caption(run.config)), extra={"profile": setup.profile.name})
     click.echo(format_table(summary, [c for c in ("setting", "method", "min", "mean", "max", *PAPER_COLUMNS)
                                       if c in summary], "{:.3f}"))
     _echo_worst(summary, paper)

@@ -29,13 +29,14 @@ from __future__ import annotations
 import base64
 import html
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from experiments.runner import layout_tag
+from experiments.runner import LAYOUT_TAG_FIELDS, layout_tag
 
 METHOD_COLUMNS = ("folder", "experiment", "workload", "layout", "profile", "method", "straggler_ms", "speedup",
                   "speedup_min", "speedup_max", "bound_ms", "bound_ratio", "bound", "recommended")
@@ -77,12 +78,28 @@ def _layouts(config: dict) -> dict[str, str]:
     found = config.get("settings", config.get("setting", config.get("par")))
     records = found if isinstance(found, list) else [found] if isinstance(found, dict) else []
     if not records and any(isinstance(config.get(k), int) for k in ("dp", "seq_len", "gbs")):
-        records = [{k: config[k] for k in ("dp", "cp", "seq_len", "gbs", "tap") if k in config}]
+        records = [{k: config[k] for k in (*(f for f, _ in LAYOUT_TAG_FIELDS), "tap") if k in config}]
     out = {}
     for r in records:
         if isinstance(r, dict):
             out[str(r.get("name") or "custom")] = layout_tag(r)
     return out
+
+
+def describe_run(config: Mapping, record: dict | None = None) -> tuple[str, str, dict[str, str]]:
+    """``(workload, profile, {setting: layout tag})`` of a run: what its figures' titles and the
+    runs report name (``-`` for a profile the run does not have)."""
+    return _workload(config), _profile({**(record or {}), "config": config}), _layouts(config)
+
+
+def run_caption(config: Mapping, layout: str | None = None) -> str:
+    """``workload W | profile P | layout L`` of a run's config (each always named: ``none`` where
+    the run has none, e.g. a FLOPs-only sweep's profile); several layouts by setting name.
+    ``layout`` replaces the one read from the config."""
+    workload, profile, layouts = describe_run(config)
+    if layout is None:
+        layout = "; ".join(f"{name}: {tag}" if len(layouts) > 1 else tag for name, tag in layouts.items()) or "none"
+    return f"workload {workload} | profile {profile if profile != '-' else 'none'} | layout {layout}"
 
 
 def _straggler_rows(folder: Path, config: dict) -> list[dict]:

@@ -58,6 +58,7 @@ import pandas as pd
 from experiments.options import given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig12_speedups, paper_settings
 from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     LABELS,
     METHODS,
@@ -270,7 +271,7 @@ def window_speedups(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"min": sp.min(axis=1), "max": sp.max(axis=1)})
 
 
-def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
+def plot_straggler(summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Top: mean and worst-step straggler / Ulysses mean, black marks the paper's values. Bottom:
     the four loss factors per method stacked on a log axis (:func:`plot_factors`).
 
@@ -313,7 +314,7 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
         plot_factors(fax, summary[summary["setting"] == setting], setting)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 FACTOR_COLORS = {"kernel_factor": "#9467bd", "pooling_factor": "#2ca02c", "placement_factor": "#ff7f0e",
@@ -395,7 +396,7 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     atomic_write_text(run.out_dir / "straggler_summary.csv", summary.to_csv(index=False))
     names = [s if isinstance(s, str) else s.name for s in settings]
     per_setting = {s: round(sum(v for (ss, _), v in timings.items() if ss == s), 3) for s in names}
-    paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p),
+    paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p, run_caption(run.config)),
                        extra={"profile": prof.to_dict(), "simulate_seconds_per_setting": per_setting,
                               "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}})
     echo_tables(summary)

@@ -48,6 +48,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import given_layout, layout_options, quick_option, tap_options
 from experiments.runner import ExperimentRun, results_root
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     SETTINGS,
     Setting,
@@ -356,7 +357,7 @@ def summarize(df: pd.DataFrame) -> dict:
     return out
 
 
-def plot_overhead(df: pd.DataFrame, path: Path) -> None:
+def plot_overhead(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Forward and backward ms per variant and method, with each bar's ratio to one call."""
     from experiments.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
 
@@ -375,7 +376,7 @@ def plot_overhead(df: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("ms (median)")
     fig.suptitle(f"tile-overhead: {df.attrs.get('device', '')}, {df.attrs.get('backend', '')}, "
                  f"{df.attrs.get('what', '')}", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
@@ -408,7 +409,7 @@ def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: st
                      "what": f"{cfg.workload} {cfg.setting.name} window {cfg.window} step {cfg.step}"})
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "profile": prof.name,
                "setting": cfg.setting.name, "target_ratio": TARGET_RATIO, "methods": summarize(df)}
-    paths = run.finish(df, plot_overhead, extra={"environment_device": info, "summary": summary})
+    paths = run.finish(df, lambda d, p: plot_overhead(d, p, run_caption(run.config)), extra={"environment_device": info, "summary": summary})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 

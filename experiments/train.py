@@ -128,12 +128,11 @@ def draw(df: pd.DataFrame):
     return fig
 
 
-def _plot(df: pd.DataFrame, path: Path) -> None:
-
+def _plot(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     fig = draw(df)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 QUICK = {"steps": 2, "seq_len": 256, "layers": 1, "hidden": 32}
@@ -273,7 +272,11 @@ def _write(run, result: dict, cfg: TrainConfig, source: str) -> None:
     df["dp"], df["cp"], df["nproc"], df["launch"] = cfg.dp, cfg.cp, cfg.nproc, source
     df["nodes"] = nodes_of(ranks)
     speeds = {"device_speeds": result["device_speeds"]} if "device_speeds" in result else {}
-    paths = run.finish(df, _plot, extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks, **speeds})
+    from experiments.runner import layout_tag  # noqa: PLC0415
+    from experiments.runs_table import run_caption  # noqa: PLC0415
+
+    caption = run_caption(run.config, layout_tag({"dp": cfg.dp, **cfg.to_dict()}))
+    paths = run.finish(df, lambda d, p: _plot(d, p, caption), extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks, **speeds})
     if speeds:
         click.echo("measured attention speed per rank: " + " ".join(f"{v:.3f}" for v in speeds["device_speeds"]))
     click.echo(summary_table(df))

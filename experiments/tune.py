@@ -62,6 +62,7 @@ import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, tap_options
 from experiments.runner import ExperimentRun, atomic_write_text
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     OPTIONAL_METHODS,
     SETTINGS,
@@ -322,7 +323,8 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     return rank_candidates(steps, par, tap, tie_tolerance, objective), steps, run
 
 
-def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "mean") -> None:
+def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "mean",
+              caption: str | None = None) -> None:
     """Left: the ``top`` candidates' mean-straggler speedup over Ulysses (recommended one outlined).
     Right: speedup vs communication volume per step of every candidate, coloured by P."""
     import seaborn as sns  # noqa: PLC0415
@@ -358,7 +360,7 @@ def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "
     axes[1].set_ylabel("speedup over Ulysses")
     axes[1].set_title("speedup vs traffic (marker: H)")
     axes[1].legend(fontsize=7, ncol=2)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 SPREAD = "spread"
@@ -544,7 +546,7 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
     rec = table[table["recommended"]].iloc[0]
     recommendation = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
     atomic_write_text(run.out_dir / f"{run.name}_steps.csv", steps.to_csv(index=False))
-    paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective),
+    paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective, run_caption(run.config)),
                        extra={"profile": prof.to_dict(), "recommendation": recommendation,
                               "within_noise_ranks": within_noise(table, objective)})
     _print_table(table, top, prof.name, objective, wide)

@@ -46,6 +46,7 @@ import pandas as pd
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS, paper_settings
 from experiments.runner import ExperimentRun, atomic_write_text, flat_layout
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     check_counts,
     chosen_settings,
@@ -205,7 +206,7 @@ def summarize(df: pd.DataFrame, settings: list[str], paper: set[str]) -> pd.Data
     return pd.concat(parts, ignore_index=True)
 
 
-def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset()) -> None:
+def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset(), caption: str | None = None) -> None:
     """Per setting: per-step spread vs pool size (box + mean); the paper's mean and max as
     reference lines on the settings in ``paper`` only."""
     import matplotlib  # noqa: PLC0415
@@ -232,7 +233,7 @@ def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset()
         ax.set_title(f"{s}: device variability, per-step spread vs pool size (black: mean)", fontsize=10)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("variability")
@@ -259,7 +260,7 @@ def variability(profile, windows, seed, out, quick, force, q_heads, kv_heads, he
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     atomic_write_text(run.out_dir / "variability_summary.csv", summary.to_csv(index=False))
-    paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper), extra={"profile": prof.to_dict()})
+    paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper, run_caption(run.config)), extra={"profile": prof.to_dict()})
     lead = ["setting"] if "setting" in summary else []
     click.echo(format_table(summary, [*lead, "pool_size", "workers", "steps", "mean_spread", "max_spread",
                                       "mean_speed_min"], "{:.4f}"))
