@@ -44,6 +44,10 @@ METHOD_PALETTE: dict[str, str] = {
     "libra-tap": "#ff7f0e",
     "libra-tap-vrsp": "#8c564b",
     "libra": "#d62728",
+    # extensions beyond the paper
+    "ulysses-sorted": "#c7c7c7",
+    "libra-kt": "#ff9896",
+    "libra-adaptive": "#e377c2",
 }
 FALLBACK_COLOR = "#aaaaaa"
 
