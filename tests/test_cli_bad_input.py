@@ -33,7 +33,8 @@ def _one_error(res, *needles, code=2):
     ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "2", "--quick"],
     ["train", "--nproc", "2", "--cp", "2", "--steps", "1"],
 ])
-@pytest.mark.parametrize("content", ["[1e19, 5, 6]", "[1000000000000000000, 1000000000000000000]"])
+@pytest.mark.parametrize("content", ["[1e19, 5, 6]", "[" + ", ".join(["1000000000000000000"] * 10) + "]"],
+                         ids=["one-length-1e19", "ten-lengths-of-1e18"])
 def test_lengths_that_would_wrap_int64_are_one_error_before_any_work(tmp_path, command, content):
     path = tmp_path / "lengths.json"
     path.write_text(content)

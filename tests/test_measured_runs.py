@@ -28,9 +28,23 @@ MICROBENCH = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-si
               "--methods", "ulysses,libra", "--workload", "workloads/skewed-2k.txt", "--seq-len", "2048"]
 
 
-def _cli(args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+@pytest.fixture
+def cli():
+    """Start ``libra-bench`` in its own process group; whatever is still running at the end of the
+    test (a run that hung, its ranks) is killed."""
+    started = []
+
+    def start(args) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _ctrl_c(proc: subprocess.Popen) -> tuple[str, int]:
@@ -52,9 +66,9 @@ def test_a_log_gets_a_heartbeat_while_nothing_finishes(monkeypatch):
     assert progress_mod.HEARTBEAT_S < 10 and progress_mod.LOG_EVERY_S < 10
 
 
-def test_train_ctrl_c_keeps_the_finished_steps_and_a_rerun_resumes_them(tmp_path):
+def test_train_ctrl_c_keeps_the_finished_steps_and_a_rerun_resumes_them(tmp_path, cli):
     args = [*TRAIN, "--steps", "6", "--out", str(tmp_path / "t")]
-    proc = _cli(args)
+    proc = cli(args)
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -108,8 +122,8 @@ def _rank_pids(pid: int, world: int) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes in /proc")
-def test_a_rank_killed_before_the_rendezvous_ends_train_within_30_s_naming_it(tmp_path):
-    proc = _cli([*TRAIN, "--steps", "3", "--out", str(tmp_path / "t")])
+def test_a_rank_killed_before_the_rendezvous_ends_train_within_30_s_naming_it(tmp_path, cli):
+    proc = cli([*TRAIN, "--steps", "3", "--out", str(tmp_path / "t")])
     victim = _rank_pids(proc.pid, 2)[-1]
     os.kill(victim, signal.SIGKILL)  # the rank is still importing torch: before the rendezvous
     t0 = time.monotonic()
@@ -121,9 +135,9 @@ def test_a_rank_killed_before_the_rendezvous_ends_train_within_30_s_naming_it(tm
     assert "no step finished; rerun the same command to start again" in errors[0]
 
 
-def test_microbench_ctrl_c_keeps_each_finished_point_and_a_rerun_resumes(tmp_path):
+def test_microbench_ctrl_c_keeps_each_finished_point_and_a_rerun_resumes(tmp_path, cli):
     out_dir = tmp_path / "m"
-    proc = _cli([*MICROBENCH, "--out", str(out_dir)])
+    proc = cli([*MICROBENCH, "--out", str(out_dir)])
     end = time.monotonic() + 120
     while proc.poll() is None and not glob.glob(f"{out_dir}/.points/*/*.json") and time.monotonic() < end:
         time.sleep(0.05)
