@@ -34,7 +34,6 @@ import datetime
 import functools
 import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -289,18 +288,12 @@ def run_spawned(args, beat: Heartbeat) -> dict:
     from libra.runtime.launch import (
         RankDeadlineError,
         RankFailure,
-        RankMessages,
         raise_first_failure,
+        relayed_messages,
         run_local_ranks,
     )
 
-    with tempfile.TemporaryDirectory(prefix="hf-qwen3-") as folder:
-        messages = RankMessages(folder)
-
-        def poll():
-            for message in messages.receive():
-                beat.step(message)
-
+    with relayed_messages(beat.step) as (messages, poll):
         try:
             records = run_local_ranks(train_rank, args.nproc, args, messages.send, deadline_s=args.timeout,
                                       pg_timeout_s=120.0, what="hf_qwen3 ranks", poll=poll)

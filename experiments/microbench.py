@@ -477,21 +477,12 @@ def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], dea
         libra.runtime.launch.RankFailure: a rank failed (naming the rank that caused it).
         libra.runtime.launch.RankDeadlineError: the run passed its deadline.
     """
-    import tempfile  # noqa: PLC0415
-
-    from libra.runtime.launch import RankMessages, raise_first_failure, run_local_ranks  # noqa: PLC0415
+    from libra.runtime.launch import raise_first_failure, relayed_messages, run_local_ranks  # noqa: PLC0415
 
     got, ideals = {}, []
     ideal_job = [(_ideal_rank, 1, ideal_windows, "microbench ideal")] if ideal_windows else []
     jobs = ideal_job + ([(bench_rank, nproc, keys, "microbench ranks")] + ideal_job if keys else [])
-    with tempfile.TemporaryDirectory(prefix="libra-points-") as folder:
-        messages = RankMessages(folder)
-
-        def poll():
-            for message in messages.receive():
-                if on_point is not None:
-                    on_point(message)
-
+    with relayed_messages(on_point) as (messages, poll):
         for fn, world, todo, what in jobs:
             extra = (None, messages.send) if fn is bench_rank else ()
             try:

@@ -33,6 +33,7 @@ import pandas as pd
 from experiments.paper import NUMBERS, SEQ_LABEL
 from experiments.paper import label as _setting_name
 from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text
+from experiments.runs_table import results_folder
 from libra.sim.profiles import DEFAULT_PROFILE
 
 SETTING_OF_SEQ = SEQ_LABEL
@@ -139,9 +140,7 @@ def discover(root: str | Path) -> tuple[list[Source], list[Bench], list[str]]:
     Raises:
         ValueError: ``root`` is not a directory.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"results folder {str(root)!r} does not exist or is not a directory")
+    root = results_folder(root)
     sources, benches, problems = [], [], []
     for path in sorted(root.rglob("*.json")):
         rel = path.relative_to(root)

@@ -158,15 +158,25 @@ def _run_folders(root: Path):
         yield path.parent, record
 
 
+def results_folder(root: str | Path) -> Path:
+    """``root`` as a Path, once it is a folder to read results from.
+
+    Raises:
+        ValueError: it does not exist or is not a directory.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"results folder {str(root)!r} does not exist or is not a directory")
+    return root
+
+
 def load_runs(root: str | Path) -> RunsTables:
     """Every run folder under ``root`` side by side (module docstring). Reads only.
 
     Raises:
         ValueError: ``root`` is not a directory.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"results folder {str(root)!r} does not exist or is not a directory")
+    root = results_folder(root)
     runs, methods, problems = [], [], []
     for folder, record in _run_folders(root):
         label = str(folder.relative_to(root.parent)) if folder != root else root.name

@@ -10,7 +10,6 @@ for ``libra-bench train``, rank 0 writes a checkpoint after every step
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,17 +114,10 @@ def run_training(cfgs, join_timeout_s: float | None = None, on_message: Callable
     if world == 1:
         reports = StepReports(on_message, checkpoint)
         return _run_configs(cfgs, lambda c: (RankContext(0, 0, 0), single_process_record()), reports, resume, True)
-    from libra.runtime.launch import RankMessages, raise_first_failure, run_local_ranks
+    from libra.runtime.launch import raise_first_failure, relayed_messages, run_local_ranks
 
     deadline = join_timeout_s or sum(c.timeout_s * (c.steps + 2) for c in cfgs) + 60
-    with tempfile.TemporaryDirectory(prefix="libra-steps-") as folder:
-        messages = RankMessages(folder)
-
-        def poll():
-            for message in messages.receive():
-                if on_message is not None:
-                    on_message(message)
-
+    with relayed_messages(on_message) as (messages, poll):
         try:
             records = run_local_ranks(_rank_main, world, cfgs, StepReports(messages.send, checkpoint), resume,
                                       deadline_s=deadline, pg_timeout_s=max(c.timeout_s for c in cfgs),

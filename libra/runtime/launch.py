@@ -20,6 +20,7 @@ is interrupted), and ``poll`` is called in the parent's wait loop to read them.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import os
@@ -78,6 +79,22 @@ class RankMessages:
             out.append(pickle.loads(path.read_bytes()))
             path.unlink()
         return out
+
+
+@contextlib.contextmanager
+def relayed_messages(on_message: Callable[[object], None] | None):
+    """``(messages, poll)``: a :class:`RankMessages` in a private temporary folder, to pass to the
+    ranks, and the ``poll`` for :func:`run_local_ranks` that hands each message to ``on_message``
+    in this process as it arrives (call it once more after the run: the last messages)."""
+    with tempfile.TemporaryDirectory(prefix="libra-messages-") as folder:
+        messages = RankMessages(folder)
+
+        def poll() -> None:
+            for message in messages.receive():
+                if on_message is not None:
+                    on_message(message)
+
+        yield messages, poll
 
 
 def _entry(rank, fn, world, init_file, out_dir, pg_timeout_s, threads, args):
