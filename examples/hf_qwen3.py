@@ -20,6 +20,11 @@ initial weights, each document (piece) run as its own sequence, same AdamW steps
 sides = sum of token losses / non-ignored labels of the global batch. The last line printed is
 ``loss_rel_err=<x> grad_rel_err=<y>``: the largest relative loss error over steps and the largest
 ``||g - g_ref|| / ||g_ref||`` over parameters and steps (gradients summed over DP and CP ranks).
+
+While it runs, every step's loss is printed as the step finishes, and stderr gets a line at least
+every 10 s saying what is running (ranks starting, step N of M, the reference), so a log shows it
+is alive. A rank that fails or dies ends the run within seconds naming it; Ctrl-C says how many
+steps had finished. The example keeps no checkpoint (``libra-bench train`` does, and resumes).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import datetime
 import functools
 import os
 import sys
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -180,11 +187,48 @@ class Trainer:
             self.planner.close()
 
 
-def train_rank(rank: int, world: int, args) -> dict | None:
-    """Run ``args.steps`` steps on this rank (process group initialised); results on rank 0."""
+class Heartbeat:
+    """What the example is doing, printed as steps finish (stdout) and at least every ``every_s``
+    seconds while nothing finishes (stderr): the ranks start for seconds and a step can take long."""
+
+    def __init__(self, steps: int, every_s: float = 9.0):
+        self.steps, self.every_s, self.done, self.phase = steps, every_s, 0, "starting the ranks"
+        self.start = self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            if time.monotonic() - self.last >= self.every_s:
+                self.last = time.monotonic()
+                print(f"hf_qwen3: {self.phase}; {self.done} of {self.steps} steps done, "
+                      f"{self.last - self.start:.0f} s elapsed", file=sys.stderr, flush=True)
+
+    def step(self, message: dict) -> None:
+        self.done += 1
+        self.last = time.monotonic()
+        self.phase = f"step {self.done} of {self.steps}" if self.done < self.steps else "finishing"
+        print(f"step {message['step']}: loss {message['loss']:.6f} ({self.last - self.start:.0f} s)", flush=True)
+
+
+def train_rank(rank: int, world: int, args, send=None) -> dict | None:
+    """Run ``args.steps`` steps on this rank (process group initialised); results on rank 0, which
+    also hands every step's loss to ``send`` as it finishes."""
     trainer = Trainer(args, rank, make_dataset(args))
+    records = []
     try:
-        records = [trainer.step(s) for s in range(args.steps)]
+        for s in range(args.steps):
+            records.append(trainer.step(s))
+            if rank == 0 and send is not None:
+                send({"step": s, "loss": records[-1][0]})
     finally:
         trainer.close()
     return {"losses": [r[0] for r in records], "grads": [r[1] for r in records]} if rank == 0 else None
@@ -228,27 +272,35 @@ def compare(got: dict, ref: dict) -> tuple[float, float]:
     return loss_err, grad_err
 
 
-def run_torchrun(args) -> dict | None:
+def run_torchrun(args, beat: Heartbeat) -> dict | None:
     """Inside torchrun: join its world (gloo on CPU); rank 0 returns the results."""
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     try:
         if dist.get_world_size() != args.nproc:
             raise SystemExit(f"--nproc {args.nproc} differs from the torchrun world size {dist.get_world_size()}")
         torch.set_num_threads(1)
-        return train_rank(dist.get_rank(), args.nproc, args)
+        return train_rank(dist.get_rank(), args.nproc, args, beat.step)
     finally:
         dist.destroy_process_group()
 
 
-def run_spawned(args) -> dict:
-    from libra.runtime.launch import run_local_ranks
+def run_spawned(args, beat: Heartbeat) -> dict:
+    from libra.runtime.launch import (
+        RankDeadlineError,
+        RankFailure,
+        raise_first_failure,
+        relayed_messages,
+        run_local_ranks,
+    )
 
-    records = run_local_ranks(train_rank, args.nproc, args, deadline_s=args.timeout, pg_timeout_s=120.0,
-                              what="hf_qwen3 ranks")
-    for r, rec in enumerate(records):
-        if "error" in rec:
-            raise SystemExit(f"rank {r} failed: {rec['error']}\n{rec['traceback']}")
-    return records[0]["ok"]
+    with relayed_messages(beat.step) as (messages, poll):
+        try:
+            records = run_local_ranks(train_rank, args.nproc, args, messages.send, deadline_s=args.timeout,
+                                      pg_timeout_s=120.0, what="hf_qwen3 ranks", poll=poll)
+            poll()
+            return raise_first_failure(records, "hf_qwen3 ranks")[0]
+        except (RankFailure, RankDeadlineError) as exc:
+            raise SystemExit(f"error: {exc}") from None
 
 
 def parse_args(argv=None):
@@ -281,10 +333,18 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     warnings.filterwarnings("ignore")  # the last line must be the result (the spec of this check)
-    got = run_torchrun(args) if args.torchrun else run_spawned(args)
-    if got is None:  # a torchrun rank other than 0
-        return 0
-    loss_err, grad_err = compare(got, reference(args))
+    with Heartbeat(args.steps) as beat:
+        try:
+            got = run_torchrun(args, beat) if args.torchrun else run_spawned(args, beat)
+        except KeyboardInterrupt:
+            print(f"\ninterrupted after {beat.done} of {args.steps} steps (their losses are printed above); this "
+                  "example keeps no checkpoint: rerun it to start again", file=sys.stderr, flush=True)
+            return 130
+        if got is None:  # a torchrun rank other than 0
+            return 0
+        beat.phase = "the single-process reference (stock transformers, sdpa)"
+        ref = reference(args)
+    loss_err, grad_err = compare(got, ref)
     sys.stdout.flush()
     print(f"loss_rel_err={loss_err:.3e} grad_rel_err={grad_err:.3e}", flush=True)
     return 0

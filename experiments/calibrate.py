@@ -75,6 +75,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import IntListType, SizeType, quick_option
 from experiments.runner import RUNS_ROOT, ExperimentRun, git_sha
+from experiments.runs_table import run_caption
 from libra.runtime.kernels import Segments
 from libra.sim.fit_links import fit_latency_bandwidth, with_link_bandwidth
 from libra.sim.kernel import (
@@ -500,7 +501,7 @@ def fit_piece_pricing(df: pd.DataFrame, kernel: KernelModel, cfg: CalibrateConfi
 # --------------------------------------------------------------------------------------------
 
 
-def plot_figure5(df: pd.DataFrame, path: Path) -> None:
+def plot_figure5(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Figure 5: normalised throughput vs heads per call (left) and vs block length (right)."""
     from experiments.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
 
@@ -520,7 +521,7 @@ def plot_figure5(df: pd.DataFrame, path: Path) -> None:
         ax.set_ylim(0, 1.05)
     backend = df.attrs.get("backend", "")
     fig.suptitle(f"Figure 5: kernel efficiency ({df.attrs.get('device', '')}, {backend})", fontsize=10)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 # --------------------------------------------------------------------------------------------
@@ -584,8 +585,8 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
                   for p in ("fwd", "bwd")} for s in ("heads", "length")}
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "fit": fit,
                "figure5": curves, "profile": str(profile_path)}
-    paths = run.finish(df, plot_figure5, extra={"environment_device": info, "summary": summary,
-                                               "profile": profile.to_dict()},
+    paths = run.finish(df, lambda d, p: plot_figure5(d, p, run_caption(run.config)),
+                       extra={"environment_device": info, "summary": summary, "profile": profile.to_dict()},
                        files={profile_path.name: _json(load_profile_check)})
     paths["profile"] = profile_path
     return {"df": df, "profile": profile, "fit": fit, "paths": paths, "info": info, "out_dir": run.out_dir,

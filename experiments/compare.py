@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.runner import RUNS_ROOT, ExperimentRun, differing_keys, stable_hash
+from experiments.runs_table import run_caption
 
 DEFAULT_METRICS = {
     "straggler": ("mean_ms", "mean_speedup", "pool_balanced_ratio"),
@@ -41,11 +42,16 @@ DEFAULT_METRICS = {
 }
 """Headline metrics per experiment (others: the first three numeric columns)."""
 
-ROW_CHOICE = {"tune": ("each method's best-ranked candidate", lambda t: t.loc[t.groupby("method")["rank"].idxmin()]
-                        if {"method", "rank"} <= set(t.columns) else t)}
+ROW_CHOICE = {"tune": ("the recommended configuration", lambda t: t[t["recommended"].astype(bool)]
+                        if "recommended" in t.columns else t)}
 """Per experiment, which rows of a table are compared (and how the output says so): a ``tune`` table
-ranks every (P, H, B, M) candidate, and its mean over candidates means nothing; each method's best
-candidate -- what tune would run -- is compared, its P, H, B and M among the metrics."""
+ranks every (P, H, B, M) candidate, and its mean over candidates means nothing; the recommended
+configuration -- what tune says to run, not necessarily rank 1 (ties go to the smaller P) -- is
+compared, its P, H, B and M among the metrics."""
+
+CONFIG_METRICS = {"pool_size": "P", "head_split": "H", "block_size": "B", "pipeline_chunks": "M"}
+"""Metrics that are a configuration's choices, not measurements: compared as values (no ratio: a
+block size of 0.0625 of another means nothing) and drawn as a table, not as bars."""
 
 IGNORED_KEYS = {"workload", "label"}
 """Text columns that name the run rather than a row (they differ between the runs compared)."""
@@ -60,7 +66,12 @@ def load_run(folder: Path) -> tuple[dict, pd.DataFrame]:
     record_path = folder / "run.json"
     if not record_path.is_file():
         raise click.UsageError(f"{folder} holds no run.json (not a libra-bench result folder)")
-    record = json.loads(record_path.read_text())
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise click.UsageError(f"{record_path} cannot be read: {exc}") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise click.UsageError(f"{record_path} is not a run record (no config object)")
     name = record.get("experiment", "")
     for table in (folder / f"{name}_summary.csv", folder / f"{name}.csv"):
         if table.is_file():
@@ -134,7 +145,8 @@ def choose_metrics(experiment: str, tables: list[pd.DataFrame], asked: tuple[str
 
 def side_by_side(tables: list[pd.DataFrame], labels: list[str], keys: list[str], metrics: list[str]) -> pd.DataFrame:
     """One row per (keys, metric): each run's value (mean over rows with those keys) and its ratio
-    to the first run's (``ratio:<label>``); keys missing from a run give NaN."""
+    to the first run's (``ratio:<label>``; NaN for :data:`CONFIG_METRICS`); keys missing from a run
+    give NaN."""
     per_run = []
     for t in tables:
         g = t.groupby(keys, sort=False)[metrics].mean() if keys else t[metrics].mean().to_frame().T
@@ -149,31 +161,57 @@ def side_by_side(tables: list[pd.DataFrame], labels: list[str], keys: list[str],
             row = dict(zip(keys, key if isinstance(key, tuple) else (key,))) if keys else {}
             row["metric"] = m
             row.update({lab: v for lab, v in zip(labels, vals)})
-            row.update({f"ratio:{lab}": v / vals[0] if vals[0] else np.nan for lab, v in zip(labels[1:], vals[1:])})
+            row.update({f"ratio:{lab}": v / vals[0] if vals[0] and m not in CONFIG_METRICS else np.nan
+                        for lab, v in zip(labels[1:], vals[1:])})
             rows.append(row)
     return pd.DataFrame(rows)
 
 
-def plot_compare(table: pd.DataFrame, labels: list[str], keys: list[str], path: Path) -> None:
-    """One panel per metric: bars per key, one colour per run (the values of compare.csv)."""
+def plot_compare(table: pd.DataFrame, labels: list[str], keys: list[str], path: Path, caption: str | None = None,
+                 naming: dict[str, list[str]] | None = None) -> None:
+    """One panel per measured metric: bars per key, one colour per run (the values of compare.csv),
+    each bar labelled with its value; the :data:`CONFIG_METRICS` (P, H, B, M) as one table of values,
+    under the run-naming keys (:func:`run_naming_keys`, e.g. each run's ``method``)."""
     from experiments.plotting import plt, save_figure, setup_style  # noqa: PLC0415  (Agg backend)
 
     setup_style()
     metrics = list(dict.fromkeys(table["metric"]))
-    fig, axes = plt.subplots(len(metrics), 1, figsize=(max(6.0, 0.5 * len(table) / len(metrics) * len(labels) + 3),
-                                                      3.2 * len(metrics)), squeeze=False)
-    for ax, m in zip(axes[:, 0], metrics):
+    measured = [m for m in metrics if m not in CONFIG_METRICS]
+    chosen = [m for m in metrics if m in CONFIG_METRICS]
+    panels = len(measured) + bool(chosen)
+    per = max(len(table) / max(len(metrics), 1), 1)
+    fig, axes = plt.subplots(panels, 1, figsize=(max(6.0, 0.5 * per * len(labels) + 3), 3.2 * panels), squeeze=False)
+    for ax, m in zip(axes[:, 0], measured):
         sub = table[table["metric"] == m]
-        names = [" / ".join(str(v) for v in r) for r in sub[keys].itertuples(index=False)] if keys else ["all"]
         x = np.arange(len(sub))
         width = 0.8 / len(labels)
         for i, lab in enumerate(labels):
-            ax.bar(x + (i - (len(labels) - 1) / 2) * width, sub[lab].to_numpy(), width, label=lab)
-        ax.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
+            bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, sub[lab].to_numpy(), width, label=lab)
+            ax.bar_label(bars, fmt="%.4g", fontsize=7)
+        ax.set_xticks(x, _row_names(sub, keys), rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(m)
         ax.set_title(f"{m} per {' / '.join(keys) or 'run'} (bars: runs compared)")
         ax.legend(fontsize=8)
-    save_figure(fig, path)
+    if chosen:
+        ax = axes[-1, 0]
+        sub = table[table["metric"].isin(chosen)]
+        rows = [f"{CONFIG_METRICS[m]} ({m})" + (f" {name}" if keys else "") for m, name in
+                zip(sub["metric"], _row_names(sub, keys))]
+        cells = [[*(values[i] for values in (naming or {}).values()), *(_value(v) for v in sub[lab])]
+                 for i, lab in enumerate(labels)]
+        rows = [*(naming or {}), *rows]
+        ax.axis("off")
+        ax.table(cellText=np.array(cells).T.tolist(), rowLabels=rows, colLabels=labels, loc="center")
+        ax.set_title("configuration chosen (values, not ratios)")
+    save_figure(fig, path, caption=caption)
+
+
+def _row_names(sub: pd.DataFrame, keys: list[str]) -> list[str]:
+    return [" / ".join(str(v) for v in r) for r in sub[keys].itertuples(index=False)] if keys else ["all"] * len(sub)
+
+
+def _value(v) -> str:
+    return "-" if pd.isna(v) else str(int(v)) if float(v).is_integer() else f"{v:.4g}"
 
 
 @click.command("compare")
@@ -209,7 +247,9 @@ def compare(runs, metrics, labels, out):
               "metrics": chosen, "keys": keys, "run_naming_keys": naming}
     out = out or RUNS_ROOT / "compare" / f"{experiment}-{stable_hash(config)[:10]}"
     run = ExperimentRun("compare", config, out_dir=out, quiet=True)
-    paths = run.finish(table, plot=lambda d, p: plot_compare(d, names, keys, p), extra={"config_differences": diffs})
+    caption = "\n".join(f"{lab}: {run_caption(rec['config'])}" for lab, (rec, _) in zip(names, loaded))
+    paths = run.finish(table, plot=lambda d, p: plot_compare(d, names, keys, p, caption, naming),
+                       extra={"config_differences": diffs})
     for lab, keys_ in diffs.items():
         click.echo(f"{lab} vs {names[0]}: config differs in {', '.join(keys_) if keys_ else 'nothing'}")
     for c, vals in naming.items():

@@ -40,6 +40,7 @@ from experiments.e2e import (
 )
 from experiments.paper import NUMBERS
 from experiments.paper import label as paper_label
+from experiments.runs_table import run_caption
 from experiments.sim_common import SETTINGS as PAPER_SETTINGS
 from libra.sim.models import MODELS
 
@@ -76,7 +77,7 @@ def with_paper(df: pd.DataFrame, paper: set[str]) -> pd.DataFrame:
     return df.assign(paper_scaling=values) if np.isfinite(values).any() else df
 
 
-def _plot(df: pd.DataFrame, path: Path) -> None:
+def _plot(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -101,7 +102,7 @@ def _plot(df: pd.DataFrame, path: Path) -> None:
     fig.suptitle("DP scaling (Figure 13, simulated)")
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("dp-scaling")
@@ -138,7 +139,7 @@ def dp_scaling(model_name, dps, **opts):
     df = df.merge(agg[["scaling", "efficiency"]].reset_index(), on=["setting", "method", "dp"])
     paper = {s for s in setup.settings if setup.paper_marks(s) and model_name == PAPER_MODEL}
     df = with_paper(df, paper)
-    paths = run.finish(df, _plot, extra={"profile": setup.profile.name})
+    paths = run.finish(df, lambda d, p: _plot(d, p, run_caption(run.config)), extra={"profile": setup.profile.name})
     click.echo(agg[["scaling", "efficiency"]].round(3).unstack("method").to_string())
     _echo_top(agg, sweep, paper)
     click.echo(f"wrote {paths['csv']}")

@@ -39,7 +39,8 @@ import pandas as pd
 from baselines.registry import get_planner, options_from_tap
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS
-from experiments.runner import ExperimentRun
+from experiments.runner import ExperimentRun, layout_tag
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     Setting,
     check_counts,
@@ -295,7 +296,7 @@ def throughput_table(frame: pd.DataFrame, stat: str) -> pd.DataFrame:
     return table
 
 
-def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> None:
+def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str, caption: str | None = None) -> None:
     """Bars of :func:`throughput_frame` (one value per bar, no error bar), y labelled with ``stat``."""
     import matplotlib  # noqa: PLC0415
 
@@ -309,15 +310,17 @@ def plot_throughput(frame: pd.DataFrame, path: Path, stat: str, source: str) -> 
     g.figure.suptitle(f"End-to-end throughput (Figure 11; {source}; {stat_label(stat)})", y=1.02)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(g.figure, path, tight_bbox=True)  # the suptitle sits above the grid
+    save_figure(g.figure, path, caption=caption)
 
 
 def finish_throughput(run: ExperimentRun, df: pd.DataFrame, stat: str, over: str, extra: dict | None = None,
-                      rows: pd.DataFrame | None = None):
+                      rows: pd.DataFrame | None = None, layout: str | None = None):
     """Write the run (the PNG draws :func:`throughput_frame`) and print the same frame as a table;
-    ``rows``: the rows of ``df`` the statistic is taken over (default all)."""
+    ``rows``: the rows of ``df`` the statistic is taken over (default all); ``layout``: the title's
+    layout when the config does not say it (a measured run's training layout)."""
     frame = throughput_frame(df if rows is None else rows, stat)
-    paths = run.finish(df, lambda _d, p: plot_throughput(frame, p, stat, str(df["source"].iloc[0])), extra=extra)
+    paths = run.finish(df, lambda _d, p: plot_throughput(frame, p, stat, str(df["source"].iloc[0]),
+                                                        run_caption(run.config, layout)), extra=extra)
     click.echo(f"{stat_label(stat)} over {over}:")
     click.echo(throughput_table(frame, stat).round(3).to_string())
     return paths
@@ -341,7 +344,7 @@ def e2e(models, dps, pp, measure, nproc, steps, **opts):
     PP 2, GBS 32, S 1M, P <= 4); or your layout: --dp --cp --seq-len --gbs [--pp], --dps to sweep DP."""
     if measure:
         _check_measure_options(dps, pp, opts)
-        _measure(opts["workload"], opts["seed"], opts["out"], opts["force"], nproc, steps)
+        _measure(opts["workload"], opts["seed"], opts["out"], opts["force"], nproc, steps, opts["no_progress"])
         return
     setup = sim_setup(opts, E2E_SETTINGS)
     shapes = model_shapes([m.strip() for m in models.split(",") if m.strip()], setup.heads)
@@ -402,14 +405,16 @@ def _check_measure_options(dps, pp, opts: dict) -> None:
                                "trains with libra-bench train's own layout")
 
 
-def _measure(workload, seed, out, force, nproc, steps):
+def _measure(workload, seed, out, force, nproc, steps, quiet=False):
     """Measured Figure 11 on this machine: the real training loop (DP x CP = nproc, CP 2) per method.
 
     Ulysses and Libra run in one set of spawned gloo ranks from the same initialization and data;
     WLB-LLM has no runtime in this project (its variable-length repacking is simulated only). A
-    Its default folder is under ``runs/e2e-measured/``.
+    Its default folder is under ``runs/e2e-measured/``. Each method is a point of the run's cache,
+    kept as soon as its training finishes: Ctrl-C or a failed rank says how many are kept, and a
+    rerun trains only the others.
     """
-    from experiments.train import TrainConfig, run_training, timed_steps  # noqa: PLC0415
+    from experiments.train import TrainConfig, timed_steps  # noqa: PLC0415
 
     methods = ("ulysses", "libra")
     try:
@@ -417,15 +422,50 @@ def _measure(workload, seed, out, force, nproc, steps):
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps,
-                                         "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force, quiet=True,
-                        layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
+                                         "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force,
+                        quiet=quiet, layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
     run.claim_folder()
-    results = run_training(cfgs)
+    _train_points(run, methods, cfgs)
+    results = [{"steps": run.cached(["method", m])} for m in methods]
     df = pd.DataFrame(measured_rows(workload, methods, cfgs, results))
     timed = timed_steps(df, "window")
     over = f"{timed['window'].nunique()} step(s)" + (" after the first" if len(timed) < len(df) else "")
-    finish_throughput(run, df, "median", over, rows=timed)
+    finish_throughput(run, df, "median", over, rows=timed, layout=layout_tag({"dp": cfgs[0].dp, **cfgs[0].to_dict()}))
     click.echo(f"wrote {run.csv_path}")
+
+
+def _train_points(run: ExperimentRun, methods, cfgs) -> None:
+    """Train the methods not cached yet (one set of ranks), caching each method's step records as
+    its training finishes, with progress over all their steps."""
+    from experiments.progress import progress  # noqa: PLC0415
+    from experiments.train import run_training  # noqa: PLC0415
+    from libra.runtime.launch import RankDeadlineError, RankFailure  # noqa: PLC0415
+
+    todo = [i for i, m in enumerate(methods) if run.cached(["method", m]) is None]
+    steps = sum(c.steps for c in cfgs)
+    with progress(total=steps, desc="e2e --measure", disable=run.quiet, unit="steps") as bar:
+        bar.advance(steps - sum(cfgs[i].steps for i in todo))
+
+        def on_message(message: dict) -> None:
+            if "step" in message:
+                bar.advance()
+            elif "done" in message:
+                run.record(["method", methods[todo[message["config"]]]], message["done"]["steps"])
+
+        try:
+            if todo:
+                run_training([cfgs[i] for i in todo], on_message=on_message)
+        except KeyboardInterrupt:
+            click.echo(f"\ninterrupted: {_kept_methods(run, methods)}", err=True)
+            raise click.exceptions.Exit(130) from None
+        except (RankFailure, RankDeadlineError) as exc:
+            raise click.ClickException(f"{exc}; {_kept_methods(run, methods)}") from None
+
+
+def _kept_methods(run: ExperimentRun, methods) -> str:
+    kept = [m for m in methods if run.cached(["method", m]) is not None]
+    return (f"{len(kept)} of {len(methods)} methods of e2e --measure are cached in {run.points_dir}"
+            f"{' (' + ', '.join(kept) + ')' if kept else ''}; rerun the same command to resume")
 
 
 def measured_rows(workload, methods, cfgs, results) -> list[dict]:

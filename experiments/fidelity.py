@@ -52,6 +52,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import SizeType, quick_option, tap_options
 from experiments.runner import RUNS_ROOT, ExperimentRun
+from experiments.runs_table import run_caption
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments, get_backend
 from libra.tap.tile_chunks import schedule_for_pool
@@ -249,7 +250,7 @@ def summarize(df: pd.DataFrame) -> dict:
             "checks": int(len(df)), "failed": int((~df["passed"]).sum())}
 
 
-def plot_ratios(df: pd.DataFrame, path: Path) -> None:
+def plot_ratios(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Error ratio (impl / bf16 plain PyTorch) per quantity and level, with the limits."""
     from experiments.plotting import save_figure, setup_style, strip_points  # noqa: PLC0415  (selects Agg first)
 
@@ -264,7 +265,7 @@ def plot_ratios(df: pd.DataFrame, path: Path) -> None:
     ax.set_ylim(0, max(3.3, float(df["ratio"].max()) * 1.1))
     ax.legend(fontsize=8)
     ax.set_title(f"fidelity: {df.attrs.get('device', '')}, {df.attrs.get('backend', '')}", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto", dtype: str = "bf16",
@@ -307,7 +308,7 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype, "ref_dtype": dtype_name(ref),
                "fp32_matmul": "highest (TF32 off for the reference)",
                "fwd_limit": cfg.fwd_limit, "grad_limit": cfg.grad_limit, **summarize(df)}
-    paths = run.finish(df, plot_ratios, extra={"environment_device": info, "summary": summary})
+    paths = run.finish(df, lambda d, p: plot_ratios(d, p, run_caption(run.config)), extra={"environment_device": info, "summary": summary})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 

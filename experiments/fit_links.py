@@ -126,10 +126,20 @@ def _write_profile(path: Path, text: str, overwrite: bool) -> None:
     atomic_write_text(path, text)
 
 
+def _check_name(_ctx, _param, value: str) -> str:
+    """A profile name is one file-name component: it names ``<name>.json`` and its folder under
+    ``runs/fit-links``, so a separator or ``..`` would write the profile outside them."""
+    if not value or value.startswith(".") or any(sep in value for sep in ("/", "\\", "\0")):
+        raise click.BadParameter(f"{value!r} is not a plain name: no path separators, no leading '.', no '..' "
+                                 "(use --out-profile to choose where the profile goes)")
+    return value
+
+
 @click.command("fit-links")
 @click.option("--base-profile", default=PAPER_FIT["base_profile"], show_default=True,
               help="Profile name or JSON file to start from.")
-@click.option("--name", default=PAPER_FIT["name"], show_default=True, help="Name of the fitted profile.")
+@click.option("--name", default=PAPER_FIT["name"], show_default=True, callback=_check_name,
+              help="Name of the fitted profile (a plain name: its file is <name>.json).")
 @click.option("--link", default=PAPER_FIT["link"], show_default=True, help="Link class whose bandwidth is fitted.")
 @click.option("--target", type=float, default=PAPER_FIT["target"], show_default=True,
               help="Target communication share (Libra Fig. 15: 0.77 at 256K, P=32).")

@@ -38,6 +38,7 @@ import pandas as pd
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS, PRESET_KEYS
 from experiments.runner import ExperimentRun, flat_layout
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     Setting,
     build_cost_model,
@@ -57,6 +58,7 @@ from experiments.sim_common import (
     workload_record,
 )
 from libra.config import TapConfig, check_layout
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
 GRID_METHOD = "libra-tap-vrsp"
@@ -193,7 +195,7 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, files={"profile": profile_file},
                         layouts=grid_layouts(chosen))
     cache: dict = {}
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def context(s):
         if s not in cache:
@@ -310,7 +312,7 @@ def cell_text(r) -> str:
     return t
 
 
-def plot_grid(summary: pd.DataFrame, path: Path) -> None:
+def plot_grid(summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """One heatmap per setting: speedup over Ulysses per (H, B), tile count in each cell; cells with
     a paper value (paper runs only, :func:`paper_grid`) are outlined and carry it; skipped cells are
     blank with 'skip'."""
@@ -341,7 +343,7 @@ def plot_grid(summary: pd.DataFrame, path: Path) -> None:
                      f"h_kv {r0['kv_heads']}" + (" (outlined: paper)" if outlined else ""), fontsize=9)
         ax.set_xlabel("block size B (tokens)")
         ax.set_ylabel("head split H")
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("grid-search")
@@ -378,7 +380,8 @@ def grid_search(profile, windows, seed, out, quick, force, no_progress, workload
                                     tap_overrides={"pool_size": pool_size, "tau": tau}, profile_file=profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p), extra={"profile": prof.to_dict()},
+    paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p, run_caption(run.config)),
+                       extra={"profile": prof.to_dict()},
                        files={f"{run.name}_summary.csv": summary.to_csv(index=False)})
     ok = summary[summary["status"] == "ok"]
     paper = ["paper_speedup_low"] if "paper_speedup_low" in summary else []

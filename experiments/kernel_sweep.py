@@ -59,6 +59,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import IntListType, SizeType, quick_option
 from experiments.runner import RUNS_ROOT, ExperimentRun
+from experiments.runs_table import run_caption
 from libra.runtime.kernels import Segments
 from libra.workload import attention_flops, sample_area
 
@@ -270,7 +271,7 @@ def mixed_ratios(df: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------------------------
 
 
-def plot_sweep(df: pd.DataFrame, path: Path) -> None:
+def plot_sweep(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """TFLOP/s against segment length, one line per heads per call; single and packed, fwd and bwd."""
     from experiments.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
 
@@ -294,7 +295,7 @@ def plot_sweep(df: pd.DataFrame, path: Path) -> None:
             ax.set_ylabel("TFLOP/s")
     fig.suptitle(f"kernel-sweep: {df.attrs.get('device', '')}, {df.attrs.get('backend', '')}, "
                  f"{df.attrs.get('shape', '')}", fontsize=10)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def run_kernel_sweep(cfg: KernelSweepConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
@@ -331,7 +332,7 @@ def run_kernel_sweep(cfg: KernelSweepConfig, device: str = "auto", backend: str 
                "multiprocessors": info.get("multiprocessors"), "points": len(cfg.keys()), "skipped": skipped,
                "budget_s": budget_s, "joint_heads_half": joint_heads_half(df),
                "heads_half_by_length": fits.to_dict("records"), "mixed": mixed_ratios(df).to_dict("records")}
-    paths = run.finish(df, plot_sweep, extra={"environment_device": info, "summary": summary})
+    paths = run.finish(df, lambda d, p: plot_sweep(d, p, run_caption(run.config)), extra={"environment_device": info, "summary": summary})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 

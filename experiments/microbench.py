@@ -91,7 +91,9 @@ import pandas as pd
 
 from experiments.microbench_targets import reference_targets
 from experiments.options import DtypeType, SizeType, apply_quick, overwrite_option, quick_option, tap_options
+from experiments.progress import progress
 from experiments.runner import ExperimentRun, stable_hash
+from experiments.runs_table import run_caption
 from libra.config import ParallelConfig, TapConfig, check_layout
 
 METHODS = ("ulysses", "wlb-llm", "distca", "distca-paper", "libra-tap", "libra-tap-vrsp", "libra", "libra-kt",
@@ -308,11 +310,13 @@ def _setup(rank: int, cfg: dict):
     return device, backend, dtype, shape, groups
 
 
-def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None = None) -> dict:
+def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None = None, send=None) -> dict:
     """Run every (method, window) point of ``keys`` on this rank (process group initialised).
 
     ``coords``: the launcher's place of this rank (:func:`experiments.training.ranks.torchrun_coords`;
-    None: a local spawn).
+    None: a local spawn). ``send``: rank 0 sends ``{"key": key, "rows": rows}`` through it as each
+    point finishes (:class:`libra.runtime.launch.RankMessages`), so the parent keeps the finished
+    points of a run that is interrupted or fails.
 
     Returns ``{key_hash: rows}`` (rows of every step) and ``"ranks"`` (every rank's place and group
     members, :func:`experiments.training.ranks.gather_rank_records`) on rank 0, ``{}`` elsewhere.
@@ -356,6 +360,8 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
                 rows.append(row)
         if rank == 0:
             out[stable_hash([method, w])] = rows
+            if send is not None:
+                send({"key": [method, w], "rows": rows})
     return out
 
 
@@ -459,34 +465,37 @@ def add_ideal(rows: list[dict], ideal_rows: list[dict], cp: int) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], deadline_s: float) -> dict:
+def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], deadline_s: float,
+                on_point=None) -> dict:
     """One process for the ideal, ``nproc`` gloo ranks, then the ideal again (:func:`merge_ideals`:
     a host whose speed drifts while the ranks run shows in ``ideal_drift``, and the ideal is the
-    mean of both instead of one side of the drift).
+    mean of both instead of one side of the drift). ``on_point(message)`` is called here with every
+    point as rank 0 finishes it (``{"key", "rows"}``).
 
     Returns rank 0's rows per point and ``{"ideal": {window: rows}}``.
 
     Raises:
-        RuntimeError: a rank failed (its traceback included) or the run passed its deadline.
+        libra.runtime.launch.RankFailure: a rank failed (naming the rank that caused it).
+        libra.runtime.launch.RankDeadlineError: the run passed its deadline.
     """
-    from libra.runtime.launch import RankDeadlineError, run_local_ranks  # noqa: PLC0415
+    from libra.runtime.launch import raise_first_failure, relayed_messages, run_local_ranks  # noqa: PLC0415
 
     got, ideals = {}, []
     ideal_job = [(_ideal_rank, 1, ideal_windows, "microbench ideal")] if ideal_windows else []
     jobs = ideal_job + ([(bench_rank, nproc, keys, "microbench ranks")] + ideal_job if keys else [])
-    for fn, world, todo, what in jobs:
-        try:
-            results = run_local_ranks(fn, world, cfg, todo, deadline_s=deadline_s, pg_timeout_s=cfg["timeout"],
-                                      threads=RANK_THREADS, what=what)
-        except RankDeadlineError as exc:
-            raise RuntimeError(str(exc)) from exc
-        for r, res in enumerate(results):
-            if "error" in res:
-                raise RuntimeError(f"{what}: rank {r} failed: {res['error']}\n{res['traceback']}")
-        if fn is bench_rank:
-            got.update(results[0]["ok"])
-        else:
-            ideals.append(results[0]["ok"])
+    with relayed_messages(on_point) as (messages, poll):
+        for fn, world, todo, what in jobs:
+            extra = (None, messages.send) if fn is bench_rank else ()
+            try:
+                results = run_local_ranks(fn, world, cfg, todo, *extra, deadline_s=deadline_s,
+                                          pg_timeout_s=cfg["timeout"], threads=RANK_THREADS, what=what, poll=poll)
+            finally:
+                poll()  # the points finished before an interrupt or a failure are kept
+            values = raise_first_failure(results, what)
+            if fn is bench_rank:
+                got.update(values[0])
+            else:
+                ideals.append(values[0])
     if ideals:
         got["ideal"] = merge_ideals(ideals)
     return got
@@ -506,9 +515,9 @@ def merge_ideals(runs: list[dict]) -> dict:
     return out
 
 
-def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int]) -> dict | None:
+def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int], on_point=None) -> dict | None:
     """Inside torchrun: init from the environment (NCCL on CUDA, gloo on CPU); rows on rank 0, which
-    also measures the ideal while the other ranks wait.
+    also measures the ideal while the other ranks wait, and calls ``on_point`` with each finished point.
 
     What to compute is rank 0's decision (its point cache), broadcast to every rank: on nodes without
     a shared file system the other nodes' caches differ, and ranks running different points would
@@ -526,7 +535,7 @@ def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int]) -> dict | None
         keys, ideal_windows = todo
         before = measure_ideal(cfg, ideal_windows) if rank == 0 and ideal_windows else None
         dist.barrier()
-        out = bench_rank(rank, dist.get_world_size(), cfg, keys, torchrun_coords())
+        out = bench_rank(rank, dist.get_world_size(), cfg, keys, torchrun_coords(), on_point if rank == 0 else None)
         dist.barrier()
         if rank == 0 and ideal_windows:  # before and after the ranks, as run_spawned
             out["ideal"] = merge_ideals([before, measure_ideal(cfg, ideal_windows)] if keys else [before])
@@ -572,7 +581,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def plot(df: pd.DataFrame, path: Path) -> None:
+def plot(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -596,7 +605,7 @@ def plot(df: pd.DataFrame, path: Path) -> None:
     ax.tick_params(axis="x", rotation=20)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 # --------------------------------------------------------------------------------------------
@@ -613,24 +622,46 @@ def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) ->
     records (empty when every point was cached and no rank ran), or None on a non-zero torchrun rank.
 
     Under torchrun every rank joins the process group even when rank 0 has every point cached
-    (:func:`run_torchrun`: rank 0 decides)."""
+    (:func:`run_torchrun`: rank 0 decides). Each point is cached as soon as rank 0 finishes it, with
+    a progress line in logs; Ctrl-C or a failed rank says how many are cached and that a rerun resumes."""
+    from libra.runtime.launch import RankDeadlineError, RankFailure  # noqa: PLC0415
+
     windows = range(cfg["windows"])
     keys = [[m, w] for m in cfg["methods"] for w in windows]
     todo = [k for k in keys if run.cached(k) is None]
     ideal_todo = [w for w in windows if run.cached(["ideal", w]) is None]
     got = {}
-    if under_torchrun:
-        got = run_torchrun(cfg, todo, ideal_todo)
-        if got is None:  # non-zero torchrun ranks write nothing
-            return None
-    elif todo or ideal_todo:
-        got = run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg["timeout"] * 4)
+    with progress(total=len(keys), desc="microbench", disable=run.quiet) as bar:
+        bar.advance(len(keys) - len(todo))
+
+        def on_point(message: dict) -> None:
+            run.record(message["key"], message["rows"])
+            bar.advance()
+
+        try:
+            if under_torchrun:
+                got = run_torchrun(cfg, todo, ideal_todo, on_point)
+                if got is None:  # non-zero torchrun ranks write nothing
+                    return None
+            elif todo or ideal_todo:
+                got = run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg["timeout"] * 4, on_point=on_point)
+        except KeyboardInterrupt:
+            click.echo(f"\ninterrupted: {_cached_text(run, keys)}", err=True)
+            raise click.exceptions.Exit(130) from None
+        except (RankFailure, RankDeadlineError) as exc:
+            raise click.ClickException(f"{exc}; {_cached_text(run, keys)}") from None
     for k in todo:
         run.record(k, got[stable_hash(k)])
     for w in ideal_todo:
         run.record(["ideal", w], got["ideal"][str(w)])
     ideal_rows = [r for w in windows for r in run.cached(["ideal", w])]
     return add_ideal(run.map(keys, _missing_point, desc="microbench"), ideal_rows, cfg["cp"]), got.get("ranks", [])
+
+
+def _cached_text(run: ExperimentRun, keys: list) -> str:
+    done = sum(run.cached(k) is not None for k in keys)
+    return (f"{done} of {len(keys)} points of microbench are cached in {run.points_dir}; rerun the same command "
+            "to resume")
 
 
 def _world(nproc, dp: int, cp: int, device: str, oversubscribe: bool) -> tuple[int, bool]:
@@ -739,7 +770,8 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
                                                  seed=cfg["seed"]))
     extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
              "targets": [asdict(t) for t in targets]}
-    paths = run.finish(df, plot=plot, extra=extra, files={"microbench_summary.csv": summary.to_csv(index=False)})
+    paths = run.finish(df, plot=lambda d, p: plot(d, p, run_caption(run.config)), extra=extra,
+                       files={"microbench_summary.csv": summary.to_csv(index=False)})
     cols = [c for c in ("method", "steps", "mean_ms", "max_ms", "ideal_ms", "ideal_ratio", "ideal_drift",
                         "paired_ideal_ms", "paired_ratio", "cpu_ms",
                         "cpu_vs_ulysses",

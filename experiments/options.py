@@ -28,7 +28,7 @@ else:  # pragma: no cover  (the tomli backport, a dependency on 3.10)
     import tomli as tomllib
 
 from libra.config import LOAD_ESTIMATES, TapConfig
-from libra.data.loaders import SUFFIX_LIST
+from libra.data.loaders import SUFFIX_LIST, file_kind
 from libra.data.source import FileSource, LengthSource, resolve_workload
 
 SEQ_LEN_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
@@ -446,9 +446,13 @@ def read_config_file(path: Path, command: click.Command, commands=()) -> dict[st
     while tables of the other ``commands`` (names) are skipped. Lists become comma lists; sizes may be strings
     (``"128K"``). Command-line flags override the file (click's default map).
 
+    Relative paths are resolved from the file's folder (:func:`_from_file_folder`); a TOML array
+    is taken only by an option that takes a comma list (:func:`takes_a_list`): ``cp = [4]`` is an
+    error, not ``--cp 4``.
+
     Raises:
-        click.BadParameter: unreadable file, bad TOML, or a key the command has no option for
-            (the message names the key and the command).
+        click.BadParameter: unreadable file, bad TOML, a key the command has no option for (the
+            message names the key and the command), or an array for a one-value option.
     """
     try:
         with open(path, "rb") as fh:
@@ -465,7 +469,44 @@ def read_config_file(path: Path, command: click.Command, commands=()) -> dict[st
     if unknown:
         raise click.BadParameter(f"unknown key {unknown[0]!r} in {path}: `libra-bench {command.name}` has no such "
                                  f"option (see its --help)", param_hint="--config")
-    return {keys[k]: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in flat.items()}
+    params = {p.name: p for p in command.params}
+    out = {}
+    for key, value in flat.items():
+        param = params[keys[key]]
+        if isinstance(value, list):
+            if not takes_a_list(param):
+                raise click.BadParameter(f"{key} = {value!r} in {path}: `--{key.replace('_', '-')}` takes one value, "
+                                         "not a list", param_hint="--config")
+            value = ",".join(map(str, value))
+        out[param.name] = _from_file_folder(value, param, Path(path).parent)
+    return out
+
+
+PATH_OR_NAME_OPTIONS = ("workload", "profile", "base_profile")
+"""Options whose value is a built-in name or a file (``--workload libra-prod`` or ``lengths.txt``)."""
+
+
+def takes_a_list(param: click.Parameter) -> bool:
+    """Whether an option takes a comma list, so a ``--config`` file may give it a TOML array: an
+    :class:`IntListType`, a :class:`CommaListOption`, or an option whose help says it is a comma list."""
+    return (isinstance(param.type, IntListType) or isinstance(param, CommaListOption)
+            or "comma" in (getattr(param, "help", None) or "").lower())
+
+
+def _from_file_folder(value, param: click.Parameter, base: Path):
+    """A relative path in a ``--config`` file, resolved from the file's folder (what the file's
+    author sees beside it), not from wherever the command runs: every ``click.Path`` option, and a
+    :data:`PATH_OR_NAME_OPTIONS` value naming a file (a length-file suffix, ``.json``, or a file
+    that exists there); built-in names (``libra-prod``, ``h100-roce-v1``) stay names."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return value
+    if isinstance(param.type, click.Path):
+        return str(base / value)
+    if param.name in PATH_OR_NAME_OPTIONS:
+        file_part = value.rsplit("#", 1)[0] if param.name == "workload" else value
+        if file_kind(file_part) is not None or file_part.endswith(".json") or (base / file_part).exists():
+            return str(base / value)
+    return value
 
 
 def _apply_config(ctx: click.Context, _param, value):

@@ -77,6 +77,7 @@ from experiments.options import (
 from experiments.paper import NUMBERS, paper_settings
 from experiments.paper import label as paper_label
 from experiments.runner import ExperimentRun
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     Setting,
     chosen_settings,
@@ -389,7 +390,7 @@ def summarize_quality(quality: pd.DataFrame) -> pd.DataFrame:
         fallback_tiles=("fallback_tiles", "sum")).reset_index()
 
 
-def plot(df: pd.DataFrame, path, paper: set[str] | None = None) -> None:
+def plot(df: pd.DataFrame, path, paper: set[str] | None = None, caption: str | None = None) -> None:
     """Median per main stage and setting on a log axis, next to the paper's number and the target
     where the setting has them (``paper``: as in :func:`summarize`)."""
     import matplotlib
@@ -419,7 +420,7 @@ def plot(df: pd.DataFrame, path, paper: set[str] | None = None) -> None:
                                           else " (not the paper's setting: no paper numbers or targets)"))
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def plan_cost_settings(settings_: str, layout: dict | None, overrides: dict, shape: AttentionShape) -> list[Setting]:
@@ -564,7 +565,8 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
         raise click.UsageError(str(exc)) from exc
     df = summarize(samples, paper)
     warm = warmups(samples)
-    paths = run.finish(df, plot=lambda d, p: plot(d, p, paper), files={"plan-cost-quality.csv": quality.to_csv(index=False)},
+    paths = run.finish(df, plot=lambda d, p: plot(d, p, paper, run_caption(run.config)),
+                       files={"plan-cost-quality.csv": quality.to_csv(index=False)},
                        extra={"placer": placer, "cost_impl": _cost.cost_impl(), "jit_warmup_ms": warm, "paper_settings": sorted(paper),
                               "targets_ms": {s.name: TARGETS_MS[s.name] for s in chosen if s.name in paper},
                               "quality": summarize_quality(quality).to_dict(orient="records")})

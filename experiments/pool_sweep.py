@@ -28,11 +28,13 @@ import pandas as pd
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig15_marks
 from experiments.runner import ExperimentRun
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     LABELS,
     TAP_METHODS,
     build_cost_model,
     check_counts,
+    check_settings,
     chosen_settings,
     common_options,
     format_table,
@@ -46,6 +48,7 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
@@ -61,6 +64,7 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
     """
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
+    check_settings(chosen, shape, pool_sizes)
     config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
               "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
               "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
@@ -78,7 +82,7 @@ def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, window
         st, wins, cm = context(s)
         planner = make_planner(method, st, pool_size=None if method == "ulysses" else p)
         steps = simulate_window(planner, wins[w], st.par(), shape, cm, seed=jitter_seed(seed, w))
-        label = Path(workload).name if Path(workload).exists() else workload
+        label = resolve_workload(workload).name  # the file name (#column), or the preset
         return [{"workload": label, "setting": s, "pool_size": p, "method": method, "window": w, **r.to_row()}
                 for r in steps]
 
@@ -115,8 +119,9 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
-    """Per setting: compute (solid) and communication (dashed) of the straggler vs P; paper as X."""
+def plot_pool_sweep(summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
+    """Per setting and method: the total straggler, its compute and its exposed communication vs P,
+    each over Ulysses' mean straggler; the paper's compute and communication as X and P marks."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -125,13 +130,15 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 
     settings = list(dict.fromkeys(summary["setting"]))
     fig, axes = plt.subplots(1, len(settings), figsize=(6.2 * len(settings), 4.2), squeeze=False)
-    long = summary.melt(id_vars=["setting", "pool_size", "method"], value_vars=["compute_norm", "comm_norm"],
-                        var_name="part", value_name="norm")
-    long["part"] = long["part"].map({"compute_norm": "compute", "comm_norm": "communication"})
-    long["label"] = long["method"].map(LABELS)
+    parts = {"straggler_norm": "total straggler", "compute_norm": "compute", "comm_norm": "exposed communication"}
+    long = summary.melt(id_vars=["setting", "pool_size", "method"], value_vars=list(parts),
+                        var_name="part of the straggler", value_name="norm")
+    long["part of the straggler"] = long["part of the straggler"].map(parts)
+    long["method"] = long["method"].map(lambda m: LABELS.get(m, m))
     for ax, s in zip(axes[0], settings):
         sub = long[long["setting"] == s]
-        sns.lineplot(data=sub, x="pool_size", y="norm", hue="label", style="part", markers=True, ax=ax)
+        sns.lineplot(data=sub, x="pool_size", y="norm", hue="method", style="part of the straggler",
+                     style_order=list(parts.values()), markers=True, ax=ax)
         ps = summary[(summary["setting"] == s) & (summary["method"] == "libra-tap-vrsp")]
         for col, mk in (("paper_compute", "X"), ("paper_comm", "P")):
             pts = ps[np.isfinite(ps[col])]
@@ -139,13 +146,17 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
                 ax.scatter(pts["pool_size"], pts[col], marker=mk, color="black", s=60, zorder=5,
                            label=f"paper {col.split('_')[1]} (TAP+VRSP)")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(summary.loc[summary["setting"] == s, "pool_size"])))
         ax.set_xlabel("pool size P (DP replicas)")
         ax.set_ylabel("time / Ulysses mean straggler")
-        ax.set_title(f"{s}: straggler compute vs communication")
-        ax.legend(fontsize=7)
+        ax.set_title(f"{s}: the straggler and its parts vs P")
+        if s == settings[-1]:
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        else:
+            ax.get_legend().remove()
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("pool-sweep")
@@ -154,7 +165,8 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path) -> None:
 @layout_options()
 @click.option("--pool-sizes", type=IntListType(), default=",".join(map(str, POOL_SIZES)), show_default=True,
               help="Comma list of P (those not dividing DP are skipped per setting).")
-@click.option("--methods", default=",".join(TAP_METHODS), show_default=True, help="Libra variants to sweep.")
+@click.option("--methods", default=",".join(TAP_METHODS), show_default=True,
+              help="Comma list of Libra variants to sweep.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
 def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
                settings_, dp, cp, seq_len, gbs, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks):
@@ -174,7 +186,8 @@ def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, hea
                                                          "tau": tau, "pipeline_chunks": pipeline_chunks})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p), extra={"profile": prof.to_dict()},
+    paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p, run_caption(run.config)),
+                       extra={"profile": prof.to_dict()},
                        files={"pool_sweep_summary.csv": summary.to_csv(index=False)})
     click.echo(format_table(summary, ["setting", "pool_size", "method", "straggler_norm", "compute_norm",
                                       "comm_norm", "paper_compute", "paper_comm", "inter_supernode_gb"], "{:.3f}"))

@@ -32,6 +32,7 @@ import pandas as pd
 from experiments.e2e import check_points, model_shapes, price_window, sim_options, sim_setup
 from experiments.paper import NUMBERS
 from experiments.paper import label as paper_label
+from experiments.runs_table import run_caption
 from experiments.sim_common import SETTINGS as PAPER_SETTINGS
 from experiments.sim_common import format_table
 from libra.sim.models import MODELS
@@ -63,7 +64,7 @@ def summarize(df: pd.DataFrame, paper: set[str]) -> pd.DataFrame:
     return out
 
 
-def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path) -> None:
+def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -84,7 +85,7 @@ def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path) -> None:
         ax.set(yscale="log", title=s, ylabel="forward time / Libra mean", xlabel="")
     fig.suptitle("Per-microbatch forward time, stage 0 (Figure 14, simulated)")
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def _paper_marks(ax, summary: pd.DataFrame, order: list[str]) -> None:
@@ -135,7 +136,7 @@ def pp_balance(model_name, pp, **opts):
     df["normalized_fwd"] = df.fwd_ms / df.libra_mean
     paper = {s for s in setup.settings if setup.paper_marks(s) and model_name == PAPER_MODEL and pp == PAPER_PP}
     summary = summarize(df, paper)
-    paths = run.finish(df, lambda d, p: _plot(d, summary, p), extra={"profile": setup.profile.name},
+    paths = run.finish(df, lambda d, p: _plot(d, summary, p, run_caption(run.config)), extra={"profile": setup.profile.name},
                        files={"pp-balance_summary.csv": summary.to_csv(index=False)})
     click.echo(format_table(summary, [c for c in ("setting", "method", "min", "mean", "max", *PAPER_COLUMNS)
                                       if c in summary], "{:.3f}"))

@@ -1,12 +1,14 @@
-"""Progress of long sweeps: a rich bar on a terminal, one-line records in logs.
+"""Progress of long sweeps and measured runs: a rich bar on a terminal, one-line records in logs.
 
 * stderr is a terminal: a rich progress bar (rich is imported lazily: on a machine without it,
   e.g. a GPU image where the project was installed with ``--no-deps``, the log records below are
   used instead);
 * stderr is not a terminal (a Slurm log, a pipe, CI): a plain line such as
   ``grid-search: 12/96 points (12%), 40 s elapsed, ~280 s left`` at most every ``every_s``
-  seconds, and a closing ``done`` line when any record was written, so a log shows the sweep
-  is alive without filling up with bar redraws. Runs shorter than ``every_s`` print nothing.
+  seconds, a closing ``done`` line when any record was written, and -- while nothing finishes,
+  e.g. a measured run's ranks starting or one long point -- a line at least every
+  :data:`HEARTBEAT_S` seconds, so a log shows the work is alive without filling up with bar
+  redraws. Runs shorter than ``every_s`` print nothing.
 * ``disable=True`` (``--no-progress``): nothing.
 """
 
@@ -14,11 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable
 
 LOG_EVERY_S = 5.0
 """Seconds between two progress records in a log (non-terminal stderr)."""
+HEARTBEAT_S = 9.0
+"""Most (wall-clock) seconds a log goes without a progress line while the work runs."""
 
 
 class _Bar:
@@ -31,17 +36,41 @@ class _Bar:
 
 
 class _LogRecords:
-    """``advance()`` writes ``desc: done/total points (pct), elapsed, ~left`` at most every ``every_s``."""
+    """``advance()`` writes ``desc: done/total unit (pct), elapsed, ~left`` at most every ``every_s``;
+    a heartbeat thread writes the same line when :data:`HEARTBEAT_S` wall seconds passed without one."""
 
-    def __init__(self, total: int, desc: str, every_s: float, stream, clock: Callable[[], float]):
+    def __init__(self, total: int, desc: str, every_s: float, stream, clock: Callable[[], float], unit: str):
         self.total, self.desc, self.every_s, self.stream, self.clock = total, desc, every_s, stream, clock
+        self.unit = unit
         self.done = 0
         self.start = self.last = clock()
         self.written = 0
+        self._lock = threading.Lock()
+        self._wall = time.monotonic()  # the heartbeat's own clock: tests drive `clock` by hand
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"progress {desc}", daemon=True)
+        self._thread.start()
 
     def _write(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-        self.written += 1
+        with self._lock:
+            print(text, file=self.stream, flush=True)
+            self.written += 1
+            self._wall = time.monotonic()
+
+    def _line(self, now: float) -> str:
+        elapsed = now - self.start
+        if not self.done:
+            return f"{self.desc}: 0/{self.total} {self.unit}, {elapsed:.0f} s elapsed (the first is running)"
+        left = elapsed / self.done * (self.total - self.done)
+        pct = 100 * self.done // max(self.total, 1)
+        return (f"{self.desc}: {self.done}/{self.total} {self.unit} ({pct}%), {elapsed:.0f} s elapsed, "
+                f"~{left:.0f} s left")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(1.0):
+            if time.monotonic() - self._wall >= HEARTBEAT_S and self.done < self.total:
+                self.last = self.clock()
+                self._write(self._line(self.last))
 
     def advance(self, n: int = 1) -> None:
         if n <= 0:  # nothing finished (e.g. no cached point to count): no record
@@ -51,23 +80,24 @@ class _LogRecords:
         if now - self.last < self.every_s or self.done >= self.total:
             return
         self.last = now
-        elapsed = now - self.start
-        left = elapsed / self.done * (self.total - self.done)
-        pct = 100 * self.done // max(self.total, 1)
-        self._write(f"{self.desc}: {self.done}/{self.total} points ({pct}%), {elapsed:.0f} s elapsed, "
-                    f"~{left:.0f} s left")
+        self._write(self._line(now))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
     def close(self) -> None:
+        self.stop()
         if self.written:
-            self._write(f"{self.desc}: done, {self.done}/{self.total} points in {self.clock() - self.start:.0f} s")
+            self._write(f"{self.desc}: done, {self.done}/{self.total} {self.unit} in {self.clock() - self.start:.0f} s")
 
 
 @contextlib.contextmanager
 def progress(total: int, desc: str, disable: bool = False, every_s: float | None = None, stream=None,
-             clock: Callable[[], float] = time.monotonic):
+             clock: Callable[[], float] = time.monotonic, unit: str = "points"):
     """Context manager yielding an object with ``advance()``: a rich bar on a terminal, log records
-    (every ``every_s`` seconds, default :data:`LOG_EVERY_S`, to ``stream``, default stderr)
-    otherwise, nothing when ``disable``."""
+    (every ``every_s`` seconds, default :data:`LOG_EVERY_S`, and a heartbeat, to ``stream``, default
+    stderr) otherwise, nothing when ``disable``. ``unit`` names what is counted (``points``, ``steps``)."""
     stream = sys.stderr if stream is None else stream
     every_s = LOG_EVERY_S if every_s is None else every_s
     if disable:
@@ -81,9 +111,13 @@ def progress(total: int, desc: str, disable: bool = False, every_s: float | None
         except ImportError:
             rich_progress = None
     if rich_progress is None:
-        records = _LogRecords(total, desc, every_s, stream, clock)
-        yield records
-        records.close()  # not reached on an exception: an interrupted sweep is not "done"
+        records = _LogRecords(total, desc, every_s, stream, clock, unit)
+        try:
+            yield records
+        except BaseException:
+            records.stop()  # an interrupted run is not "done"
+            raise
+        records.close()
         return
     prog = rich_progress.Progress(rich_progress.TextColumn("[bold]{task.description}"), rich_progress.BarColumn(),
                                   rich_progress.MofNCompleteColumn(), rich_progress.TimeElapsedColumn(),

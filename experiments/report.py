@@ -33,6 +33,7 @@ import pandas as pd
 from experiments.paper import NUMBERS, SEQ_LABEL
 from experiments.paper import label as _setting_name
 from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text
+from experiments.runs_table import results_folder
 from libra.sim.profiles import DEFAULT_PROFILE
 
 SETTING_OF_SEQ = SEQ_LABEL
@@ -139,9 +140,7 @@ def discover(root: str | Path) -> tuple[list[Source], list[Bench], list[str]]:
     Raises:
         ValueError: ``root`` is not a directory.
     """
-    root = Path(root)
-    if not root.is_dir():
-        raise ValueError(f"results folder {str(root)!r} does not exist or is not a directory")
+    root = results_folder(root)
     sources, benches, problems = [], [], []
     for path in sorted(root.rglob("*.json")):
         rel = path.relative_to(root)
@@ -155,10 +154,11 @@ def discover(root: str | Path) -> tuple[list[Source], list[Bench], list[str]]:
             continue
         label = str(Path(root.name) / rel.parent) if str(rel.parent) != "." else root.name
         if path.name == "run.json":
-            if isinstance(data, dict) and isinstance(data.get("experiment"), str):
+            if isinstance(data, dict) and isinstance(data.get("experiment"), str) and \
+                    isinstance(data.get("config", {}), dict):
                 sources.append(Source(data["experiment"], path.parent, data, label))
             else:
-                problems.append(f"{root / rel}: no 'experiment' field")
+                problems.append(f"{root / rel}: no 'experiment' field or a config that is not an object")
         elif isinstance(data, dict) and isinstance(data.get("benchmarks"), list) and "machine_info" in data:
             med = {b.get("name"): (b.get("stats") or {}).get("median") for b in data["benchmarks"]
                    if isinstance(b, dict)}
@@ -999,7 +999,8 @@ def default_report_path(results_dir, profile: str) -> Path:
               help="Profile whose simulated runs fill the main table; runs with other profiles are reported "
                    "as profile sensitivity.")
 def report(results_dir, out, profile):
-    """Write REPRODUCTION.md: the paper's numbers beside ours (from the result CSVs) and why they differ."""
+    """Write REPRODUCTION.md: the paper's numbers beside ours (from the result CSVs) and why they differ;
+    for any folder but the committed results/, also runs.md and runs.html: your runs side by side."""
     out = default_report_path(results_dir, profile) if out is None else out
     try:
         path, rows = generate(results_dir, out, profile)
@@ -1007,3 +1008,19 @@ def report(results_dir, out, profile):
         raise click.UsageError(str(exc)) from exc
     covered = sum(r.source is not None for r in rows)
     click.echo(f"wrote {path}: {covered} of {len(rows)} rows computed, {len(rows) - covered} not run")
+    if Path(results_dir).resolve() != RESULTS_ROOT.resolve():  # the committed results are the paper's table
+        _write_runs_report(results_dir, Path(path).parent)
+
+
+def _write_runs_report(results_dir, folder: Path) -> None:
+    """The user's runs side by side (:mod:`experiments.runs_table`): ``runs.md`` and a self-contained
+    ``runs.html`` beside the report, and the table printed."""
+    from experiments.runs_table import load_runs, markdown_table, runs_html, runs_markdown, shown_methods  # noqa: PLC0415
+
+    tables = load_runs(results_dir)
+    md = atomic_write_text(folder / "runs.md", runs_markdown(tables, str(results_dir)))
+    page = atomic_write_text(folder / "runs.html", runs_html(tables, str(results_dir)))
+    if len(tables.methods):
+        click.echo(markdown_table(shown_methods(tables)))
+    click.echo(f"wrote {md} and {page}: {len(tables.runs)} run folder(s), {len(tables.methods)} method row(s) side "
+               "by side" + (f"; not read: {'; '.join(tables.problems)}" if tables.problems else ""))

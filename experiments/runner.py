@@ -320,6 +320,12 @@ def make_out_dir(out_dir: Path) -> None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise click.ClickException(f"cannot create output folder {out_dir}: {exc.strerror or exc}") from None
+    try:  # an existing read-only folder: found now, not at the first write after the work
+        fd, probe = _new_temp(Path(out_dir), "write-check", ".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write to output folder {out_dir}: {exc.strerror or exc}") from None
 
 
 def check_run_folder(out_dir: Path, name: str, config: dict) -> None:
@@ -334,8 +340,8 @@ def check_run_folder(out_dir: Path, name: str, config: dict) -> None:
     hint = "pass --overwrite to replace it, or --out DIR to write elsewhere"
     try:
         old = json.loads(path.read_text())
-        if not isinstance(old, dict) or "config" not in old:
-            raise ValueError("no config")
+        if not isinstance(old, dict) or not isinstance(old.get("config"), dict):
+            raise ValueError("no config object")
     except (OSError, ValueError) as exc:
         raise RunFolderConflict(f"{out_dir} holds a run.json that is not a run record ({exc}); {hint}") from None
     diff = differing_keys(_identity(old), _identity({"experiment": name, "config": config}))
@@ -551,11 +557,12 @@ class ExperimentRun:
                     bar.advance()
                 for i in range(len(keys)):
                     rows.extend(found[i])
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, concurrent.futures.BrokenExecutor) as exc:
             done = sum(self._point_path(k).exists() for k in keys)
-            click.echo(f"\ninterrupted: {done} of {len(keys)} points of {self.name} are cached in "
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else "a --jobs worker process died"
+            click.echo(f"\n{why}: {done} of {len(keys)} points of {self.name} are cached in "
                        f"{self.points_dir}; rerun the same command to resume", err=True)
-            raise click.exceptions.Exit(130) from None
+            raise click.exceptions.Exit(130 if isinstance(exc, KeyboardInterrupt) else 1) from None
         return rows
 
     def _compute(self, keys: list, index: list[int], fn: Callable):

@@ -60,6 +60,7 @@ from experiments.gpu_common import (
 )
 from experiments.options import SizeType, quick_option, tap_options
 from experiments.runner import RUNS_ROOT, ExperimentRun
+from experiments.runs_table import run_caption
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments
 from libra.sim.cost import CostModel
@@ -234,7 +235,7 @@ def other_rule_model(profile, par) -> CostModel:
     return CostModel(prof, Topology(prof, par))
 
 
-def plot_scatter(df: pd.DataFrame, path: Path) -> None:
+def plot_scatter(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Predicted vs measured compute per worker (fwd, bwd, total), log axes, y = x and +-10 %."""
     from experiments.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
 
@@ -258,7 +259,7 @@ def plot_scatter(df: pd.DataFrame, path: Path) -> None:
     ax.set_ylabel("cost model prediction (ms)")
     ax.legend(fontsize=8)
     ax.set_title(f"sim-check: {df.attrs.get('device', '')}, {df.attrs.get('profile', '')}", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
@@ -305,7 +306,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "profile": prof.name,
                "piece_pricing": prof.kernel.piece_pricing, "other_rule": other.profile.kernel.piece_pricing,
                "device_type": dev.type, "profile_device_type": prof.kernel_device_type, **summarize(df)}
-    paths = run.finish(df, plot_scatter, extra={"environment_device": info, "summary": summary,
+    paths = run.finish(df, lambda d, p: plot_scatter(d, p, run_caption(run.config)), extra={"environment_device": info, "summary": summary,
                                                "profile": prof.to_dict()})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 

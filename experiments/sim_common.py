@@ -105,6 +105,26 @@ def chosen_settings(settings, tap_overrides: dict | None = None) -> dict[str, Se
             for st in (SETTINGS[s] if isinstance(s, str) else s for s in settings)}
 
 
+def check_settings(chosen: dict, shape, pool_sizes=None) -> None:
+    """Every setting's TAP layout checked against its parallel layout and the head shape
+    (:func:`libra.config.check_layout`: P | DP, B | S/CP, H | hq, M | hq/H) -- at each of
+    ``pool_sizes`` that divides its DP when a command sweeps P, else at its own P -- before a run
+    claims its folder, so a bad option leaves nothing behind.
+
+    Raises:
+        ValueError: naming the setting and the rule (``pool size P=3 must divide DP=32``).
+    """
+    from libra.config import check_layout  # noqa: PLC0415
+
+    for name, st in chosen.items():
+        sizes = [p for p in pool_sizes if st.dp % p == 0] if pool_sizes else [st.tap.pool_size]
+        for p in sizes:
+            try:
+                check_layout(st.par(), replace(st.tap, pool_size=p), shape)
+            except ValueError as exc:
+                raise ValueError(f"setting {name}: {exc}") from exc
+
+
 def settings_from_options(settings_text: str, layout: dict | None) -> list:
     """The settings a command runs: the user's layout (``layout``, from
     :func:`experiments.options.given_layout`) or the comma list of paper settings (case-insensitive).

@@ -61,6 +61,7 @@ import pandas as pd
 from experiments.options import given_layout, layout_options, settings_option, tap_options
 from experiments.paper import fig12_speedups, paper_settings
 from experiments.runner import ExperimentRun
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     LABELS,
     METHODS,
@@ -68,6 +69,7 @@ from experiments.sim_common import (
     WLB_REJOIN_DEFAULT,
     build_cost_model,
     check_counts,
+    check_settings,
     chosen_settings,
     common_options,
     format_table,
@@ -81,6 +83,7 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 from libra.sim.variability import DeviceJitter
 
@@ -132,6 +135,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
 
     chosen = chosen_settings(settings, tap_overrides)
     settings = list(chosen)
+    check_settings(chosen, shape)
     options = {s: {m: {k: (v.name if k == "profile" else v)
                        for k, v in run_options(m, chosen[s], profile, wlb_rejoin).items()} for m in methods}
                for s in settings}
@@ -144,7 +148,7 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
               "planner_options": options}
     run = ExperimentRun("straggler", config, out_dir=out, force=force, quiet=quiet)
     cache: dict = {}
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def context(setting_name):
         if setting_name not in cache:
@@ -274,7 +278,7 @@ def window_speedups(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"min": sp.min(axis=1), "max": sp.max(axis=1)})
 
 
-def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
+def plot_straggler(summary: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Top: mean and worst-step straggler / Ulysses mean, black marks the paper's values. Bottom:
     the four loss factors per method stacked on a log axis (:func:`plot_factors`).
 
@@ -317,7 +321,7 @@ def plot_straggler(summary: pd.DataFrame, path: Path) -> None:
         plot_factors(fax, summary[summary["setting"] == setting], setting)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 FACTOR_COLORS = {"kernel_factor": "#9467bd", "pooling_factor": "#2ca02c", "placement_factor": "#ff7f0e",
@@ -398,7 +402,7 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     wall = time.perf_counter() - t0
     names = [s if isinstance(s, str) else s.name for s in settings]
     per_setting = {s: round(sum(v for (ss, _), v in timings.items() if ss == s), 3) for s in names}
-    paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p),
+    paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p, run_caption(run.config)),
                        extra={"profile": prof.to_dict(), "simulate_seconds_per_setting": per_setting,
                               "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}},
                        files={"straggler_summary.csv": summary.to_csv(index=False)})

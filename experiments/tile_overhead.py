@@ -48,10 +48,12 @@ from experiments.gpu_common import (
 )
 from experiments.options import given_layout, layout_options, quick_option, tap_options
 from experiments.runner import RUNS_ROOT, ExperimentRun
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     SETTINGS,
     Setting,
     build_cost_model,
+    check_settings,
     custom_setting,
     load_windows,
     make_planner,
@@ -355,7 +357,7 @@ def summarize(df: pd.DataFrame) -> dict:
     return out
 
 
-def plot_overhead(df: pd.DataFrame, path: Path) -> None:
+def plot_overhead(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     """Forward and backward ms per variant and method, with each bar's ratio to one call."""
     from experiments.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
 
@@ -374,7 +376,7 @@ def plot_overhead(df: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("ms (median)")
     fig.suptitle(f"tile-overhead: {df.attrs.get('device', '')}, {df.attrs.get('backend', '')}, "
                  f"{df.attrs.get('what', '')}", fontsize=9)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
@@ -393,6 +395,7 @@ def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: st
     be = resolve_backend(backend, dev)
     prof = load_profile(profile)
     info = device_info(dev, be)
+    check_settings({cfg.setting.name: cfg.setting}, make_shape(cfg.q_heads, cfg.kv_heads, cfg.head_dim))
     windows = load_windows(cfg.workload, cfg.setting, cfg.window + 1, cfg.seed)
     out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "tile-overhead"
     config = {**asdict(cfg), "setting": setting_record(cfg.setting), "device": str(dev), "device_name": info.get("name"),
@@ -406,7 +409,7 @@ def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: st
                      "what": f"{cfg.workload} {cfg.setting.name} window {cfg.window} step {cfg.step}"})
     summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype_name(dt), "profile": prof.name,
                "setting": cfg.setting.name, "target_ratio": TARGET_RATIO, "methods": summarize(df)}
-    paths = run.finish(df, plot_overhead, extra={"environment_device": info, "summary": summary})
+    paths = run.finish(df, lambda d, p: plot_overhead(d, p, run_caption(run.config)), extra={"environment_device": info, "summary": summary})
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 

@@ -24,6 +24,15 @@ rank's global and local rank, node, host, DP/CP/pool coordinates and group membe
 :mod:`experiments.training.ranks`) under ``runs/train/<workload>-<layout-tag>/`` or ``--out``; ``--overwrite`` replaces a folder's
 results of a different config.
 
+Progress and interruption: every step's line is printed as the step finishes (with a progress line
+on stderr at least every 10 s in a log, :mod:`experiments.progress`), and rank 0 checkpoints the
+model and optimizer after every step (:mod:`experiments.training.checkpoint`). Ctrl-C keeps the
+finished steps and says how to resume: rerunning the same command trains the remaining steps from
+the checkpoint (same data, plans and losses as an uninterrupted run); ``--force`` starts over. A
+finished run drops its checkpoint, so a rerun measures again. A rank that fails or dies ends the run
+within seconds with one line naming it (``Error: training ranks: rank 1 exited (code -9)``);
+``--timeout`` bounds how long a rank waits on a peer.
+
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
 ``--pipeline-chunks``) come from :func:`experiments.options.tap_options`, with
 :class:`TrainConfig`'s defaults (P = DP, CPU-sized B and M); ``run.json`` records them with the
@@ -32,6 +41,7 @@ rest of the TrainConfig.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -49,8 +59,9 @@ from experiments.options import (
     quick_option,
     tap_options,
 )
+from experiments.training.checkpoint import CHECKPOINT_NAME
 from experiments.training.config import TAP_FIELDS, TrainConfig, sample_lengths
-from experiments.training.launch import _torchrun, run_training
+from experiments.training.launch import run_training
 from experiments.training.loop import ATTENTION, DTYPES, PLANNERS
 from experiments.training.model import ModelConfig
 from experiments.training.ranks import nodes_of
@@ -116,12 +127,11 @@ def draw(df: pd.DataFrame):
     return fig
 
 
-def _plot(df: pd.DataFrame, path: Path) -> None:
-
+def _plot(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
     fig = draw(df)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 QUICK = {"steps": 2, "seq_len": 256, "layers": 1, "hidden": 32}
@@ -165,12 +175,17 @@ _TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="output folder (default runs/train/<workload>-<layout>/)")
 @quick_option("smoke run: 2 steps, S=256, 1 layer, hidden 32 (each unless given)")
-@click.option("--force", is_flag=True, help="accepted for symmetry; training always reruns")
+@click.option("--timeout", type=click.FloatRange(min=0.0, min_open=True), default=TrainConfig.timeout_s,
+              show_default=True, help="seconds a rank waits on a peer before failing (the whole run: "
+                                      "timeout x (steps + 2) + 60)")
+@click.option("--force", is_flag=True, help="start over instead of resuming an interrupted run's checkpoint "
+                                            "(a finished run always trains again)")
 @no_progress_option()
 @overwrite_option()
 @click.pass_context
 def train(ctx, nproc, cp, attention, planner, profile, measure_speeds, steps, seq_len, gbs, pool_size, block_size,
-          head_split, tau, pipeline_chunks, layers, hidden, experts, dtype, lr, workload, seed, out, quick, force):
+          head_split, tau, pipeline_chunks, layers, hidden, experts, dtype, lr, workload, seed, out, quick, timeout,
+          force):
     """Train the small Qwen3-style model with DP x CP; log loss and tokens/GPU/s per step."""
     if quick:
         q = apply_quick(ctx, {"steps": steps, "seq_len": seq_len, "layers": layers, "hidden": hidden}, QUICK)
@@ -182,20 +197,68 @@ def train(ctx, nproc, cp, attention, planner, profile, measure_speeds, steps, se
         cfg = TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=steps, seq_len=seq_len, gbs=gbs,
                           pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
                           pipeline_chunks=pipeline_chunks, workload=workload, model=model, dtype=dtype, lr=lr,
-                          seed=seed, planner=planner, profile=profile, measure_speeds=measure_speeds)
+                          seed=seed, planner=planner, profile=profile, measure_speeds=measure_speeds, timeout_s=timeout)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     writer = not launched or os.environ["RANK"] == "0"
     run = _prepare_run(cfg, out, force) if writer else None  # refuses a clobber before any rank starts
-    if launched:
-        result = _torchrun(cfg)
-        if result is None:
-            return
-        source = "torchrun"
-    else:
-        result = run_training(cfg)[0]
-        source = "spawn-gloo" if nproc > 1 else "single-process"
+    result = _train_with_progress(cfg, run, launched)
+    if result is None:  # a torchrun rank other than 0
+        return
+    source = "torchrun" if launched else "spawn-gloo" if nproc > 1 else "single-process"
     _write(run, result, cfg, source)
+    with contextlib.suppress(OSError):  # finished: a rerun measures again
+        os.unlink(run.points_dir / CHECKPOINT_NAME)
+        os.rmdir(run.points_dir)
+        os.rmdir(run.points_dir.parent)
+
+
+def _train_with_progress(cfg: TrainConfig, run, launched: bool) -> dict | None:
+    """Train (spawned ranks, this process, or this torchrun rank), printing every step as it
+    finishes; Ctrl-C or a failed rank says how many steps are kept and how to resume."""
+    from experiments.progress import progress  # noqa: PLC0415
+    from experiments.training.checkpoint import load_checkpoint  # noqa: PLC0415
+    from experiments.training.launch import _torchrun, run_training  # noqa: PLC0415
+    from libra.runtime.launch import RankDeadlineError, RankFailure  # noqa: PLC0415
+
+    checkpoint = run.points_dir / CHECKPOINT_NAME if run is not None else None
+    kept = (load_checkpoint(checkpoint) or {}).get("steps", []) if checkpoint is not None else []
+    if kept:
+        click.echo(f"resuming after step {len(kept) - 1}: {len(kept)} of {cfg.steps} steps kept from an interrupted "
+                   f"run ({checkpoint}; --force starts over)")
+        for r in kept:
+            click.echo(_step_line(r))
+    done = [len(kept)]
+    quiet = run is None or run.quiet
+    try:
+        with progress(total=cfg.steps, desc="train", disable=quiet, unit="steps") as bar:
+            bar.advance(len(kept))
+
+            def on_message(message: dict) -> None:
+                if "step" in message:
+                    done[0] += 1
+                    click.echo(_step_line(message["step"]))
+                    bar.advance()
+
+            if launched:
+                return _torchrun(cfg, on_message if run is not None else None, checkpoint)
+            return run_training(cfg, on_message=on_message, checkpoint=checkpoint)[0]
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted: {_kept_text(done[0], cfg, checkpoint)}", err=True)
+        raise click.exceptions.Exit(130) from None
+    except (RankFailure, RankDeadlineError) as exc:
+        raise click.ClickException(f"{exc}; {_kept_text(done[0], cfg, checkpoint)}") from None
+
+
+def _kept_text(done: int, cfg: TrainConfig, checkpoint) -> str:
+    if not done or checkpoint is None:
+        return "no step finished; rerun the same command to start again"
+    return (f"{done} of {cfg.steps} steps of train are kept in {checkpoint}; rerun the same command to resume "
+            f"from step {done}")
+
+
+def _step_line(r: dict) -> str:
+    return f"step {r['step']}: loss {r['loss']:.4f}  {r['step_ms']:.0f} ms  {r['tokens_per_gpu_s']:.0f} tokens/GPU/s"
 
 
 def _write(run, result: dict, cfg: TrainConfig, source: str) -> None:
@@ -207,10 +270,11 @@ def _write(run, result: dict, cfg: TrainConfig, source: str) -> None:
     df["dp"], df["cp"], df["nproc"], df["launch"] = cfg.dp, cfg.cp, cfg.nproc, source
     df["nodes"] = nodes_of(ranks)
     speeds = {"device_speeds": result["device_speeds"]} if "device_speeds" in result else {}
-    paths = run.finish(df, _plot, extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks, **speeds})
-    for r in result["steps"]:
-        click.echo(f"step {r['step']}: loss {r['loss']:.4f}  {r['step_ms']:.0f} ms  "
-                   f"{r['tokens_per_gpu_s']:.0f} tokens/GPU/s")
+    from experiments.runner import layout_tag  # noqa: PLC0415
+    from experiments.runs_table import run_caption  # noqa: PLC0415
+
+    caption = run_caption(run.config, layout_tag({"dp": cfg.dp, **cfg.to_dict()}))
+    paths = run.finish(df, lambda d, p: _plot(d, p, caption), extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks, **speeds})
     if speeds:
         click.echo("measured attention speed per rank: " + " ".join(f"{v:.3f}" for v in speeds["device_speeds"]))
     click.echo(summary_table(df))
@@ -241,7 +305,7 @@ def _prepare_run(cfg: TrainConfig, out, force: bool):
     warn_if_repeated(resolve_workload(cfg.workload), (cfg.steps + 1) * cfg.gbs * cfg.seq_len,
                      f"{cfg.steps} step(s) of GBS {cfg.gbs} x S {cfg.seq_len} tokens")
     layout = {"dp": cfg.dp, **cfg.to_dict()}
-    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, quiet=True, layouts=[layout])
+    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, layouts=[layout])
     run.claim_folder()
     return run
 

@@ -51,6 +51,7 @@ profile, the recommendation).
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from dataclasses import replace
@@ -62,6 +63,7 @@ import pandas as pd
 
 from experiments.options import IntListType, given_layout, layout_options, tap_options
 from experiments.runner import ExperimentRun
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     OPTIONAL_METHODS,
     SETTINGS,
@@ -79,6 +81,7 @@ from experiments.sim_common import (
 )
 from experiments.straggler import loss_decomposition, step_ratios
 from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
 TUNE_METHODS = ("libra", "libra-adaptive")
@@ -278,11 +281,55 @@ def windows_behind_best(per_window: list[pd.DataFrame], col: str) -> list[int]:
     return [int((w[col] < best.reindex(w.index) * (1 - 1e-12)).sum()) for w in per_window]
 
 
+class _PlanDigests:
+    """A planner that remembers what each of its plans runs: the digest of its pools (tiles,
+    transfers, sequences; not the header's planner options) and its M. Candidates whose plans are
+    bit-identical -- ``libra-adaptive`` choosing its one-KV-head tiles in every pool plans the same
+    whatever H -- are then one candidate, not several that happen to price alike."""
+
+    def __init__(self, planner):
+        self.planner, self.digests = planner, []
+
+    def __getattr__(self, name):
+        return getattr(self.planner, name)
+
+    def plan_window(self, *args, **kwargs):
+        plans = self.planner.plan_window(*args, **kwargs)
+        self.digests = [hashlib.sha256((str(plan.pipeline_chunks) + "".join(pool.digest() for pool in plan.pools))
+                                       .encode()).hexdigest()[:16] for plan in plans]
+        return plans
+
+
+CANDIDATE = ["method", "pool_size", "head_split", "block_size", "pipeline_chunks"]
+
+
+def same_plan_head_splits(steps: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]]:
+    """``steps`` without the candidates whose plans, on every window and step, are bit-identical to
+    those of the same (method, P, B, M) at a smaller H (``plan_digest``), and the merged groups
+    ``{method, pool_size, block_size, pipeline_chunks, head_splits}`` (listed once, at the smallest H)."""
+    if "plan_digest" not in steps:
+        return steps, []
+    cands = steps[steps["method"] != "ulysses"].sort_values(["window", "step"], kind="mergesort")
+    sig = cands.groupby(CANDIDATE, sort=False)["plan_digest"].agg(tuple).reset_index()
+    drop, merged = set(), []
+    for (m, p, b, c, _), g in sig.groupby(["method", "pool_size", "block_size", "pipeline_chunks", "plan_digest"],
+                                          sort=False):
+        hs = sorted(int(h) for h in g["head_split"])
+        if len(hs) > 1:
+            drop |= {(m, p, h, b, c) for h in hs[1:]}
+            merged.append({"method": m, "pool_size": int(p), "block_size": int(b), "pipeline_chunks": int(c),
+                           "head_splits": hs})
+    keep = [tuple(k) not in drop for k in steps[CANDIDATE].itertuples(index=False)]
+    return steps[keep], merged
+
+
 def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapConfig, windows: int, seed: int,
              tie_tolerance: float = 0.01, objective: str = "mean", out=None, force=False, quiet=False,
              name: str = "tune", methods=TUNE_METHODS):
     """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B, M) in ``tap``) with every planner
-    of ``methods``; returns (ranked table, steps, run).
+    of ``methods``; returns (ranked table, steps, run, the merged candidates of
+    :func:`same_plan_head_splits`). A recommended planner that deepens its Pipeliner outside tune
+    (``deepen_pipeline``, as ``straggler`` runs it) is priced that way too: ``table.attrs["as_straggler_ms"]``.
 
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
@@ -302,62 +349,86 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
     wins = gbs_windows(workload, par.seq_len, par.gbs, windows, seed=seed)
     cost_model = build_cost_model(profile, par)
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def point(key):
-        method, p, h, b, chunks, w = key
+        as_straggler = key[0] == "as-straggler"
+        method, p, h, b, chunks, w = key[1:] if as_straggler else key
         opts = {} if method == "ulysses" else options_from_tap(
             method, replace(tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks), profile)
-        if "deepen_pipeline" in planner_class(method).option_names():
+        if "deepen_pipeline" in planner_class(method).option_names() and not as_straggler:
             opts["deepen_pipeline"] = False  # the grid searches M itself: each candidate runs its own
-        steps = simulate_window(get_planner(method, **opts), wins[w], par, shape, cost_model,
+        planner = _PlanDigests(get_planner(method, **opts))
+        steps = simulate_window(planner, wins[w], par, shape, cost_model,
                                 seed=jitter_seed(seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
-                 "pipeline_chunks": chunks, "window": w, **r.to_row(), **step_ratios(r)} for r in steps]
+                 "pipeline_chunks": chunks, "window": w, **r.to_row(), **step_ratios(r), "plan_digest": d}
+                for r, d in zip(steps, planner.digests)]
 
     keys = [["ulysses", 0, 0, 0, 0, w] for w in range(windows)]
     keys += [[m, p, h, b, c, w] for m in methods for p, h, b, c in grid for w in range(windows)]
     steps = pd.DataFrame(run.map(keys, point, desc="tune"))
-    return rank_candidates(steps, par, tap, tie_tolerance, objective), steps, run
+    kept, merged = same_plan_head_splits(steps)
+    table = rank_candidates(kept, par, tap, tie_tolerance, objective)
+    rec = table[table["recommended"]].iloc[0]
+    if "deepen_pipeline" in planner_class(rec["method"]).option_names():
+        # straggler runs this planner with its deeper Pipeliner; price the recommendation that way too
+        cand = [rec["method"], int(rec["pool_size"]), int(rec["head_split"]), int(rec["block_size"]),
+                int(rec["pipeline_chunks"])]
+        rows = run.map([["as-straggler", *cand, w] for w in range(windows)], point, desc="tune")
+        table.attrs["as_straggler_ms"] = float(pd.DataFrame(rows)["straggler_ms"].mean())
+    return table, steps.drop(columns="plan_digest"), run, merged
 
 
-def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "mean") -> None:
-    """Left: the ``top`` candidates' mean-straggler speedup over Ulysses (recommended one outlined).
-    Right: speedup vs communication volume per step of every candidate, coloured by P."""
+def plot_tune(table: pd.DataFrame, path: Path, top: int = 15, objective: str = "mean",
+              caption: str | None = None) -> None:
+    """Left: the ``top`` candidates, each as how much slower its ``objective`` straggler is than
+    rank 1's (%, so the few-percent gaps that decide the ranking show), colour and marker per
+    method, its speedup over Ulysses written beside it, the recommended one ringed. Right: every
+    candidate's speedup over Ulysses against its communication volume, colour per method, marker per P."""
     import seaborn as sns  # noqa: PLC0415
 
-    from experiments.plotting import plt, save_figure, setup_style  # noqa: PLC0415  (Agg backend)
+    from experiments.plotting import palette_for, plt, save_figure, setup_style  # noqa: PLC0415  (Agg backend)
 
     setup_style()
     t = table.copy()
-    several_m = t["pipeline_chunks"].nunique() > 1
-    t["candidate"] = [f"{m} P{p} H{h} B{b}" + (f" M{c}" if several_m else "") for m, p, h, b, c in
-                      zip(t["method"], t["pool_size"], t["head_split"], t["block_size"], t["pipeline_chunks"])]
+    col = f"{objective}_ms"
+    t["gap_pct"] = (t[col] / t[col].min() - 1.0) * 100.0
+    t["candidate"] = [f"P{p} H{h} B{b} M{c}" for p, h, b, c in
+                      zip(t["pool_size"], t["head_split"], t["block_size"], t["pipeline_chunks"])]
+    methods = list(dict.fromkeys(t["method"]))
+    colors, markers = palette_for(methods), dict(zip(methods, "oDs^v<>"))
+    head = t.head(top).reset_index(drop=True)
+    fig, axes = plt.subplots(1, 2, figsize=(13, max(4.0, 0.34 * len(head) + 1.8)))
+    ax = axes[0]
+    for m in methods:
+        sub = head[head["method"] == m]
+        ax.scatter(sub["gap_pct"], sub.index, color=colors[m], marker=markers[m], s=55, label=m, zorder=3)
+    for i, r in head.iterrows():
+        ax.annotate(f"{r['speedup']:.2f}x", (r["gap_pct"], i), xytext=(7, 0), textcoords="offset points",
+                    va="center", fontsize=8)
+        if r["recommended"]:
+            ax.scatter([r["gap_pct"]], [i], s=260, facecolors="none", edgecolors="black", linewidths=1.5, zorder=4,
+                       label="recommended")
+    span = max(float(head["gap_pct"].max()), 0.5)
+    ax.set_xlim(-0.05 * span, span * 1.25)
+    ax.set_yticks(head.index, [f"{r.rank}. {r.candidate}" for r in head.itertuples()], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{objective} straggler above rank 1 (%); text: speedup over Ulysses")
+    ax.set_title(f"top {len(head)} candidates (ranked by {objective} straggler)")
+    ax.legend(fontsize=8, loc="upper right")  # the gaps grow downwards: the top right is empty
     t["P"] = t["pool_size"].astype(str)
-    p_order = [str(p) for p in sorted(set(t["pool_size"]))]
-    head = t.head(top)
-    fig, axes = plt.subplots(1, 2, figsize=(13, max(4.0, 0.32 * len(head) + 1.5)))
-    sns.barplot(data=head, y="candidate", x="speedup", hue="P", hue_order=p_order, dodge=False, ax=axes[0],
-                orient="h")
-    axes[0].axvline(1.0, color="black", lw=1, ls="--")
-    for i, rec in enumerate(head["recommended"]):
-        if rec:
-            axes[0].annotate("recommended", (float(head["speedup"].iloc[i]), i), xytext=(4, 0),
-                             textcoords="offset points", va="center", fontsize=8, fontweight="bold")
-    axes[0].set_xlabel("mean-straggler speedup over Ulysses (dashed: parity)")
-    axes[0].set_ylabel("")
-    axes[0].set_title(f"top {len(head)} candidates (ranked by {objective} straggler)")
-    sns.scatterplot(data=t, x="comm_gb_per_step", y="speedup", hue="P", hue_order=p_order, style="head_split", s=55,
-                    ax=axes[1])
+    sns.scatterplot(data=t, x="comm_gb_per_step", y="speedup", hue="method", palette=colors, style="P",
+                    style_order=[str(p) for p in sorted(set(t["pool_size"]))], s=55, ax=axes[1])
     rec = t[t["recommended"]]
     axes[1].scatter(rec["comm_gb_per_step"], rec["speedup"], s=260, facecolors="none", edgecolors="black",
                     linewidths=1.6, label="recommended")
     axes[1].axhline(1.0, color="black", lw=1, ls="--")
     axes[1].set_xlabel("communication per step, all links, fwd + bwd (GB)")
-    axes[1].set_ylabel("speedup over Ulysses")
-    axes[1].set_title("speedup vs traffic (marker: H)")
+    axes[1].set_ylabel("speedup over Ulysses (dashed: parity)")
+    axes[1].set_title("every candidate: speedup vs traffic (colour: method, marker: P)")
     axes[1].legend(fontsize=7, ncol=2)
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 SPREAD = "spread"
@@ -489,6 +560,31 @@ def echo_summary(table: pd.DataFrame, objective: str, tie_tolerance: float) -> N
                "comm GB = bytes over all links per step; / bound = straggler over the perfect-balance bound.")
 
 
+def straggler_command(rec, workload, profile, par: ParallelConfig, shape, windows: int, seed: int, tau: float) -> str:
+    """The ``libra-bench straggler`` command that runs the recommended configuration on the same
+    windows, jitter and profile as tune priced it."""
+    return (f"libra-bench straggler --workload {workload} --profile {profile} --dp {par.dp} --cp {par.cp} "
+            f"--seq-len {par.seq_len} --gbs {par.gbs} --q-heads {shape.num_q_heads} --kv-heads {shape.num_kv_heads} "
+            f"--head-dim {shape.head_dim} --windows {windows} --seed {seed} --methods ulysses,{rec['method']} "
+            f"--pool-size {rec['pool_size']} --head-split {rec['head_split']} --block-size {rec['block_size']} "
+            f"--chunks {rec['pipeline_chunks']} --tau {tau}")
+
+
+def echo_reproduction(rec, command: str, as_straggler_ms: float | None, merged: list[dict]) -> None:
+    """How to rerun the recommendation in ``straggler`` and what it will predict there (a planner that
+    deepens its Pipeliner does so in straggler, which tune, searching M itself, does not let it do),
+    and which H values gave bit-identical plans (listed once)."""
+    click.echo(f"Rerun it: {command}")
+    if as_straggler_ms is not None:
+        click.echo(f"  straggler predicts {as_straggler_ms:.1f} ms for {rec['method']} there, not {rec['mean_ms']:.1f} "
+                   f"ms: it runs {rec['method']} with deepen_pipeline (M={rec['pipeline_chunks']} doubled in the pools whose plan "
+                   "the planner prices faster that way); tune searches M itself and prices every candidate at its own M.")
+    for g in merged:
+        click.echo(f"Same plans: {g['method']} at P={g['pool_size']}, B={g['block_size']}, M={g['pipeline_chunks']} "
+                   f"plans bit-identically for H={','.join(map(str, g['head_splits']))}; listed once, as "
+                   f"H={g['head_splits'][0]}.")
+
+
 @click.command("tune")
 @common_options(default_windows=2)
 @click.option("--settings", "--setting", "settings_", default=None,
@@ -536,17 +632,21 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
                    f"(DP {par.dp}, CP {par.cp}, S {par.seq_len}, GBS {par.gbs}, GA {par.ga}; hq {q_heads}, "
                    f"h_kv {kv_heads}, d {head_dim}; M {_listed(sorted({c[3] for c in grid}))}, tau {tap.tau}) ...")
         t0 = time.perf_counter()
-        table, steps, run = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
-                                     objective, out=out, force=force, quiet=no_progress, methods=method_list)
+        table, steps, run, merged = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
+                                             objective, out=out, force=force, quiet=no_progress, methods=method_list)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     rec = table[table["recommended"]].iloc[0]
     recommendation = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
-    paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective),
-                       extra={"profile": prof.to_dict(), "recommendation": recommendation,
+    command = straggler_command(rec, workload, profile, par, shape, n_windows, seed, tap.tau)
+    as_straggler = {"as_straggler_ms": table.attrs["as_straggler_ms"]} if "as_straggler_ms" in table.attrs else {}
+    paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective, run_caption(run.config)),
+                       extra={"profile": prof.to_dict(), "recommendation": {**recommendation, **as_straggler},
+                              "recommendation_in_straggler": command, "same_plan_head_splits": merged,
                               "within_noise_ranks": within_noise(table, objective)},
                        files={f"{run.name}_steps.csv": steps.to_csv(index=False)})
     _print_table(table, top, prof.name, objective, wide)
     echo_summary(table, objective, tie_tolerance)
+    echo_reproduction(rec, command, as_straggler.get("as_straggler_ms"), merged)
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}, "
                f"{run.out_dir / (run.name + '_steps.csv')}, {paths['run']}")

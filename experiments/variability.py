@@ -45,6 +45,7 @@ import pandas as pd
 from experiments.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.paper import NUMBERS, paper_settings
 from experiments.runner import ExperimentRun, flat_layout
+from experiments.runs_table import run_caption
 from experiments.sim_common import (
     check_counts,
     chosen_settings,
@@ -58,6 +59,7 @@ from experiments.sim_common import (
     settings_from_options,
     workload_record,
 )
+from libra.data.source import resolve_workload
 from libra.sim.variability import DeviceJitter
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
@@ -165,7 +167,7 @@ def run_variability(workload, profile, settings, pool_sizes, windows, seed, shap
     run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, layouts=layouts)
     cache: dict = {}
     rate = profile.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
-    label = Path(workload).name if Path(workload).exists() else workload
+    label = resolve_workload(workload).name  # the file name (#column), or the preset
 
     def point(key):
         s, p, w = key
@@ -203,7 +205,7 @@ def summarize(df: pd.DataFrame, settings: list[str], paper: set[str]) -> pd.Data
     return pd.concat(parts, ignore_index=True)
 
 
-def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset()) -> None:
+def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset(), caption: str | None = None) -> None:
     """Per setting: per-step spread vs pool size (box + mean); the paper's mean and max as
     reference lines on the settings in ``paper`` only."""
     import matplotlib  # noqa: PLC0415
@@ -230,7 +232,7 @@ def plot_variability(df: pd.DataFrame, path: Path, paper: set[str] = frozenset()
         ax.set_title(f"{s}: device variability, per-step spread vs pool size (black: mean)", fontsize=10)
     from experiments.plotting import save_figure  # noqa: PLC0415  (Agg backend)
 
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("variability")
@@ -256,7 +258,8 @@ def variability(profile, windows, seed, out, quick, force, q_heads, kv_heads, he
                                                   tap_overrides={"block_size": block_size, "head_split": head_split})
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper), extra={"profile": prof.to_dict()},
+    paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper, run_caption(run.config)),
+                       extra={"profile": prof.to_dict()},
                        files={"variability_summary.csv": summary.to_csv(index=False)})
     lead = ["setting"] if "setting" in summary else []
     click.echo(format_table(summary, [*lead, "pool_size", "workers", "steps", "mean_spread", "max_spread",

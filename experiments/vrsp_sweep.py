@@ -31,6 +31,7 @@ from experiments.options import (
 )
 from experiments.paper import fig4_8_reference
 from experiments.runner import ExperimentRun
+from experiments.runs_table import run_caption
 from libra.data.source import LengthSource
 from libra.data.windows import gbs_windows, window_workloads
 from libra.vrsp import pool_imbalance
@@ -81,7 +82,7 @@ def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: i
     rows = run.map(range(windows), point, desc=f"{name} S={seq_len} GBS={gbs}")
     df = pd.DataFrame(rows, columns=CSV_COLUMNS)
     summary = summary_table(df)
-    paths = run.finish(df, plot=lambda frame, path: plot_sweep(frame, path, name),
+    paths = run.finish(df, plot=lambda frame, path: plot_sweep(frame, path, name, run_caption(run.config)),
                        extra={"summary_mean_r_minus_1": summary.reset_index().to_dict(orient="records")})
     return df, paths
 
@@ -114,7 +115,7 @@ def format_tokens(n: int) -> str:
     return f"{n // 1024}K" if n % 1024 == 0 else str(n)
 
 
-def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
+def plot_sweep(df: pd.DataFrame, path: Path, title: str, caption: str | None = None) -> None:
     """Mean R - 1 (with standard-error band) vs P on log-x / symlog-y axes."""
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -142,7 +143,7 @@ def plot_sweep(df: pd.DataFrame, path: Path, title: str) -> None:
     ax.set_ylabel("R - 1 (max pool / mean pool - 1)")
     ax.set_title(f"{title}: {df['workload'].iloc[0]}, S={format_tokens(seq_len)}, GBS={int(df['gbs'].iloc[0])}")
     ax.legend(fontsize=7, loc="best")
-    save_figure(fig, path)
+    save_figure(fig, path, caption=caption)
 
 
 @click.command("vrsp")

@@ -9,6 +9,20 @@ import pytest
 WORKLOADS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "workloads"
 
 
+def pytest_collection_modifyitems(config, items):
+    """A ``gpu`` test on a machine without CUDA is skipped with that reason (listed by ``-ra``),
+    never deselected silently."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def workloads_dir() -> Path:
     """The public length files in ``../shared/workloads`` next to the checkout (skips when absent)."""

@@ -99,11 +99,12 @@ def test_compare_runs_that_share_no_row_is_one_error(tmp_path):
     assert "b: setting {dp8-cp4-s128k-gbs32}" in r.output and not (tmp_path / "x").exists()
 
 
-def test_compare_tune_runs_takes_each_methods_best_candidate(tmp_path):
-    # a tune table ranks every (P, H, B, M) candidate: its mean over candidates means nothing
+def test_compare_tune_runs_takes_the_recommended_candidate(tmp_path):
+    # a tune table ranks every (P, H, B, M) candidate: its mean over candidates means nothing, and
+    # what tune says to run is its recommendation (ties go to the smaller P), not always rank 1
     def tune(folder, scale):
         rows = [{"rank": r, "method": m, "pool_size": p, "head_split": 2, "block_size": 16384, "pipeline_chunks": 4,
-                 "mean_ms": ms * scale, "speedup": 100 / (ms * scale)}
+                 "mean_ms": ms * scale, "speedup": 100 / (ms * scale), "recommended": r == 2}
                 for r, (m, p, ms) in enumerate((("libra-adaptive", 8, 50.0), ("libra", 4, 60.0),
                                                 ("libra-adaptive", 4, 70.0), ("libra", 8, 90.0)), start=1)]
         return _run(folder, "tune", {"cp": scale}, rows, summary=False)
@@ -112,8 +113,9 @@ def test_compare_tune_runs_takes_each_methods_best_candidate(tmp_path):
     out = tmp_path / "cmp"
     r = CliRunner().invoke(main, ["compare", a, b, "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert "tune: compared rows are each method's best-ranked candidate" in r.output
+    assert "tune: compared rows are the recommended configuration" in r.output
     t = pd.read_csv(out / "compare.csv").set_index(["method", "metric"])
-    assert t.loc[("libra", "mean_ms"), "a"] == 60.0 and t.loc[("libra-adaptive", "mean_ms"), "b"] == 100.0
-    assert t.loc[("libra", "pool_size"), "a"] == 4  # the winner's P, not the mean over candidates
+    assert t.loc[("libra", "mean_ms"), "a"] == 60.0 and t.loc[("libra", "mean_ms"), "b"] == 120.0
+    assert ("libra-adaptive", "mean_ms") not in t.index  # rank 1, but not recommended
+    assert t.loc[("libra", "pool_size"), "a"] == 4 and pd.isna(t.loc[("libra", "pool_size"), "ratio:b"])
     assert "16384" in r.output and "e+04" not in r.output

@@ -181,3 +181,57 @@ def test_public_files_load(workloads_dir):
     assert wiki.lengths.size == 1_000_000 and int(wiki.lengths.sum()) == 1_013_648_780
     prolong = load_lengths(workloads_dir / "distca_dist_prolong.json")
     assert prolong.size == 77_932 and np.median(prolong) == 1913.5
+
+
+# -- lengths out of range and unreadable files: one ValueError naming the file, never a wrap ---------
+
+
+@pytest.mark.parametrize("name, write, shown", [
+    ("big.json", lambda p: p.write_text("[1e19, 5]"), "length 1e+19 at index 0"),
+    ("huge.txt", lambda p: p.write_text("100\n99999999999999999999999\n"), "length 99999999999999999999999 at line 2"),
+    ("u64.npy", lambda p: np.save(p, np.array([7, 2**63 + 5], dtype=np.uint64)), "length 9223372036854775813 at index 1"),
+    ("f.npy", lambda p: np.save(p, np.array([3.0, 1e19])), "length 1e+19 at index 1"),
+    ("ten.txt", lambda p: p.write_text("\n".join(["1000000000000000000"] * 10)), "at line 1"),
+    ("over.csv", lambda p: p.write_text("length\n5\n18446744073709551615\n"), "at row 2 of column 'length'"),
+    ("edge.jsonl", lambda p: p.write_text(f"{2**40}\n{2**40 + 1}\n"), f"length {2**40 + 1} at line 2"),
+])
+def test_a_length_above_2_40_is_out_of_range(tmp_path, name, write, shown):
+    write(tmp_path / name)
+    with pytest.raises(ValueError, match="out of range") as info:
+        load_lengths(tmp_path / name)
+    assert str(info.value).startswith(f"{tmp_path / name}: length ") and shown in str(info.value)
+
+
+def test_lengths_up_to_2_40_load_and_a_total_of_2_62_is_refused(tmp_path):
+    (tmp_path / "ok.txt").write_text(f"{2**40}\n1\n")
+    assert load_lengths(tmp_path / "ok.txt").tolist() == [2**40, 1]
+    np.save(tmp_path / "sum.npy", np.full(2**22, 2**40, dtype=np.int64))  # each in range, total 2^62
+    with pytest.raises(ValueError, match=r"sum.npy: length total 4.612e\+18 of 4194304 samples out of range"):
+        load_lengths(tmp_path / "sum.npy")
+
+
+@pytest.mark.parametrize("name, write, match", [
+    ("cut.txt.gz", lambda p: p.write_bytes(gzip.compress(b"12\n" * 5000)[:40]), "truncated compressed file"),
+    ("plain.txt.gz", lambda p: p.write_text("12\n13\n"), "not a gzip file"),
+    ("bin.txt", lambda p: p.write_bytes(b"\xff\xfe\x00\x01abc"), r"not UTF-8 text \(byte ff at offset 0\)"),
+    ("cut.csv.gz", lambda p: p.write_bytes(gzip.compress(b"length\n" + b"12\n" * 5000)[:40]), "truncated"),
+    ("bad.parquet", lambda p: p.write_text("not parquet"), "not a readable Parquet file"),
+])
+def test_unreadable_files_name_the_file(tmp_path, name, write, match):
+    write(tmp_path / name)
+    with pytest.raises(ValueError, match=match) as info:
+        load_lengths(tmp_path / name)
+    assert str(info.value).startswith(f"{tmp_path / name}: ")
+
+
+def test_a_named_column_is_part_of_the_workload_name(tmp_path):
+    pd.DataFrame({"doc": [1, 2], "tokens": [5, 6]}).to_parquet(tmp_path / "t.parquet")
+    assert resolve_workload(f"{tmp_path}/t.parquet#tokens").name == "t.parquet#tokens"
+    np.save(tmp_path / "t.npy", np.array([5, 6]))
+    assert resolve_workload(str(tmp_path / "t.npy")).name == "t.npy"
+
+
+def test_cycling_a_file_of_tiny_lengths_past_the_sample_cap_is_an_error(tmp_path):
+    (tmp_path / "ones.txt").write_text("1\n1\n")
+    with pytest.raises(ValueError, match=r"ones.txt: .* need more than 268435456 samples"):
+        resolve_workload(str(tmp_path / "ones.txt")).take(2**29)

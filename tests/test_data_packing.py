@@ -172,3 +172,12 @@ def test_defer_keeps_long_samples_whole_at_boundaries():
 def test_bad_lookahead(lookahead):
     with pytest.raises(ValueError, match="lookahead must be an integer in"):
         pack_fixed_tokens([1, 2], 4, lookahead=lookahead)
+
+
+@pytest.mark.parametrize("lengths, shown", [([1e19, 3], "length 1e+19 at sample 0"),
+                                           (np.array([5, 2**63 + 5], dtype=np.uint64), "at sample 1"),
+                                           ([2**40 + 1] * 3, f"length {2**40 + 1} at sample 0")])
+def test_lengths_out_of_range_are_refused_before_any_sum(lengths, shown):
+    with pytest.raises(ValueError, match="out of range") as info:
+        pack_fixed_tokens(lengths, 4)
+    assert shown in str(info.value)

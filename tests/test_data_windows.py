@@ -53,3 +53,37 @@ def test_window_workloads_are_sums_of_squared_pieces():
     got = window_workloads(window)
     assert got.dtype == np.float64 and got.shape == (4,)
     assert got.tolist() == [float((s.sample_lengths.astype(np.float64) ** 2).sum()) for s in window]
+
+
+def test_a_sample_longer_than_s_is_cut_with_one_warning_saying_into_how_many_pieces(tmp_path, caplog):
+    (tmp_path / "giant.txt").write_text("1000\n" * 8 + "1000000\n" + "1000\n" * 8)
+    with caplog.at_level("WARNING", logger="libra.data.windows"):
+        windows = gbs_windows(str(tmp_path / "giant.txt"), 4096, 8, 31, policy="split")  # not cycled
+    cut = [r.getMessage() for r in caplog.records if "longer than S" in r.getMessage()]
+    assert len(cut) == 1, caplog.text
+    pieces = sum(int((s.sample_ids == 8).sum()) for w in windows for s in w)  # the 10^6-token sample's id
+    assert pieces == 246  # 1000000 tokens from offset 8000 (3904 into a sequence): 192 + 244 x 4096 + 384
+    assert cut[0] == (f"warning: 1 sample(s) longer than S=4096 cut into {pieces} pieces in all (the longest, "
+                      f"1000000 tokens of it packed, into {pieces})")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="libra.data.windows"):
+        gbs_windows(str(tmp_path / "giant.txt"), 2**20, 1, 1)
+    assert "longer than S" not in caplog.text
+
+
+def test_stream_requests_past_2_62_tokens_are_an_error_not_a_loop():
+    from libra.data.packing import PackedSequence  # noqa: PLC0415
+    from libra.data.source import LengthSource  # noqa: PLC0415
+
+    class Stingy(LengthSource):  # never gives 'defer' a full lookahead buffer past the windows
+        name = "stingy"
+        calls = 0
+
+        def take(self, n_tokens, seed=0):
+            Stingy.calls += 1
+            return np.array([n_tokens], dtype=np.int64)
+
+    with pytest.raises(ValueError, match="stingy: 2 packed sequences of S=64 tokens need more than 2\\^62"):
+        gbs_windows(Stingy(), 64, 2, 1)
+    assert Stingy.calls < 64  # the request doubles each round
+    assert PackedSequence  # imported for the type of what gbs_windows returns

@@ -136,3 +136,12 @@ def test_cpu_smoke_pipeline(tmp_path):
     assert "NOT GPU figures" in text and "median |error|" in text and "All within limits: True" in text
     for step in ("calibrate", "sim-check", "fidelity"):
         assert (tmp_path / step / "run.json").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the default suite says without CUDA")
+def test_the_default_suite_skips_gpu_tests_with_their_reason_not_silently():
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_runtime_kernels.py",
+                          "-k", "cuda or gpu"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert "skipped" in run.stdout.splitlines()[-1], run.stdout[-2000:]  # not only deselected by a marker
+    assert "SKIPPED" in run.stdout and "needs a CUDA device" in run.stdout, run.stdout[-2000:]

@@ -31,7 +31,8 @@ class TrainConfig:
         workload: length preset or file the sample lengths come from.
         model: the model shape; dtype: ``float64``, ``float32`` or ``bfloat16``.
         lr, seed: AdamW learning rate and the run's seed (data order, init, tokens).
-        timeout_s: bound on every collective and on the whole spawned run.
+        timeout_s: bound on every collective (a rank waiting this long on a peer fails); a spawned
+            run's deadline is ``timeout_s x (steps + 2) + 60`` s.
         planner: the TAP planner of ``attention="libra"`` (:data:`~experiments.training.loop.PLANNERS`:
             the paper's ``libra``, ``libra-kt`` or ``libra-adaptive``).
         profile: the hardware profile (name or .json) ``libra-kt`` weights tiles with and

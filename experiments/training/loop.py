@@ -22,6 +22,7 @@ Per optimizer step (Libra sec. 1, 5, 6.7):
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from dataclasses import dataclass
@@ -116,8 +117,29 @@ def _plans_for_step(cfg: LoopConfig, assignment, shape):
     return plan_step(cfg, shape, step_metadata(assignment))
 
 
-def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
-    """Run ``cfg.steps`` optimizer steps on this rank.
+@dataclass
+class _RankState:
+    """What one rank's steps share: the model and optimizer, the data, the planner."""
+
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sampler: LibraSampler
+    dataset: PieceDataset
+    batches: object
+    planner: object
+    first_step: int
+
+
+def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext, resume: dict | None = None,
+               on_step=None) -> dict:
+    """Run ``cfg.steps`` optimizer steps on this rank -- from ``resume["next_step"]`` on when given.
+
+    Args:
+        resume: a checkpoint (:func:`experiments.training.checkpoint.load_checkpoint`): the model and
+            optimizer state after its ``next_step`` steps, their records and (``--measure-speeds``)
+            the device speeds planned with, so the resumed steps are the ones an uninterrupted run
+            takes (same data, same plans, same losses).
+        on_step: called after every step with ``(record, model, opt, records so far, device speeds)``.
 
     Returns:
         ``{"steps": [{"step", "loss", "step_ms", "tokens", "tokens_per_gpu_s", "plan_ms", "compile_ms",
@@ -125,21 +147,25 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
         "params": {name: tensor}}`` (params on every rank; identical across ranks).
     """
     dtype = DTYPES[cfg.dtype]
-    world = cfg.dp * cfg.cp
     model = Qwen3Small(cfg.model)
     model.reset_parameters(cfg.seed)
     model = model.to(device=ctx.device, dtype=dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    start, log = 0, []
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        # a copy: AdamW keeps loaded state tensors as they are, and spawned ranks receive theirs in
+        # shared memory -- every rank would step the same exp_avg in place
+        opt.load_state_dict(copy.deepcopy(resume["opt"]))
+        start, log = int(resume["next_step"]), list(resume["steps"])
     use_vrsp = cfg.attention == "libra"
     sampler = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=cfg.pool_size if use_vrsp else 1,
                            dp_rank=ctx.dp_rank, seed=cfg.seed, use_vrsp=use_vrsp)
     if cfg.steps > sampler.steps_per_epoch:
         raise ValueError(f"steps={cfg.steps} exceeds the {sampler.steps_per_epoch} steps the data holds")
+    sampler.load_state_dict({"epoch": 0, "next_micro": start * sampler.ga})  # the batches of the steps to run
     dataset = PieceDataset(lengths, cfg.model.vocab_size, seed=cfg.seed)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_packed, num_workers=0)
-    batches = iter(loader)
-    ga = cfg.gbs // cfg.dp
-    log = []
     planner, speeds = None, None
     if cfg.attention == "libra":
         # Libra sec. 5: plans of step s+1 are built -- and this rank's programs compiled -- on a CPU
@@ -147,14 +173,19 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext) -> dict:
         from libra.runtime.async_planner import AsyncPlanner
 
         worker = ctx.pool_group.worker if ctx.pool_group is not None else ctx.rank
-        speeds = _measured_speeds(cfg, ctx, dtype) if cfg.measure_speeds else None
+        if cfg.measure_speeds:
+            kept = (resume or {}).get("device_speeds")
+            speeds = tuple(kept) if kept is not None else _measured_speeds(cfg, ctx, dtype)
         plan = functools.partial(plan_step, cfg, cfg.model.attention_shape, planner=make_planner(cfg, speeds))
         planner = AsyncPlanner(plan, mode="thread", max_pending=2, compile_for=worker, keep_plans=False)
-        planner.submit(0, step_metadata(sampler.step(0)))
+        if start < cfg.steps:
+            planner.submit(start, step_metadata(sampler.step(start)))
+    state = _RankState(model, opt, sampler, dataset, iter(loader), planner, start)
     try:
-        for step in range(cfg.steps):
-            log.append(_train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, ctx, dtype,
-                                   world))
+        for step in range(start, cfg.steps):
+            log.append(_train_step(cfg, step, state, ctx, dtype))
+            if on_step is not None:
+                on_step(log[-1], model, opt, log, speeds)
     finally:
         if planner is not None:
             planner.close()
@@ -171,13 +202,16 @@ def _measured_speeds(cfg: LoopConfig, ctx: RankContext, dtype) -> tuple[float, .
     return measure_device_speeds(cfg.model.attention_shape, device=ctx.device, dtype=dtype)
 
 
-def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, ctx, dtype, world):
+def _train_step(cfg: LoopConfig, step: int, state: _RankState, ctx: RankContext, dtype) -> dict:
+    world = cfg.dp * cfg.cp
+    ga = cfg.gbs // cfg.dp
+    model, opt, sampler, planner = state.model, state.opt, state.sampler, state.planner
     distributed = world > 1
     if distributed:
         dist.barrier()
     t0 = time.perf_counter()
     assignment = sampler.step(step)
-    total_targets = sum(dataset.valid_targets(s) for s in assignment.sequences)
+    total_targets = sum(state.dataset.valid_targets(s) for s in assignment.sequences)
     programs, wait_ms, plan_ms, compile_ms = None, 0.0, 0.0, 0.0
     if planner is not None:
         if step + 1 < cfg.steps:
@@ -187,7 +221,7 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, c
         wait_ms, plan_ms, compile_ms = rec.wait_s * 1e3, rec.plan_s * 1e3, rec.compile_s * 1e3
     loss_sum = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for g in range(ga):
-        batch = next(batches)
+        batch = next(state.batches)
         ids, labels, pos = (t.to(ctx.device) for t in batch.local(ctx.cp_rank, cfg.cp))
         if cfg.attention == "reference":
             attn = reference_attention(batch.sample_lengths)
@@ -195,7 +229,7 @@ def _train_step(cfg, step, model, opt, sampler, dataset, batches, planner, ga, c
             attn = ulysses_core_attention(batch.sample_lengths, ctx.cp_group, cfg.model.num_q_heads,
                                           cfg.model.num_kv_heads, device=ctx.device)
         else:
-            attn = libra_core_attention(programs[g], ctx.pool_group, verify_plan=(step == 0))
+            attn = libra_core_attention(programs[g], ctx.pool_group, verify_plan=(step == state.first_step))
         logits = model(ids, pos, attn)
         loss = F.cross_entropy(logits.float() if dtype == torch.bfloat16 else logits, labels,
                                ignore_index=IGNORE, reduction="sum") / total_targets

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from libra.data.loaders import check_lengths_in_range
 from libra.workload import packed_workload
 
 POLICIES = ("defer", "split", "truncate", "error")
@@ -127,11 +128,12 @@ def _check_lengths(lengths) -> np.ndarray:
         if arr.dtype.kind != "f" or np.any(arr != np.round(arr)):
             bad = int(np.argmax(arr != np.round(arr))) if arr.dtype.kind == "f" else 0
             raise ValueError(f"sample {bad}: length must be a positive integer, got {arr[bad]!r}")
-    arr = arr.astype(np.int64)
     if arr.size and arr.min() < 1:
         bad = int(np.argmin(arr))
-        raise ValueError(f"sample {bad}: length must be a positive integer, got {int(arr[bad])}")
-    return arr
+        raise ValueError(f"sample {bad}: length must be a positive integer, got {arr[bad].item()}")
+    # lengths and their total in range before any int64 cast or cumsum: a wrapped sum would stall
+    # the packing loops (and 'defer' counts sequences from it)
+    return check_lengths_in_range(arr, "sample lengths", lambda i: f"sample {i}") if arr.size else arr.astype(np.int64)
 
 
 def pack_fixed_tokens(lengths, seq_len: int, policy: str = DEFAULT_POLICY, first_sample_id: int = 0,

@@ -20,13 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from libra.data.loaders import SUFFIX_LIST, file_kind, load_lengths
+from libra.data.loaders import MAX_TOTAL, SUFFIX_LIST, file_kind, load_lengths
 from libra.data.presets import PRESETS, LengthDistribution, get_preset
+
+MAX_TAKE_SAMPLES = 2**28
+"""Most samples one :meth:`FileSource.take` returns (2 GiB of int64): a file of tiny lengths cycled
+to fill a large request would otherwise exhaust memory instead of failing."""
 
 
 def _check_take(n_tokens, seed) -> tuple[int, int]:
-    if isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1:
-        raise ValueError(f"n_tokens must be an integer >= 1, got {n_tokens!r}")
+    if (isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, np.integer)) or n_tokens < 1
+            or n_tokens >= MAX_TOTAL):
+        raise ValueError(f"n_tokens must be an integer in [1, 2^62), got {n_tokens!r}")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     return int(n_tokens), int(seed)
@@ -74,7 +79,8 @@ class FileSource(LengthSource):
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        return self.path.name
+        """The file's name, with ``#column`` when a column was named (as ``--workload`` spells it)."""
+        return f"{self.path.name}#{self.column}" if self.column else self.path.name
 
     @property
     def lengths(self) -> np.ndarray:
@@ -92,6 +98,9 @@ class FileSource(LengthSource):
         arr = self.lengths
         rotated = np.roll(arr, -self.offset(seed))
         reps = -(-n_tokens // int(arr.sum())) + 1
+        if reps > 1 and reps * arr.size > MAX_TAKE_SAMPLES:
+            raise ValueError(f"{self.path}: {n_tokens} tokens of stream need more than {MAX_TAKE_SAMPLES} samples of "
+                             f"this file (mean length {arr.mean():.1f}): use shorter or fewer sequences")
         stream = np.tile(rotated, reps) if reps > 1 else rotated
         return stream[: int(np.searchsorted(np.cumsum(stream), n_tokens)) + 1]
 

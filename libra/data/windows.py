@@ -14,6 +14,7 @@ import logging
 
 import numpy as np
 
+from libra.data.loaders import MAX_TOTAL
 from libra.data.packing import (
     DEFAULT_LOOKAHEAD,
     DEFAULT_POLICY,
@@ -86,9 +87,26 @@ def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: in
     count = n_windows * gbs
     need = count * seq_len
     warn_if_repeated(source, need, f"{n_windows} window(s) of GBS {gbs} x S {seq_len} tokens")
-    # 'defer' buffers up to `lookahead` samples past the last sequence; ask for some slack
-    extra = seq_len
-    while True:
+    seqs = _packed_stream(source, seq_len, count, seed, policy, lookahead)
+    warn_if_cut(seqs, seq_len)
+    windows = []
+    for w in range(n_windows):
+        chunk = seqs[w * gbs:(w + 1) * gbs]
+        windows.append([PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(chunk)])
+    return windows
+
+
+def _packed_stream(source: LengthSource, seq_len: int, count: int, seed: int, policy: str,
+                   lookahead: int) -> list[PackedSequence]:
+    """The first ``count`` packed sequences of ``source``'s seeded stream.
+
+    Each round asks the source for strictly more tokens than the last (twice the slack), so the loop
+    makes progress every round and ends within about 62 rounds: a request that would reach
+    ``MAX_TOTAL`` tokens is an error instead of another round.
+    """
+    need = count * seq_len
+    extra = seq_len  # 'defer' buffers up to `lookahead` samples past the last sequence: some slack
+    while need + extra < MAX_TOTAL:
         lengths = source.take(need + extra, seed=seed)
         beyond = lengths.size - int(np.searchsorted(np.cumsum(lengths), need)) - 1
         if policy == "defer" and beyond < lookahead:  # a full buffer at the end keeps windows prefix-stable
@@ -96,13 +114,29 @@ def gbs_windows(spec_or_source, seq_len: int, gbs: int, n_windows: int, seed: in
             continue
         seqs = pack_fixed_tokens(lengths, seq_len, policy=policy, lookahead=lookahead, max_sequences=count)
         if len(seqs) == count:
-            break
+            return seqs
         extra = 2 * extra + need  # 'truncate' drops tokens: ask for more until enough
-    windows = []
-    for w in range(n_windows):
-        chunk = seqs[w * gbs:(w + 1) * gbs]
-        windows.append([PackedSequence(j, s.sample_lengths, s.sample_ids) for j, s in enumerate(chunk)])
-    return windows
+    raise ValueError(f"{getattr(source, 'name', source)}: {count} packed sequences of S={seq_len} tokens need more "
+                     f"than 2^62 tokens of stream (policy {policy!r})")
+
+
+def warn_if_cut(seqs: list[PackedSequence], seq_len: int) -> int:
+    """Log one warning line when samples longer than S were cut across packed sequences, saying
+    into how many pieces (the longest's too): a 10^9-token document silently became ~4000 pieces
+    of a 256K sequence. Returns the number of such samples."""
+    if not seqs:
+        return 0
+    ids = np.concatenate([s.sample_ids for s in seqs])
+    lengths = np.concatenate([s.sample_lengths for s in seqs])
+    uniq, pieces = np.unique(ids, return_counts=True)
+    tokens = np.bincount(np.searchsorted(uniq, ids), weights=lengths)
+    cut = tokens > seq_len
+    n = int(cut.sum())
+    if n:
+        worst = int(np.argmax(np.where(cut, tokens, -1)))
+        _log.warning("warning: %d sample(s) longer than S=%d cut into %d pieces in all (the longest, %d tokens of it "
+                     "packed, into %d)", n, seq_len, int(pieces[cut].sum()), int(tokens[worst]), int(pieces[worst]))
+    return n
 
 
 def window_workloads(window: list[PackedSequence]) -> np.ndarray:
