@@ -250,7 +250,13 @@ def _train_with_progress(cfg: TrainConfig, run, launched: bool) -> dict | None:
         raise click.ClickException(f"{exc}; {_kept_text(done[0], cfg, checkpoint)}") from None
 
 
-def _kept_text(done: int, cfg: TrainConfig, checkpoint) -> str:
+def _kept_text(reported: int, cfg: TrainConfig, checkpoint) -> str:
+    """What an interrupted run keeps. The checkpoint is the truth: the ranks have been stopped by
+    now, and rank 0 may have saved a step whose message never reached this process."""
+    from experiments.training.checkpoint import load_checkpoint  # noqa: PLC0415
+
+    saved = (load_checkpoint(checkpoint) or {}).get("steps") if checkpoint is not None else None
+    done = reported if saved is None else len(saved)
     if not done or checkpoint is None:
         return "no step finished; rerun the same command to start again"
     return (f"{done} of {cfg.steps} steps of train are kept in {checkpoint}; rerun the same command to resume "

@@ -171,9 +171,16 @@ def _fake_training(monkeypatch):
 
     per_method = {"ulysses": [10.0, 100.0, 110.0], "libra": [20.0, 200.0, 230.0]}
 
-    def fake(cfgs):
-        return [{"steps": [{"step": i, "tokens_per_gpu_s": v, "loss": 1.0, "step_ms": 5.0}
-                           for i, v in enumerate(per_method[c.attention])]} for c in cfgs]
+    def fake(cfgs, on_message=None):
+        results = []
+        for index, c in enumerate(cfgs):
+            steps = [{"step": i, "tokens_per_gpu_s": v, "loss": 1.0, "step_ms": 5.0}
+                     for i, v in enumerate(per_method[c.attention])]
+            for record in steps:
+                on_message({"config": index, "step": record})
+            on_message({"config": index, "done": {"steps": steps}})
+            results.append({"steps": steps})
+        return results
 
     monkeypatch.setattr(experiments.train, "run_training", fake)
 
