@@ -32,6 +32,7 @@ import pandas as pd
 
 from experiments.paper import NUMBERS, SEQ_LABEL
 from experiments.paper import label as _setting_name
+from experiments.report_competitors import section as competitor_section
 from experiments.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text
 from experiments.runs_table import results_folder
 from libra.sim.profiles import DEFAULT_PROFILE
@@ -467,14 +468,16 @@ HELD_OUT_CORPORA = (("distca_dist_wlbllm_synthetic.json", "wlbllm-synthetic"),)
 design choice of ``libra-adaptive`` was measured on, so its rows test how the planner generalises."""
 
 
-def straggler_source(sources, setting: str, workload: str = "libra-prod", jitter: bool = True) -> Source | None:
+def straggler_source(sources, setting: str, workload: str = "libra-prod", jitter: bool = True,
+                     widest: bool = False) -> Source | None:
     """The straggler run of ``workload`` covering ``setting`` with device jitter on (or off).
 
     Runs holding every method of the paper's Figure 12 win over subsets, then the run with the
     fewest other methods (``make fig12``'s over ``make extensions``' superset: same windows and
-    seed, so the shared methods' numbers are the same), then the latest finished. Runs recorded
-    before the ``jitter`` option existed had jitter on; runs that told planners the GPUs' speeds
-    (``--known-speeds``) are never a Figure 12 source.
+    seed, so the shared methods' numbers are the same), then the latest finished; ``widest``: the
+    run with the most methods wins instead (the competitor table compares every method). Runs
+    recorded before the ``jitter`` option existed had jitter on; runs that told planners the GPUs'
+    speeds (``--known-speeds``) are never a Figure 12 source.
     """
     def fits(x: Source) -> bool:
         return (x.workload == workload and bool(x.config.get("jitter", True)) == jitter
@@ -485,8 +488,27 @@ def straggler_source(sources, setting: str, workload: str = "libra-prod", jitter
     cands = [x for x in sources if x.experiment == "straggler" and fits(x)]
     if not cands:
         return None
+    if widest:
+        return max(cands, key=lambda x: (len(x.config.get("methods", [])), x.finished, x.label))
     return max(cands, key=lambda x: (set(PAPER_FIG12_METHODS) <= set(x.config.get("methods", [])),
                                      -len(x.config.get("methods", [])), x.finished, x.label))
+
+
+def competitor_runs(sources) -> tuple[list[tuple[str, str, str, pd.DataFrame]], list[Source]]:
+    """Per workload of Figure 12 (libra-prod, the real and held-out corpora) and setting, the widest
+    straggler run's summary: ``(workload, setting, source label, summary by method)``, and the
+    sources read (:func:`experiments.report_competitors.speedup_lines` takes the first)."""
+    runs, used = [], []
+    for file, name in (("libra-prod", "libra-prod"),) + REAL_CORPORA + HELD_OUT_CORPORA:
+        for s in ("256K", "1M"):
+            src = straggler_source(sources, s, workload=file, widest=True)
+            if src is None:
+                continue
+            summ = _straggler_summary(src)
+            if s in summ.index.get_level_values("S"):
+                runs.append((name, s, src.label, summ.xs(s, level="S")))
+                used.append(src)
+    return runs, used
 
 
 def _value(summ, s: str, method: str, col: str) -> float:
@@ -583,6 +605,10 @@ def comparison_rows(s: str, src, summ, facts: dict) -> list[Row]:
         dx = 1 - get("libra", "max_ms") / get("distca-paper", "max_ms")
         r.source, r.ours = src, f"mean {-dm * 100:+.1f}%, max {-dx * 100:+.1f}%"
         r.pairs = [(dm, p["mean"], "abs"), (dx, p["max"], "abs")]
+        if has("distca"):  # DistCA's own planner: beside the paper's mark, never checked against it
+            own_m = 1 - get("libra", "mean_ms") / get("distca", "mean_ms")
+            own_x = 1 - get("libra", "max_ms") / get("distca", "max_ms")
+            r.ours += f" (distca-paper); vs distca, DistCA's own planner: mean {-own_m * 100:+.1f}%, max {-own_x * 100:+.1f}%"
     rows.append(r)
 
     p = PAPER["fig12-ablation"][s]
@@ -909,8 +935,10 @@ def sensitivity_rows(sources: list[Source], profile: str) -> list[Row]:
 
 
 def render(rows: list[Row], sources: list[Source], benches: list[Bench], problems: list[str], root: str,
-           sensitivity: dict[str, list[Row]] | None = None) -> str:
-    """The markdown document (``sensitivity``: extra tables per other profile)."""
+           sensitivity: dict[str, list[Row]] | None = None,
+           competitors: tuple[list[str], list[Source]] = ([], [])) -> str:
+    """The markdown document (``sensitivity``: extra tables per other profile; ``competitors``: the
+    competitor section's lines and the sources it read)."""
     lines = [
         "# Reproduction of the paper's numbers",
         "",
@@ -927,6 +955,7 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
         ours = r.ours if r.source is not None else f"not run: `{r.command}`"
         lines.append("| " + " | ".join(_cell(c) for c in (r.where, r.setting or "-", r.paper, ours,
                                                             source_cell(r.source), reason(r))) + " |")
+    lines += competitors[0]
     for prof, prow in (sensitivity or {}).items():
         prow = [r for r in prow if r.source is not None]
         if not prow:
@@ -942,6 +971,7 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
                                                                 source_cell(r.source), reason(r))) + " |")
         rows = rows + prow
     used = {id(r.source): r.source for r in rows if isinstance(r.source, Source)}
+    used.update({id(s): s for s in competitors[1]})
     lines += ["", "## Sources", "", "| folder | experiment | workload | profile | windows | git SHA | finished (UTC) |",
               "|---|---|---|---|---|---|---|"]
     for s in sorted(used.values(), key=lambda s: s.label):
@@ -972,9 +1002,10 @@ def generate(results: str | Path, out: str | Path, profile: str = DEFAULT_PROFIL
     try:
         rows = build_rows(with_profile(sources, profile), benches)
         sensitivity = {p: sensitivity_rows(sources, p) for p in others}
+        runs, read = competitor_runs(with_profile(sources, profile, only=True))
     except (KeyError, FileNotFoundError) as exc:
         raise ValueError(f"a result CSV under {results} lacks what the report needs: {exc}") from exc
-    text = render(rows, sources, benches, problems, str(results), sensitivity)
+    text = render(rows, sources, benches, problems, str(results), sensitivity, (competitor_section(runs), read))
     return atomic_write_text(Path(out), text), rows
 
 
