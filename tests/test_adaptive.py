@@ -19,23 +19,24 @@ from test_baselines_planners import make_window
 from baselines.libra_planners import LibraAdaptiveConfig
 from baselines.registry import get_planner
 from libra.config import ParallelConfig, TapConfig
+from libra.extensions.adaptive.candidates import (
+    CANDIDATES,
+    CHUNKING_OF,
+    base_candidate,
+    candidate_pools,
+    fine_head_split,
+)
+from libra.extensions.adaptive.rebalance import (
+    REBALANCE_MIN_EXCESS,
+    REBALANCED,
+    exposure_excess,
+    rebalance_exposed,
+)
+from libra.extensions.adaptive.retention import _retained, retention_order
 from libra.plan import Plan, PoolPlan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import (
-    CANDIDATES,
-    CHUNKING_OF,
-    REBALANCE_MIN_EXCESS,
-    REBALANCED,
-    _retained,
-    base_candidate,
-    candidate_pools,
-    exposure_excess,
-    fine_head_split,
-    rebalance_exposed,
-    retention_order,
-)
 from libra.tap.exchange import build_transfers
 from libra.tap.placement import available_placers, place_tiles
 from libra.tap.tiles import make_tiles
@@ -126,7 +127,7 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
 def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
     """``choose`` drops candidates by their compute bound, in ``price_order``; it must keep exactly
     the option that pricing every one picks (the fastest, ties: the earlier)."""
-    from baselines.libra_planners import PRICE_FIRST, _pool_worker_ms, price_order
+    from libra.extensions.adaptive.planner import PRICE_FIRST, pool_worker_ms, price_order
 
     par = ParallelConfig(dp=2, cp=cp, gbs=2, seq_len=128 * cp)
     seqs, workers = _pool(seed, cp=cp)
@@ -135,7 +136,7 @@ def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
                           heavy_tile_limits=(1.0, 0.5, 0.25))
     pools = planner.pool_planner(par, SHAPE)[0]
     options = pools.options(0, seqs, workers)
-    priced = [float(sum(_pool_worker_ms(pools.cost, p, par, SHAPE, pools.tap)).max()) for _, p in options]
+    priced = [float(sum(pool_worker_ms(pools.cost, p, par, SHAPE, pools.tap)).max()) for _, p in options]
     want = min(range(len(options)), key=lambda i: priced[i])
     name, pool = pools.choose(options)
     assert (name, pool.chunking) == (options[want][0], options[want][1].chunking)
@@ -234,7 +235,7 @@ def test_link_priced_placement_prefers_the_fast_link():
 def test_split_heavy_tiles_cuts_equal_work_and_keeps_coverage():
     """A tile heavier than the limit becomes ceil(load / limit) token ranges of equal causal area:
     same heads and Q-home, the same rows covered once, the same FLOPs in total."""
-    from libra.tap.adaptive import split_heavy_tiles  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import split_heavy_tiles  # noqa: PLC0415
 
     seqs = [SequenceLayout(0, 0, [4096, 512, 512], [0, 2560], [2560, 5120], [0, 1]),
             SequenceLayout(1, 1, [1024] * 5, [0, 2560], [2560, 5120], [2, 3])]
@@ -255,7 +256,7 @@ def test_split_heavy_tiles_cuts_equal_work_and_keeps_coverage():
 
 def test_adaptive_plans_with_split_tiles_validate():
     """The default candidates cut a long sample's heaviest tiles; every candidate still validates."""
-    from libra.tap.adaptive import DEFAULT_CANDIDATES, candidate_pools, fine_head_split  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES, candidate_pools, fine_head_split  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
@@ -275,7 +276,7 @@ def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
     """Each later heavy-tile limit that cuts some tile adds the relayed candidate (else every fine
     one) as ``name@limit``, cut finer; a limit that cuts nothing adds nothing; every candidate validates; the planner's
     ``heavy_tile_limits`` pins one and is checked."""
-    from libra.tap.adaptive import DEFAULT_CANDIDATES  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
@@ -423,7 +424,7 @@ def test_fine_tau_places_only_the_fine_candidates_to_its_slack():
     """``fine_tau`` is the slack of the fine candidates alone: they are the plans of a layout with that
     ``tau``, the paper's plan keeps the layout's; the planner passes its ``fine_tau`` on, records it,
     and checks it."""
-    from libra.tap.adaptive import DEFAULT_CANDIDATES, FINE  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES, FINE  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]

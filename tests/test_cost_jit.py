@@ -17,12 +17,13 @@ from test_baselines_planners import make_window
 from baselines.registry import get_planner
 from libra import jit as jit_modules
 from libra.config import ParallelConfig, TapConfig
-from libra.plan import HEADS, TILES, Plan
+from libra.extensions.adaptive.candidates import CANDIDATES, candidate_pools
+from libra.extensions.adaptive.tile_chunks import TILES
+from libra.plan import HEADS, Plan
 from libra.sim import cost as cost_mod
 from libra.sim.cost import CostModel, cost_impl
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, candidate_pools
 from libra.workload import AttentionShape
 
 pytest.importorskip("numba")
@@ -70,7 +71,7 @@ def test_compiled_prices_every_plan_bit_for_bit(seed, dp, cp, method, jitter):
 
 
 def test_every_candidate_with_relays_and_tile_chunks():
-    """Every :data:`~libra.tap.adaptive.CANDIDATES` plan of real pools (KV relays and tile chunks
+    """Every :data:`~libra.extensions.adaptive.candidates.CANDIDATES` plan of real pools (KV relays and tile chunks
     among them: the compiled relay rounds and tile-chunked routes are reached), each priced alone."""
     par = ParallelConfig(dp=8, cp=4, gbs=8, seq_len=2048)
     jit, ref = _models(par)

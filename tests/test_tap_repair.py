@@ -1,4 +1,4 @@
-"""``libra-adaptive``'s overload repair (:mod:`libra.tap.repair`): the compiled loop makes the Python
+"""``libra-adaptive``'s overload repair (:mod:`libra.extensions.adaptive.repair`): the compiled loop makes the Python
 loop's moves; a repair never raises the most loaded worker, never puts a worker above ``C``, and
 keeps every tile; under Q-home retention on a pool with one long sample it brings the workers
 Alg. 2 left above ``C`` back within it."""
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from libra.extensions.adaptive.repair import repair_overload
+from libra.extensions.adaptive.retention import place_retaining, retention_order
 from libra.plan import SequenceLayout
-from libra.tap.adaptive import place_retaining, retention_order
 from libra.tap.placement import available_placers, place_tiles
-from libra.tap.repair import repair_overload
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
 

@@ -18,7 +18,7 @@ Invariants:
 6. per destination and sequence, KV rows cover exactly the union of the KV prefixes its tiles need
    (``[sample start, last row]`` per sample, over the tile's GQA KV heads) minus the tokens the
    destination holds, each cell once; each row comes from the holder of its tokens or, with
-   hop ``h > 0`` (a KV relay, :mod:`libra.tap.relay`), from a worker that receives a KV row of a
+   hop ``h > 0`` (a KV relay, :mod:`libra.extensions.adaptive.relay`), from a worker that receives a KV row of a
    smaller hop covering its tokens and KV heads; Q and O rows have hop 0;
 7. ``nbytes`` of every row matches :func:`libra.workload.q_bytes` / :func:`~libra.workload.kv_bytes`.
 """

@@ -46,7 +46,7 @@ def grad_recv_key(chunk: int) -> BufKey:
 
 
 def relay_key(hop: int) -> BufKey:
-    """Receive buffer of KV relay round ``hop >= 1`` (chunk 0's dispatch; :mod:`libra.tap.relay`)."""
+    """Receive buffer of KV relay round ``hop >= 1`` (chunk 0's dispatch; :mod:`libra.extensions.adaptive.relay`)."""
     return BufKey("relay", hop)
 
 

@@ -165,7 +165,7 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         placer: ``"auto"`` (default: the compiled kernels when numba imports, else Python; see
             :func:`default_placer`), ``"numba"`` or ``"python"``. All make identical choices.
         order: the order tiles are placed in, a permutation of ``range(T)`` (default: Alg. 2's,
-            heaviest first, ties by tile index; :func:`libra.tap.adaptive.retention_order` is
+            heaviest first, ties by tile index; :func:`libra.extensions.adaptive.retention.retention_order` is
             another).
         link_cost: optional ``link_cost(src, dst)``, vectorised over broadcastable arrays of global
             worker ids, giving the non-negative integer cost of one byte from ``src`` to ``dst``
@@ -177,7 +177,7 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
             Algorithm 2 as in the paper. An extension beyond the paper (``libra-adaptive``).
         reserved: optional ``(W,)`` load each worker (in ``workers`` order) carries before any tile,
             in the units of the tile loads, e.g. its predicted exposed communication
-            (:func:`libra.tap.adaptive.rebalance_exposed`). Placement starts from these loads and
+            (:func:`libra.extensions.adaptive.rebalance.rebalance_exposed`). Placement starts from these loads and
             ``C = (1 + tau) * (sum(loads) + sum(reserved)) / W``. ``None`` (default): all 0, the paper.
         tiles_checked: the caller made ``tiles`` from ``sequences`` with ``index`` (``make_tiles``,
             or pieces of its tiles, as :func:`libra.tap.planner.plan_pool` and ``libra-adaptive``

@@ -23,7 +23,7 @@ tile set and order cause, not the data:
   that carry the most work per byte -- with Alg. 2's own scoring (least incremental
   communication, then least load; :class:`libra.tap.placement._KVGroupState`), heaviest first.
   Where that leaves no room for a long sample's late tiles, Alg. 2 falls back to the least-loaded
-  worker, which ends above the soft target; :func:`libra.tap.repair.repair_overload` then moves the
+  worker, which ends above the soft target; :func:`libra.extensions.adaptive.repair.repair_overload` then moves the
   most work per byte off such workers to the cheapest worker with room.
 
 * **Bytes on slow links.** Alg. 2 prices a move in bytes, so a byte to a worker on the same node
@@ -52,22 +52,22 @@ All are pure functions of the pool's metadata (deterministic, identical on every
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from libra.arrays import expand_counts, sorted_unique
 from libra.config import TapConfig
-from libra.plan import HEADS, TILES, PoolIndex, PoolPlan, SequenceLayout, TileTable, pool_index
+from libra.extensions.adaptive.relay import relay_pool
+from libra.extensions.adaptive.retention import place_retaining, speed_reserve
+from libra.extensions.adaptive.tile_chunks import TILES
+from libra.plan import HEADS, PoolPlan, SequenceLayout, TileTable, pool_index
 from libra.plan.layout import tile_flops
-from libra.sim.variability import check_speeds
 from libra.tap.exchange import build_transfers
 from libra.tap.pipeline import ChunkSchedule
-from libra.tap.placement import link_matrix, place_tiles, reserved_loads, soft_target
+from libra.tap.placement import place_tiles
 from libra.tap.planner import plan_pool
-from libra.tap.relay import relay_pool
-from libra.tap.repair import repair_overload
 from libra.tap.tiles import make_tiles
 from libra.tap.weights import kernel_time_weights
 from libra.workload import AttentionShape, range_areas
@@ -79,7 +79,7 @@ finer head split of :func:`fine_head_split`, placed by Alg. 2 (``fine``), by
 :func:`place_retaining` (``fine-retain``), or by :func:`place_retaining` pricing each byte by
 the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``); the last placement with
 its KV fan-out relayed (a scatter and an all-gather) under the paper's head chunks (``fine-retain-link-relay``,
-:mod:`libra.tap.relay`)."""
+:mod:`libra.extensions.adaptive.relay`)."""
 
 DEFAULT_CANDIDATES = ("alg2-flops", "fine-retain-link", "fine-retain-link-relay")
 """The candidates ``libra-adaptive`` chooses from unless told otherwise: the paper's plan, the
@@ -104,13 +104,13 @@ settings, 240 pools) never picked the paper's plan tile-chunked or ``fine-retain
 and picked ``fine`` tile-chunked in 2 pools: one chunking each gives the same steps within 0.01%
 for half the pricings. Retention keeps a worker's own tiles, so its tile-grouped chunks start and
 end with local work; Alg. 2's plans spread each KV head over many workers, whose head-sliced
-chunks overlap best. Relays run only under head chunks (:func:`libra.tap.relay.check_relays`)."""
+chunks overlap best. Relays run only under head chunks (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`)."""
 
 LINK_PRICED = frozenset({"fine-retain-link", "fine-retain-link-relay"})
 """The :data:`CANDIDATES` whose placement needs a ``link_cost`` (``place_tiles(link_cost=...)``)."""
 
 RELAYED = frozenset({"fine-retain-link-relay"})
-"""The :data:`CANDIDATES` that relay KV (:mod:`libra.tap.relay`): they run under head chunks only."""
+"""The :data:`CANDIDATES` that relay KV (:mod:`libra.extensions.adaptive.relay`): they run under head chunks only."""
 
 
 def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
@@ -253,115 +253,9 @@ def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, ind
         out[name] = PoolPlan(pool_index=index_in_group, workers=tuple(workers), sequences=sequences, tiles=placed[0],
                              transfers=build_transfers(sequences, placed[0], shape, index=index),
                              fallback_tiles=placed[1])
-    if relay:  # the same placement, its KV fan-out relayed (head chunks: the rule of libra.tap.relay)
+    if relay:  # the same placement, its KV fan-out relayed (head chunks: the rule of libra.extensions.adaptive.relay)
         plain = out["fine-retain-link"] if "fine-retain-link" in names else out.pop("fine-retain-link")
         out["fine-retain-link-relay"] = relay_pool(plain, ChunkSchedule.for_pool(plain, shape, tap.pipeline_chunks))
-    return out
-
-
-def speed_reserve(total_load: float, speeds) -> np.ndarray:
-    """float64 ``(W,)``: the load each worker reserves before placement (``place_tiles(reserved=...)``)
-    for being slower than the pool's fastest: ``(s_max - s_w) * L / sum(s)`` for ``total_load`` ``L``
-    and speed multipliers ``speeds`` (> 0; all 0 for equal speeds). A placement that fills every
-    worker to one total then gives worker ``w`` about ``s_w * L / sum(s)`` -- its share at its
-    speed, so the pool's workers finish together on known-unequal devices (Libra sec. 3.2 measures
-    the per-GPU spread; an extension beyond the paper's TAP, which balances FLOPs only).
-
-    Raises:
-        ValueError: speeds that :func:`libra.sim.variability.check_speeds` rejects.
-    """
-    s = check_speeds(speeds)
-    return (s.max() - s) * float(total_load) / float(s.sum())
-
-
-REBALANCE_PASSES = 1
-"""``libra-adaptive``'s default ``rebalance_passes`` (:func:`rebalance_exposed`). Measured with
-``straggler``'s pricing (2 windows, jitter on; mean straggler ms for 0 / 1 / 2 / 3 passes that each
-reserved only the last plan's exposure and stopped at the first that priced no faster): ProLong 1M
-110.9 / 103.5 / 104.9 / 102.4 (without jitter 109.7 / 103.9 / 103.1 / 101.7), ProLong 256K 59.5 /
-56.3 / 56.1 / 56.1, Wikipedia 256K 64.7 / 63.4 / 63.4 / 63.2, Wikipedia 1M 114.6 / 111.4 / 111.4 /
-111.2. Later passes that reserve the mean of the last reservation and the last exposure, and go on
-past a pass that priced no faster (the rule ``libra-adaptive`` runs), gain more: on the re-placed
-pools priced alone (geometric mean of straggler before / after, 2 windows), 1 / 2 / 3 / 5 passes
-give ProLong 1M 1.061 / 1.085 / 1.086 / 1.092, Wikipedia 1M 1.066 / - / 1.087 / 1.092, ProLong 256K
-1.054 / - / 1.066 / 1.069, Wikipedia 256K 1.058 / 1.068 / 1.075 / 1.078 (the last-exposure rule with 3
-passes: 1.075, 1.085, 1.063, 1.068). Each pass costs another placement, relay and pricing per pool,
-about as much as the first (``plan-cost``'s ``rebalance`` part), so the default stays at one."""
-
-REBALANCE_MIN_EXCESS = 0.01
-"""The :func:`exposure_excess` at or below which ``libra-adaptive`` does not re-place a pool. Measured
-on the chosen plans priced alone (gain = straggler before / after one pass, every pool re-placed):
-libra-prod's 256K pools sit at 0.003-0.012 and gain 0.28% on average (the 7 of 32 above 0.01 keep
-0.18 points of it; 2 windows), its 1M pools at 0.018-0.036 and gain 0.9% (4 windows), Wikipedia's
-at 0.043 and up (256K) and 0.037-0.20 (1M), gaining 5.8% and 6.6% (up to 15%; 2 windows). Below
-it a pass costs a placement, a relay and a pricing for next to nothing."""
-
-
-def exposure_excess(compute: np.ndarray, exposed: np.ndarray) -> float:
-    """How much of the straggler's time is exposed communication above the pool's mean exposure:
-    ``(exposed[s] - mean(exposed)) / (compute[s] + exposed[s])`` with ``s`` the slowest worker --
-    about what :func:`rebalance_exposed` can win (0 for an empty pool)."""
-    total = compute + exposed
-    if not len(total) or total.max() <= 0:
-        return 0.0
-    s = int(np.argmax(total))
-    return float((exposed[s] - exposed.mean()) / total[s])
-
-
-REBALANCED = frozenset({"fine-retain", "fine-retain-link", "fine-retain-link-relay"})
-"""The :data:`CANDIDATES` :func:`rebalance_exposed` can place again (the retention placers)."""
-
-
-def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: TapConfig, load: np.ndarray,
-                      compute: np.ndarray, exposed: np.ndarray, link_cost=None, speeds=None) -> PoolPlan:
-    """``pool`` (a :data:`REBALANCED` candidate ``name``, any heavy-tile cut) placed again by its
-    own placer with each worker's exposed communication reserved as load, so that compute *plus*
-    exposed communication is what the placement balances (an extension beyond Libra sec. 4.3).
-
-    The priced plans of real corpora leave most of their straggler's loss on a few workers: those
-    that receive a long sample's Q and KV or relay it wait for chunk 0's dispatch and chunk
-    ``M - 1``'s return (the two transfers the Pipeliner never hides), while the pool's mean exposed
-    time is small. Placement balances compute within ``C`` and so hands those workers a full share
-    of it. Here each worker starts with its exposed time of ``pool`` as load
-    (``place_tiles(reserved=...)``, converted to tile-load units by the pool's load per ms of
-    compute), so the placer gives it less compute and the others more. Fewer tiles then move to
-    it, which changes its exposure in turn: the caller prices the result and iterates or keeps the
-    faster plan (``libra-adaptive``'s ``rebalance_passes``).
-
-    Args:
-        name: the candidate that built ``pool`` (:func:`candidate_pools` key).
-        pool: its plan (tiles, transfers; relayed when ``name`` relays).
-        shape, tap: as :func:`candidate_pools`.
-        load: ``(T,)`` the tiles' loads as placed (:func:`~libra.tap.weights.kernel_time_weights`).
-        compute, exposed: ``(W,)`` each worker's priced compute and exposed communication (ms) in
-            ``pool.workers`` order (:meth:`libra.sim.cost.CostModel.worker_ms`).
-        link_cost: the byte cost of the :data:`LINK_PRICED` candidates.
-        speeds: optional ``(W,)`` known speed multipliers (as :func:`candidate_pools`): their
-            :func:`speed_reserve` is reserved on top of the exposure.
-
-    Returns:
-        The new PoolPlan (same tiles and chunking; destinations, transfers and relays rebuilt).
-
-    Raises:
-        ValueError: a candidate outside :data:`REBALANCED`, or arrays of the wrong length.
-    """
-    base = base_candidate(name)
-    if base not in REBALANCED:
-        raise ValueError(f"rebalance_exposed re-places {sorted(REBALANCED)}, got {name!r}")
-    compute, exposed = (np.asarray(a, dtype=np.float64) for a in (compute, exposed))
-    if compute.shape != (len(pool.workers),) or exposed.shape != compute.shape:
-        raise ValueError(f"compute and exposed must have one entry per pool worker ({len(pool.workers)})")
-    per_ms = float(load.sum()) / float(compute.sum()) if compute.sum() > 0 else 0.0
-    reserved = np.maximum(exposed, 0.0) * per_ms
-    if speeds is not None:
-        reserved = reserved + speed_reserve(float(load.sum()), speeds)
-    index = pool.index()
-    placed, fallback = place_retaining(pool.tiles, pool.sequences, pool.workers, shape, tap.tau, load, index,
-                                       link_cost if base in LINK_PRICED else None, reserved=reserved)
-    out = replace(pool, tiles=placed, transfers=build_transfers(pool.sequences, placed, shape, index=index),
-                  fallback_tiles=fallback)
-    if base in RELAYED:
-        out = relay_pool(out, ChunkSchedule.for_pool(out, shape, tap.pipeline_chunks))
     return out
 
 
@@ -407,83 +301,3 @@ def _equal_area_bounds(seq: SequenceLayout, a: int, b: int, n: int) -> np.ndarra
     return sorted_unique(np.concatenate(([a], np.clip(cuts, a + 1, b), [b])))
 
 
-def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n_workers: int,
-                    tau: float, reserved: Mapping[int, float] | None = None) -> np.ndarray:
-    """Alg. 2's placement order with Q-home retention: the tiles each Q-home keeps first, then the
-    others heaviest first (ties: tile index in both parts).
-
-    A tile's *move cost* is what it costs on a worker that holds none of it: its Q + O bytes plus
-    all the KV bytes of its KV interval (Alg. 2's ``generic`` cost); its *density* is load / move
-    cost. Per Q-home, tiles in order of increasing density are kept while the home's load stays
-    within ``C = (1 + tau) * mean``: the work least worth moving stays where its Q, O and (for the
-    usual tile) KV already are. Placed first, those tiles take their Q-home under Alg. 2's own rule
-    (the Q-home has room and costs nothing), and the movers -- the tiles that carry the most work
-    per byte -- are then scored as Alg. 2 scores any tile (:func:`libra.tap.placement.place_tiles`
-    with this ``order``).
-
-    Args:
-        tiles: the pool's tiles; ``load``: ``(T,)`` their loads; ``n_workers``: W; ``tau``: the slack.
-        reserved: optional ``{global worker id: load}`` each worker carries before any tile
-            (``place_tiles(reserved=...)``): ``C`` grows by their sum over ``n_workers`` and a
-            Q-home keeps up to ``C`` minus its own.
-
-    Returns:
-        int64 ``(T,)`` permutation of the tiles.
-    """
-    reserved = dict(reserved or {})
-    cap = (1.0 + float(tau)) * (float(load.sum()) + float(sum(reserved.values()))) / n_workers
-    if reserved:  # per tile: C less its Q-home's reserved load
-        homes, inverse = np.unique(tiles.q_home, return_inverse=True)
-        cap = cap - np.array([float(reserved.get(int(h), 0.0)) for h in homes])[inverse]
-    keep = _retained(tiles.q_home, load, move_bytes(tiles, shape), cap)
-    heavy = np.argsort(-load, kind="stable")
-    return np.concatenate((heavy[keep[heavy]], heavy[~keep[heavy]]))
-
-
-def move_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:
-    """float64 ``(T,)``: what each tile costs on a worker that holds none of it -- its Q + O bytes
-    plus all the KV bytes of its causal prefix (an upper bound of its KV interval's)."""
-    qo = (tiles.q_end - tiles.q_start).astype(np.float64) * (tiles.head_end - tiles.head_start) * 2 \
-        * shape.head_dim * shape.dtype_bytes
-    k0, k1 = shape.kv_head_range(tiles.head_start, tiles.head_end)
-    return qo + tiles.q_end.astype(np.float64) * (k1 - k0) * 2 * shape.head_dim * shape.dtype_bytes
-
-
-def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-                    shape: AttentionShape, tau: float, load: np.ndarray | None = None,
-                    index: PoolIndex | None = None, link_cost=None, reserved=None,
-                    placer: str = "auto", *, tiles_checked: bool = False) -> tuple[TileTable, int]:
-    """Alg. 2 (:func:`libra.tap.placement.place_tiles`, compiled when numba imports) in
-    :func:`retention_order`, then :func:`libra.tap.repair.repair_overload` of the workers it left
-    above ``C``, the most work per byte moved leaving first; arguments and result as
-    ``place_tiles`` (``load``: its ``weights``; the fallback count is Alg. 2's, before the repair)."""
-    workers = tuple(workers)
-    load = tiles.flops if load is None else np.asarray(load, dtype=np.float64)
-    by_worker = None if reserved is None else dict(zip(workers, np.asarray(reserved, dtype=np.float64).tolist()))
-    order = retention_order(tiles, shape, load, len(workers), tau, by_worker)
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index,
-                                   order=order, link_cost=link_cost, reserved=reserved, placer=placer,
-                                   tiles_checked=tiles_checked)
-    if not len(tiles):
-        return placed, fallback
-    wsorted = np.sort(np.asarray(workers, dtype=np.int64))
-    base = reserved_loads(reserved, workers, wsorted)
-    dest, _ = repair_overload(np.searchsorted(wsorted, placed.dest), load, base, soft_target(load, base, tau),
-                              load / np.maximum(move_bytes(tiles, shape), 1.0), np.searchsorted(wsorted, tiles.q_home),
-                              link_matrix(link_cost, wsorted), placer)
-    return TileTable(**{**{k: getattr(placed, k) for k in TileTable.FIELDS}, "dest": wsorted[dest]}), fallback
-
-
-def _retained(home: np.ndarray, load: np.ndarray, move_cost: np.ndarray, cap) -> np.ndarray:
-    """bool ``(T,)``: the tiles each Q-home keeps -- in order of increasing load per byte moved,
-    the longest prefix of that order whose load stays within ``cap`` (a number, or per tile its
-    home's)."""
-    density = load / np.maximum(move_cost, 1.0)
-    order = np.lexsort((np.arange(len(load)), density, home))  # by home, then density, then index
-    h, lo = home[order], load[order]
-    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    csum = np.cumsum(lo)
-    before = np.repeat(csum[starts] - lo[starts], np.diff(np.r_[starts, len(h)]))
-    keep = np.zeros(len(load), dtype=bool)
-    keep[order] = (csum - before) <= (cap[order] if np.ndim(cap) else cap)
-    return keep
