@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 import numpy as np
 
 from baselines.registry import Planner, pool_workers, production_groups, window_lengths
-from libra.config import ParallelConfig, TapConfig, check_layout
+from libra.config import CheckedLayout, ParallelConfig, TapConfig, check_layout
 from libra.extensions.adaptive.planner import AdaptiveOptions, AdaptivePools, deepened_tap
 from libra.plan import Plan, SequenceLayout
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
@@ -40,8 +40,7 @@ from libra.workload import AttentionShape, packed_workloads
 
 
 def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig,
-                        tap: TapConfig, shape: AttentionShape, meta: dict, kernel=None,
-                        plan_one=None) -> list[Plan]:
+                        tap: TapConfig, shape: AttentionShape, meta: dict, plan_one=None) -> list[Plan]:
     """Run TAP on every pool of every GA index.
 
     Args:
@@ -51,9 +50,8 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
         par, tap, shape: a layout that passed :func:`libra.config.check_layout` (the caller's one
             check per window, as :meth:`TapPlanner.plan_window` does; not repeated here or per pool).
         meta: method parameters copied into every Plan.
-        kernel: the KernelModel for ``tap.load_estimate == "kernel-time"`` (None for FLOPs).
         plan_one: ``(k, sequences, workers) -> PoolPlan`` planning one pool (default:
-            :func:`libra.tap.planner.plan_pool` with ``tap``, ``shape`` and ``kernel``).
+            :func:`libra.tap.planner.plan_pool` with ``tap`` and ``shape``, FLOPs-balanced).
 
     Returns:
         ``par.ga`` Plans with ``DP / P`` pools each; pool ``k`` spans DP ranks ``[k*P, (k+1)*P)``.
@@ -74,8 +72,7 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
             workers = pool_workers(p0, P, par.cp)
-            pools.append(plan_pool(k, seqs, workers, tap, shape, kernel=kernel, layout_checked=True)
-                         if plan_one is None else plan_one(k, seqs, workers))
+            pools.append(plan_pool(k, seqs, workers, tap, shape) if plan_one is None else plan_one(k, seqs, workers))
         plans.append(Plan(method=method, ga_index=g, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                           pools=tuple(pools), meta=dict(meta)))
     return plans
@@ -144,16 +141,18 @@ class TapPlanner(Planner):
         """The KernelModel Alg. 2 balances under (None: FLOPs) and the meta recording it."""
         return None, {}
 
-    def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
+    def pool_planner(self, par: ParallelConfig, shape: AttentionShape, checked: CheckedLayout | None = None):
         """``(plan_one, meta)``: the call that plans one pool of a window in layout ``par`` --
-        ``plan_one(k, sequences, workers) -> PoolPlan`` (the layout already checked) -- and the
-        method's meta for its Plans. The one per-pool entry point: :meth:`plan_window` plans
-        every pool with it, ``libra-bench plan-cost`` times it."""
+        ``plan_one(k, sequences, workers) -> PoolPlan`` -- and the method's meta for its Plans. The
+        one per-pool entry point: :meth:`plan_window` plans every pool with it, ``libra-bench
+        plan-cost`` times it. ``checked``: the window's :func:`libra.config.check_layout` result
+        (None: checked here), which every pool's plan_pool reuses."""
         tap = self.window_tap(par, shape)
+        checked = check_layout(par, tap, shape) if checked is None else checked
         kernel, kernel_meta = self.load_model()
 
         def plan_one(k, sequences, workers):
-            return plan_pool(k, sequences, workers, tap, shape, kernel=kernel, layout_checked=True)
+            return plan_pool(k, sequences, workers, tap, shape, kernel=kernel, checked=checked)
 
         return plan_one, kernel_meta
 
@@ -166,26 +165,26 @@ class TapPlanner(Planner):
                 hq/H, or a window that does not match ``par``.
         """
         tap = self.window_tap(par, shape)
-        check_layout(par, tap, shape)
+        checked = check_layout(par, tap, shape)
         lengths = window_lengths(window, par)
         groups, extra = self.groups(lengths, par, tap)
-        return self.plan_groups(lengths, groups, par, shape, extra, layout_checked=True)
+        return self.plan_groups(lengths, groups, par, shape, extra, checked)
 
     def plan_groups(self, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig, shape: AttentionShape,
-                    meta: dict | None = None, layout_checked: bool = False) -> list[Plan]:
+                    meta: dict | None = None, checked: CheckedLayout | None = None) -> list[Plan]:
         """This method's Plans of a window whose pools are already grouped -- ``groups[g, d]`` the
         window index at GA ``g`` on DP rank ``d``, e.g. a :class:`libra.sampler.LibraSampler` step's
         VRSP groups -- with every pool planned by :meth:`pool_planner` and :meth:`finish` applied:
         how a training loop plans the steps its sampler hands it (``meta`` joins each Plan's).
 
         Raises:
-            ValueError: a layout :func:`libra.config.check_layout` rejects (unless ``layout_checked``),
+            ValueError: a layout :func:`libra.config.check_layout` rejects (``checked``: its result,
+                when the caller checked already),
                 ``groups`` not a ``(GA, DP)`` permutation of the window.
         """
         tap = self.window_tap(par, shape)
-        if not layout_checked:
-            check_layout(par, tap, shape)
-        plan_one, method_meta = self.pool_planner(par, shape)
+        checked = check_layout(par, tap, shape) if checked is None else checked
+        plan_one, method_meta = self.pool_planner(par, shape, checked)
         meta = {"grouping": self.grouping, **asdict(tap), **(meta or {}), **method_meta}
         plans = plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, plan_one=plan_one)
         return self.finish(plans, plan_one)
@@ -321,15 +320,15 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     Config = LibraAdaptiveConfig
     grouping = "vrsp"
 
-    def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
+    def pool_planner(self, par: ParallelConfig, shape: AttentionShape, checked: CheckedLayout | None = None):
         """See :meth:`TapPlanner.pool_planner`: an :class:`AdaptivePools` on the profile's cost model."""
         profile = load_profile(self.config.profile)
         speeds = self.config.device_speeds
         if speeds is not None and len(speeds) != par.workers:
             raise ValueError(f"libra-adaptive device_speeds has {len(speeds)} entries; the layout has "
                              f"{par.workers} GPUs (DP * CP)")
-        tap = self.window_tap(par, shape)
-        plan_one = AdaptivePools(profile, par, tap, shape, self.config, layout=super().window_tap(par, shape))
+        checked = check_layout(par, self.window_tap(par, shape), shape) if checked is None else checked
+        plan_one = AdaptivePools(profile, checked, self.config, layout=super().window_tap(par, shape))
         return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
                           "heavy_tile_limits": list(self.config.heavy_tile_limits),
                           "rebalance_passes": self.config.rebalance_passes,

@@ -38,7 +38,7 @@ from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
 from libra.tap.exchange import build_transfers
-from libra.tap.placement import available_placers, place_tiles
+from libra.tap.placement import PlacementPolicy, available_placers, place_tiles
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
 
@@ -71,7 +71,7 @@ def test_retention_order_keeps_homes_within_the_target_and_placers_agree(seed, t
     tiles = make_tiles(seqs, 32, 2, SHAPE)
     order = retention_order(tiles, SHAPE, tiles.flops, len(workers), tau)
     assert sorted(order.tolist()) == list(range(len(tiles)))
-    results = {p: place_tiles(tiles, seqs, workers, SHAPE, tau=tau, order=order, placer=p) for p in available_placers()}
+    results = {p: place_tiles(tiles, seqs, workers, SHAPE, tau=tau, placer=p, policy=PlacementPolicy(order=order)) for p in available_placers()}
     dests = {p: (r[0].dest.tolist(), r[1]) for p, r in results.items()}
     assert len({str(v) for v in dests.values()}) == 1, dests
     cap = (1 + tau) * tiles.flops.sum() / len(workers)
@@ -93,7 +93,7 @@ def test_order_must_be_a_permutation():
     seqs, workers = _pool(1)
     tiles = make_tiles(seqs, 32, 1, SHAPE)
     with pytest.raises(ValueError, match="permutation"):
-        place_tiles(tiles, seqs, workers, SHAPE, order=np.zeros(len(tiles), dtype=np.int64))
+        place_tiles(tiles, seqs, workers, SHAPE, policy=PlacementPolicy(order=np.zeros(len(tiles), dtype=np.int64)))
 
 
 def _price_steps(plans, profile, par):
@@ -222,7 +222,7 @@ def test_link_priced_placement_prefers_the_fast_link():
     tiles = make_tiles(seqs, 16, 2, SHAPE)
     dest, weighted = [], []
     for link_cost in (None, topo.byte_cost):
-        placed, _ = place_tiles(tiles, seqs, list(range(8)), SHAPE, tau=0.03, link_cost=link_cost)
+        placed, _ = place_tiles(tiles, seqs, list(range(8)), SHAPE, tau=0.03, policy=PlacementPolicy(link_cost=link_cost))
         tr = build_transfers(seqs, placed, SHAPE)
         pool = PoolPlan(pool_index=0, workers=tuple(range(8)), sequences=tuple(seqs), tiles=placed, transfers=tr)
         Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=2, pools=(pool,), meta={}).validate()

@@ -171,7 +171,7 @@ def test_layout_is_checked_once_per_window_not_per_pool(monkeypatch, name):
         return real_check(*args)
 
     def recording_pool(*args, **kwargs):
-        flags.append(kwargs.get("layout_checked"))
+        flags.append(kwargs.get("checked") is not None)
         return real_pool(*args, **kwargs)
 
     def no_pool_check(*_args):

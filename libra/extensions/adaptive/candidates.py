@@ -31,7 +31,7 @@ tile set and order cause, not the data:
   bandwidth in the default profile), and on real corpora a Q-home's displaced tiles travel to
   whichever worker has room, often the far side of the cluster. ``fine-retain-link`` places
   the retention order pricing each byte by the link it crosses
-  (``place_tiles(link_cost=...)``, :meth:`libra.sim.topology.Topology.byte_cost`), which keeps
+  (``PlacementPolicy.link_cost``, :meth:`libra.sim.topology.Topology.byte_cost`), which keeps
   moved work near its data where room allows.
 
 * **Waiting on the wire.** Even then a few workers -- those receiving or relaying a long sample's
@@ -66,9 +66,9 @@ from libra.plan import HEADS, PoolPlan, SequenceLayout, TileTable, pool_index
 from libra.plan.layout import tile_flops
 from libra.tap.exchange import build_transfers
 from libra.tap.pipeline import ChunkSchedule
-from libra.tap.placement import place_tiles
+from libra.tap.placement import PlacementPolicy, place_tiles
 from libra.tap.planner import plan_pool
-from libra.tap.tiles import make_tiles
+from libra.tap.tiles import PoolTiles, make_tiles
 from libra.tap.weights import kernel_time_weights
 from libra.workload import AttentionShape, range_areas
 
@@ -107,7 +107,7 @@ end with local work; Alg. 2's plans spread each KV head over many workers, whose
 chunks overlap best. Relays run only under head chunks (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`)."""
 
 LINK_PRICED = frozenset({"fine-retain-link", "fine-retain-link-relay"})
-"""The :data:`CANDIDATES` whose placement needs a ``link_cost`` (``place_tiles(link_cost=...)``)."""
+"""The :data:`CANDIDATES` whose placement needs a ``link_cost`` (``PlacementPolicy.link_cost``)."""
 
 RELAYED = frozenset({"fine-retain-link-relay"})
 """The :data:`CANDIDATES` that relay KV (:mod:`libra.extensions.adaptive.relay`): they run under head chunks only."""
@@ -168,7 +168,7 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
                     tap: TapConfig, shape: AttentionShape, kernel,
                     names: Sequence[str] = CANDIDATES, link_cost=None,
                     limits: Sequence[float] = HEAVY_TILE_LIMITS, loads: dict | None = None,
-                    speeds=None, fine_tau: float | None = None) -> dict[str, PoolPlan]:
+                    speeds=None, fine_tau: float | None = None, checked=None) -> dict[str, PoolPlan]:
     """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
 
     Args:
@@ -177,7 +177,7 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
         kernel: the :class:`libra.sim.kernel.KernelModel` that prices tiles by kernel time.
         names: the candidates to build (a subset of :data:`CANDIDATES`).
         link_cost: the byte cost between workers of :data:`LINK_PRICED` candidates
-            (``place_tiles(link_cost=...)``, e.g. :meth:`libra.sim.topology.Topology.byte_cost`).
+            (``PlacementPolicy.link_cost``, e.g. :meth:`libra.sim.topology.Topology.byte_cost`).
         limits: the heavy-tile limits (:data:`HEAVY_TILE_LIMITS`): the fine candidates are built
             with the first; each later limit that cuts some tile adds the relayed one (or, without
             it among ``names``, every fine one) cut that finer, named ``name@limit``
@@ -190,6 +190,8 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
             work. None (default): equal speeds. The paper's plans (``alg2-*``) ignore them.
         fine_tau: the soft-target slack ``tau`` the fine candidates are placed to (:data:`FINE_TAU`
             is ``libra-adaptive``'s); None (default): ``tap.tau``, the paper's plans' slack.
+        checked: the window's :func:`libra.config.check_layout` result, which the paper's plans'
+            :func:`~libra.tap.planner.plan_pool` reuses (None: each checks its pool).
 
     Returns:
         ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
@@ -204,11 +206,11 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
     out = {}
     if "alg2-flops" in names:
         out["alg2-flops"] = plan_pool(index_in_group, sequences, workers, replace(tap, load_estimate="flops"),
-                                      shape, layout_checked=True)
+                                      shape, checked=checked)
     if "alg2-kernel-time" in names:
         out["alg2-kernel-time"] = plan_pool(index_in_group, sequences, workers,
                                             replace(tap, load_estimate="kernel-time"), shape, kernel=kernel,
-                                            layout_checked=True)
+                                            checked=checked)
     fine = [n for n in names if n in FINE]
     if not fine:
         return out
@@ -238,14 +240,13 @@ def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], wo
 
 def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, index, names, link_cost, reserved=None):
     """The :data:`FINE` candidates ``names`` on the fine ``tiles`` (with their ``load``; ``reserved``:
-    each worker's starting load, ``place_tiles(reserved=...)``)."""
-    # the tiles are make_tiles' of these sequences and index, or token pieces of them (split_heavy_tiles)
-    placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tau=tap.tau, weights=load, index=index,
-                                           reserved=reserved, tiles_checked=True),
-               "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
-                                                      reserved=reserved, tiles_checked=True),
-               "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, index,
-                                                           link_cost, reserved, tiles_checked=True)}
+    each worker's starting load, ``PlacementPolicy.reserved``)."""
+    # the tiles are make_tiles' PoolTiles of these sequences, or token pieces of them (split_heavy_tiles)
+    own = PlacementPolicy(reserved=reserved)
+    linked = PlacementPolicy(link_cost=link_cost, reserved=reserved)
+    placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tap.tau, load, own),
+               "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, own),
+               "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, linked)}
     relay = "fine-retain-link-relay" in names
     out = {}
     for name in (n for n in placers if n in names or (relay and n == "fine-retain-link")):
@@ -269,7 +270,7 @@ def split_heavy_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], sha
     """``tiles`` with every tile whose ``load`` exceeds ``limit`` replaced, in place, by
     ``ceil(load / limit)`` token ranges of equal causal area (same query heads and Q-home; fewer
     when the tile has fewer tokens). Any token range inside one Q-home is a tile to the Plan checks
-    and the runtime."""
+    and the runtime; pieces of :class:`~libra.tap.tiles.PoolTiles` stay PoolTiles of the same pool."""
     heavy = np.nonzero(np.asarray(load) > limit)[0]
     if not len(heavy):
         return tiles
@@ -288,8 +289,9 @@ def split_heavy_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], sha
     for s_idx, layout in enumerate(sequences):
         sel = np.nonzero(seq == s_idx)[0]
         flops[sel] = tile_flops(layout, q0[sel], q1[sel], heads[sel], shape.head_dim)
-    return TileTable(seq=seq, q_start=q0, q_end=q1, head_start=tiles.head_start[rows], head_end=tiles.head_end[rows],
-                     q_home=tiles.q_home[rows], dest=tiles.dest[rows], flops=flops)
+    cols = {"seq": seq, "q_start": q0, "q_end": q1, "head_start": tiles.head_start[rows],
+            "head_end": tiles.head_end[rows], "q_home": tiles.q_home[rows], "dest": tiles.dest[rows], "flops": flops}
+    return tiles.pieces(**cols) if isinstance(tiles, PoolTiles) else TileTable(**cols)
 
 
 def _equal_area_bounds(seq: SequenceLayout, a: int, b: int, n: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from libra.config import ParallelConfig, TapConfig, check_layout, check_tau
+from libra.config import CheckedLayout, ParallelConfig, TapConfig, check_layout, check_tau
 from libra.extensions.adaptive.candidates import (
     CANDIDATES,
     CHUNKING_OF,
@@ -128,9 +128,11 @@ class AdaptivePools:
     candidate, the paper's plan first, then the paper's head chunks). ``choices`` maps the window
     index of a pool's first sequence to the candidate it took."""
 
-    def __init__(self, profile: HardwareProfile, par: ParallelConfig, tap: TapConfig, shape: AttentionShape,
-                 config: AdaptiveOptions, layout: TapConfig | None = None):
-        self.profile, self.par, self.tap, self.shape, self.config = profile, par, tap, shape, config
+    def __init__(self, profile: HardwareProfile, checked: CheckedLayout, config: AdaptiveOptions,
+                 layout: TapConfig | None = None):
+        par, tap, shape = checked
+        self.profile, self.checked, self.config = profile, checked, config
+        self.par, self.tap, self.shape = par, tap, shape
         self.cost = CostModel(profile, Topology(profile, par))
         # the fine candidates' layout: their soft-target slack (AdaptiveOptions.fine_tau)
         self.fine_tap = tap if config.fine_tau is None else replace(tap, tau=config.fine_tau)
@@ -138,7 +140,8 @@ class AdaptivePools:
         self.choices: dict[int, str] = {}
         # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
         # back on, and per pool the price of its plan and of the paper's plan at the layout's M
-        self.layout = None if layout is None or layout == tap else AdaptivePools(profile, par, layout, shape, config)
+        self.layout = (None if layout is None or layout == tap
+                       else AdaptivePools(profile, check_layout(par, layout, shape), config))
         self.prices: dict[int, list] = {}  # [its price, the paper plan's price or bound, that plan or None]
 
     def __call__(self, k: int, sequences, workers):
@@ -170,7 +173,7 @@ class AdaptivePools:
             if name == "alg2-flops" and pool.chunking == HEADS:
                 return pool
         return plan_pool(k, sequences, workers, replace(self.tap, load_estimate="flops"), self.shape,
-                         layout_checked=True)
+                         checked=self.checked)
 
     def keep_depth(self, plan: Plan) -> tuple[Plan, AdaptivePools]:
         """``(plan, the planner of its pools)``: ``plan`` when it runs the layout's ``M`` or its slowest
@@ -204,7 +207,7 @@ class AdaptivePools:
         found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
                                 self.config.candidates, link_cost=self.cost.topology.byte_cost,
                                 limits=self.config.heavy_tile_limits, loads=loads, speeds=self._speeds_of(workers),
-                                fine_tau=self.config.fine_tau)
+                                fine_tau=self.config.fine_tau, checked=self.checked)
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
         # (KV relays run under head chunks only: ChunkSchedule.check_hops)

@@ -15,6 +15,7 @@ from libra.extensions.adaptive.retention import place_retaining, speed_reserve
 from libra.plan import PoolPlan
 from libra.tap.exchange import build_transfers
 from libra.tap.pipeline import ChunkSchedule
+from libra.tap.placement import PlacementPolicy
 from libra.workload import AttentionShape
 
 REBALANCE_PASSES = 1
@@ -67,7 +68,7 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
     ``M - 1``'s return (the two transfers the Pipeliner never hides), while the pool's mean exposed
     time is small. Placement balances compute within ``C`` and so hands those workers a full share
     of it. Here each worker starts with its exposed time of ``pool`` as load
-    (``place_tiles(reserved=...)``, converted to tile-load units by the pool's load per ms of
+    (``PlacementPolicy.reserved``, converted to tile-load units by the pool's load per ms of
     compute), so the placer gives it less compute and the others more. Fewer tiles then move to
     it, which changes its exposure in turn: the caller prices the result and iterates or keeps the
     faster plan (``libra-adaptive``'s ``rebalance_passes``).
@@ -100,8 +101,8 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
     if speeds is not None:
         reserved = reserved + speed_reserve(float(load.sum()), speeds)
     index = pool.index()
-    placed, fallback = place_retaining(pool.tiles, pool.sequences, pool.workers, shape, tap.tau, load, index,
-                                       link_cost if base in LINK_PRICED else None, reserved=reserved)
+    policy = PlacementPolicy(link_cost=link_cost if base in LINK_PRICED else None, reserved=reserved)
+    placed, fallback = place_retaining(pool.tiles, pool.sequences, pool.workers, shape, tap.tau, load, policy)
     out = replace(pool, tiles=placed, transfers=build_transfers(pool.sequences, placed, shape, index=index),
                   fallback_tiles=fallback)
     if base in RELAYED:

@@ -9,18 +9,26 @@ All are pure functions of the pool's metadata.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from libra.extensions.adaptive.repair import repair_overload
-from libra.plan import PoolIndex, SequenceLayout, TileTable
+from libra.plan import SequenceLayout, TileTable
 from libra.sim.variability import check_speeds
-from libra.tap.placement import link_matrix, place_tiles, reserved_loads, soft_target
+from libra.tap.placement import (
+    PAPER_POLICY,
+    PlacementPolicy,
+    link_matrix,
+    place_tiles,
+    reserved_loads,
+    soft_target,
+)
 from libra.workload import AttentionShape
 
 
 def speed_reserve(total_load: float, speeds) -> np.ndarray:
-    """float64 ``(W,)``: the load each worker reserves before placement (``place_tiles(reserved=...)``)
+    """float64 ``(W,)``: the load each worker reserves before placement (``PlacementPolicy.reserved``)
     for being slower than the pool's fastest: ``(s_max - s_w) * L / sum(s)`` for ``total_load`` ``L``
     and speed multipliers ``speeds`` (> 0; all 0 for equal speeds). A placement that fills every
     worker to one total then gives worker ``w`` about ``s_w * L / sum(s)`` -- its share at its
@@ -51,7 +59,7 @@ def retention_order(tiles: TileTable, shape: AttentionShape, load: np.ndarray, n
     Args:
         tiles: the pool's tiles; ``load``: ``(T,)`` their loads; ``n_workers``: W; ``tau``: the slack.
         reserved: optional ``{global worker id: load}`` each worker carries before any tile
-            (``place_tiles(reserved=...)``): ``C`` grows by their sum over ``n_workers`` and a
+            (``PlacementPolicy.reserved``): ``C`` grows by their sum over ``n_workers`` and a
             Q-home keeps up to ``C`` minus its own.
 
     Returns:
@@ -78,26 +86,32 @@ def move_bytes(tiles: TileTable, shape: AttentionShape) -> np.ndarray:
 
 def place_retaining(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                     shape: AttentionShape, tau: float, load: np.ndarray | None = None,
-                    index: PoolIndex | None = None, link_cost=None, reserved=None,
-                    placer: str = "auto", *, tiles_checked: bool = False) -> tuple[TileTable, int]:
+                    policy: PlacementPolicy = PAPER_POLICY, placer: str = "auto") -> tuple[TileTable, int]:
     """Alg. 2 (:func:`libra.tap.placement.place_tiles`, compiled when numba imports) in
-    :func:`retention_order`, then :func:`libra.extensions.adaptive.repair.repair_overload` of the workers it left
-    above ``C``, the most work per byte moved leaving first; arguments and result as
-    ``place_tiles`` (``load``: its ``weights``; the fallback count is Alg. 2's, before the repair)."""
+    :func:`retention_order`, then :func:`libra.extensions.adaptive.repair.repair_overload` of the
+    workers it left above ``C``, the most work per byte moved leaving first; arguments and result as
+    ``place_tiles`` (``load``: its ``weights``; ``policy``: its byte cost and reserved load, the
+    order being retention's; the fallback count is Alg. 2's, before the repair).
+
+    Raises:
+        ValueError: a ``policy`` with its own order, and ``place_tiles``' errors.
+    """
+    if policy.order is not None:
+        raise ValueError("place_retaining places in retention order; give a policy without an order")
     workers = tuple(workers)
     load = tiles.flops if load is None else np.asarray(load, dtype=np.float64)
+    reserved = policy.reserved
     by_worker = None if reserved is None else dict(zip(workers, np.asarray(reserved, dtype=np.float64).tolist()))
     order = retention_order(tiles, shape, load, len(workers), tau, by_worker)
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load, index=index,
-                                   order=order, link_cost=link_cost, reserved=reserved, placer=placer,
-                                   tiles_checked=tiles_checked)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=load,
+                                   policy=replace(policy, order=order), placer=placer)
     if not len(tiles):
         return placed, fallback
     wsorted = np.sort(np.asarray(workers, dtype=np.int64))
     base = reserved_loads(reserved, workers, wsorted)
     dest, _ = repair_overload(np.searchsorted(wsorted, placed.dest), load, base, soft_target(load, base, tau),
                               load / np.maximum(move_bytes(tiles, shape), 1.0), np.searchsorted(wsorted, tiles.q_home),
-                              link_matrix(link_cost, wsorted), placer)
+                              link_matrix(policy.link_cost, wsorted), placer)
     return TileTable(**{**{k: getattr(placed, k) for k in TileTable.FIELDS}, "dest": wsorted[dest]}), fallback
 
 
