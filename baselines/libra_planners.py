@@ -311,7 +311,7 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
     ``libra`` would have planned; simulated comparisons priced with the same profile show its best
     case. Each candidate is priced under its Pipeliner chunking
-    (:data:`libra.extensions.adaptive.candidates.CHUNKING_OF`; ``tiles``: :mod:`libra.extensions.adaptive.tile_chunks`), or under each
+    (:attr:`libra.extensions.adaptive.candidates.Candidate.chunking`; ``tiles``: :mod:`libra.extensions.adaptive.tile_chunks`), or under each
     of ``chunkings`` when given, and the fastest runs. Each Plan's ``meta["adaptive_choice"]`` names
     the candidate each pool took (``name+tiles`` when it runs tile-chunked).
     """

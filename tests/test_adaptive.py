@@ -21,14 +21,13 @@ from baselines.registry import get_planner
 from libra.config import ParallelConfig, TapConfig
 from libra.extensions.adaptive.candidates import (
     CANDIDATES,
-    CHUNKING_OF,
-    base_candidate,
+    CandidateSpace,
+    candidate,
     candidate_pools,
     fine_head_split,
 )
 from libra.extensions.adaptive.rebalance import (
     REBALANCE_MIN_EXCESS,
-    REBALANCED,
     exposure_excess,
     rebalance_exposed,
 )
@@ -115,7 +114,7 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
         assert len(plan.meta["adaptive_choice"]) == len(plan.pools)
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
             name, *how = choice.split("+")
-            assert base_candidate(name) in CANDIDATES and set(how) <= {"rebalanced", "tiles"}
+            assert candidate(name).name in CANDIDATES and set(how) <= {"rebalanced", "tiles"}
             assert ("tiles" if "tiles" in how else "heads") == pool.chunking
     assert (_price_steps(adaptive, profile, par) <= _price_steps(libra, profile, par) * (1 + 1e-12)).all()
     again = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
@@ -127,7 +126,10 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
 def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
     """``choose`` drops candidates by their compute bound, in ``price_order``; it must keep exactly
     the option that pricing every one picks (the fastest, ties: the earlier)."""
-    from libra.extensions.adaptive.planner import PRICE_FIRST, pool_worker_ms, price_order
+    from libra.extensions.adaptive.planner import pool_worker_ms, price_order
+
+    price_first = sorted((c.name for c in CANDIDATES.values() if c.price_rank is not None),
+                         key=lambda n: CANDIDATES[n].price_rank)
 
     par = ParallelConfig(dp=2, cp=cp, gbs=2, seq_len=128 * cp)
     seqs, workers = _pool(seed, cp=cp)
@@ -143,9 +145,9 @@ def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
     assert pool is options[want][1]
     order = price_order([n for n, _ in options])
     assert sorted(order) == list(range(len(options)))
-    firsts = [options[i][0] for i in order if options[i][0] in PRICE_FIRST]
-    assert firsts == sorted(firsts, key=PRICE_FIRST.index)  # PRICE_FIRST in its order, before the rest
-    assert all(options[i][0] in PRICE_FIRST for i in order[:len(firsts)])
+    firsts = [options[i][0] for i in order if options[i][0] in price_first]
+    assert firsts == sorted(firsts, key=price_first.index)  # price_first in its order, before the rest
+    assert all(options[i][0] in price_first for i in order[:len(firsts)])
 
 
 def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
@@ -160,17 +162,16 @@ def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
 
 
 def test_chunking_choice_is_priced_and_can_be_pinned():
-    """By default each candidate runs with its own chunking (``CHUNKING_OF``); given ``chunkings``,
+    """By default each candidate runs with its own chunking (``Candidate.chunking``); given ``chunkings``,
     each pool runs its candidate with the faster of them as priced; one chunking pins it."""
     par = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=512)
     window = make_window(8, 512, 5)
     profile = load_profile("h100-roce-v1")
     cost = CostModel(profile, Topology(profile, par))
-    assert set(CHUNKING_OF) == set(CANDIDATES)
     default = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
     for plan in default:
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
-            assert pool.chunking == CHUNKING_OF[base_candidate(choice.partition("+")[0])]
+            assert pool.chunking == candidate(choice.partition("+")[0]).chunking
     both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles"),
                        rebalance_passes=0).plan_window(window, par, SHAPE)  # the choice itself, not re-placed
     for plan in both:
@@ -202,9 +203,8 @@ def test_link_priced_candidate_needs_link_costs_and_equals_retention_on_one_link
     tap = TapConfig(block_size=32, head_split=1, pipeline_chunks=2)
     kernel = load_profile("h100-roce-v1").kernel
     with pytest.raises(ValueError, match="link_cost"):
-        candidate_pools(0, seqs, workers, tap, SHAPE, kernel, ("fine-retain-link",))
-    flat = candidate_pools(0, seqs, workers, tap, SHAPE, kernel, ("fine-retain", "fine-retain-link"),
-                           link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64))
+        candidate_pools(0, seqs, workers, CandidateSpace(tap, SHAPE, kernel, ("fine-retain-link",)))
+    flat = candidate_pools(0, seqs, workers, CandidateSpace(tap, SHAPE, kernel, ("fine-retain", "fine-retain-link"), link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64)))
     assert flat["fine-retain"].tiles.dest.tolist() == flat["fine-retain-link"].tiles.dest.tolist()
 
 
@@ -262,8 +262,7 @@ def test_adaptive_plans_with_split_tiles_validate():
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
     profile = load_profile("h100-roce-v1")
     tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2)
-    found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
-                            link_cost=Topology(profile, par).byte_cost)
+    found = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=Topology(profile, par).byte_cost))
     fine = found["fine-retain-link"]
     plain = make_tiles(seqs, tap.block_size, fine_head_split(tap, SHAPE), SHAPE)
     assert len(fine.tiles) > len(plain)  # some tile was cut
@@ -283,19 +282,16 @@ def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
     profile = load_profile("h100-roce-v1")
     tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2)
     link = Topology(profile, par).byte_cost
-    found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
-                            link_cost=link, limits=(1.0, 0.5, 1e6))
+    found = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link, limits=(1.0, 0.5, 1e6)))
     assert list(found) == ["alg2-flops", "fine-retain-link", "fine-retain-link-relay",
                            "fine-retain-link-relay@0.5"]  # finer cuts: the relayed plan; 1e6 cuts nothing
     assert len(found["fine-retain-link-relay@0.5"].tiles) > len(found["fine-retain-link-relay"].tiles)
-    plain = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, ("fine-retain-link",),
-                            link_cost=link, limits=(1.0, 0.5))
+    plain = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, ("fine-retain-link",), link_cost=link, limits=(1.0, 0.5)))
     assert list(plain) == ["fine-retain-link", "fine-retain-link@0.5"]  # no relayed plan asked: every fine one
-    assert base_candidate("fine-retain-link-relay@0.5") == "fine-retain-link-relay"
+    assert candidate("fine-retain-link-relay@0.5") is CANDIDATES["fine-retain-link-relay"]
     for pool in found.values():
         Plan("libra-adaptive", 0, SHAPE, cp=2, pipeline_chunks=tap.pipeline_chunks, pools=(pool,)).validate()
-    one = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
-                          link_cost=link, limits=(1.0,))
+    one = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link, limits=(1.0,)))
     assert list(one) == list(found)[:3] and all(one[n].digest() == found[n].digest() for n in one)
     assert get_planner("libra-adaptive", heavy_tile_limits=0.75).config.heavy_tile_limits == (0.75,)
     for bad in ((), (0.0,), (float("nan"),), ("x",)):
@@ -323,8 +319,8 @@ def test_rebalance_keeps_a_pass_only_when_it_prices_faster(seed, passes):
     before = float((times[0] + times[1]).max())
     if new is pool:
         assert new_name == name
-        if passes and exposure_excess(*times) > REBALANCE_MIN_EXCESS and base_candidate(name) in REBALANCED:
-            first = rebalance_exposed(name, pool, SHAPE, pools.fine_tap, _load(pools, pool), *times,
+        if passes and exposure_excess(*times) > REBALANCE_MIN_EXCESS and candidate(name).retain:
+            first = rebalance_exposed(name, pool, SHAPE, pools.fine_tap, _load(pools, pool), times,
                                       link_cost=pools.cost.topology.byte_cost)
             assert float(sum(pools._worker_ms(first)).max()) >= before  # the first pass was not faster
     else:
@@ -349,15 +345,15 @@ def test_rebalance_exposed_moves_compute_off_the_exposed_worker():
     heavy = int(np.argmax(compute))
     fake = np.zeros_like(exposed)
     fake[heavy] = compute.mean()  # as if that worker waited a whole mean share on the wire
-    new = rebalance_exposed(name, pool, SHAPE, pools.tap, load, compute, fake, link_cost=pools.cost.topology.byte_cost)
+    new = rebalance_exposed(name, pool, SHAPE, pools.tap, load, (compute, fake), link_cost=pools.cost.topology.byte_cost)
     after, _ = pools._worker_ms(new)
     assert after[heavy] < compute[heavy]
     Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=OPTS["pipeline_chunks"], pools=(new,),
          meta={}).validate()
     with pytest.raises(ValueError, match="re-places"):
-        rebalance_exposed("alg2-flops", pool, SHAPE, pools.tap, load, compute, exposed)
+        rebalance_exposed("alg2-flops", pool, SHAPE, pools.tap, load, (compute, exposed))
     with pytest.raises(ValueError, match="one entry per pool worker"):
-        rebalance_exposed(name, pool, SHAPE, pools.tap, load, compute[:-1], exposed[:-1])
+        rebalance_exposed(name, pool, SHAPE, pools.tap, load, (compute[:-1], exposed[:-1]))
 
 
 def test_exposure_excess():
@@ -424,7 +420,7 @@ def test_fine_tau_places_only_the_fine_candidates_to_its_slack():
     """``fine_tau`` is the slack of the fine candidates alone: they are the plans of a layout with that
     ``tau``, the paper's plan keeps the layout's; the planner passes its ``fine_tau`` on, records it,
     and checks it."""
-    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES, FINE  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
@@ -433,13 +429,12 @@ def test_fine_tau_places_only_the_fine_candidates_to_its_slack():
     link = Topology(profile, par).byte_cost
 
     def build(t, **kw):
-        return candidate_pools(0, seqs, list(range(8)), t, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link,
-                               **kw)
+        return candidate_pools(0, seqs, list(range(8)), CandidateSpace(t, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link, **kw))
 
     layout, tight, loose = build(tap), build(tap, fine_tau=0.0), build(replace(tap, tau=0.0))
     assert tight["alg2-flops"].digest() == layout["alg2-flops"].digest()
-    assert all(tight[n].digest() == loose[n].digest() for n in tight if n in FINE)
-    assert any(tight[n].digest() != layout[n].digest() for n in tight if n in FINE)  # the slack mattered here
+    assert all(tight[n].digest() == loose[n].digest() for n in tight if candidate(n).fine)
+    assert any(tight[n].digest() != layout[n].digest() for n in tight if candidate(n).fine)  # the slack mattered here
     assert LibraAdaptiveConfig().fine_tau == 0.01 and LibraAdaptiveConfig(fine_tau=None).fine_tau is None
     window = make_window(4, 512, 3)
     plans = get_planner("libra-adaptive", **OPTS, fine_tau=0.0).plan_window(window, ParallelConfig(dp=2, cp=1, gbs=4,

@@ -17,7 +17,7 @@ from test_baselines_planners import make_window
 from baselines.registry import get_planner
 from libra import jit as jit_modules
 from libra.config import ParallelConfig, TapConfig
-from libra.extensions.adaptive.candidates import CANDIDATES, candidate_pools
+from libra.extensions.adaptive.candidates import CANDIDATES, CandidateSpace, candidate_pools
 from libra.extensions.adaptive.tile_chunks import TILES
 from libra.plan import HEADS, Plan
 from libra.sim import cost as cost_mod
@@ -81,8 +81,7 @@ def test_every_candidate_with_relays_and_tile_chunks():
         for plan in get_planner("libra", **TAP | {"block_size": 128}).plan_window(
                 make_window(par.gbs, 2048, seed), par, SHAPE):
             for pool in plan.pools:
-                found = candidate_pools(pool.pool_index, pool.sequences, pool.workers, tap, SHAPE, PROFILE.kernel,
-                                        CANDIDATES, link_cost=jit.topology.byte_cost)
+                found = candidate_pools(pool.pool_index, pool.sequences, pool.workers, CandidateSpace(tap, SHAPE, PROFILE.kernel, tuple(CANDIDATES), link_cost=jit.topology.byte_cost))
                 for cand in found.values():
                     for chunking in ((HEADS,) if cand.transfers.hop.any() else (HEADS, TILES)):
                         one = Plan("x", 0, SHAPE, cp=par.cp, pipeline_chunks=2, pools=(replace(cand, chunking=chunking),))

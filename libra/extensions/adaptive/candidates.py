@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from libra.arrays import expand_counts, sorted_unique
-from libra.config import TapConfig
+from libra.config import CheckedLayout, TapConfig
 from libra.extensions.adaptive.relay import relay_pool
 from libra.extensions.adaptive.retention import place_retaining, speed_reserve
 from libra.extensions.adaptive.tile_chunks import TILES
@@ -72,14 +72,79 @@ from libra.tap.tiles import PoolTiles, make_tiles
 from libra.tap.weights import kernel_time_weights
 from libra.workload import AttentionShape, range_areas
 
-CANDIDATES = ("alg2-flops", "alg2-kernel-time", "fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
-"""The plans :func:`candidate_pools` offers per pool: the paper's Alg. 2 on FLOPs (``libra``'s
-plan), Alg. 2 on estimated kernel time (``libra-kt``'s), and on kernel-time weights with the
-finer head split of :func:`fine_head_split`, placed by Alg. 2 (``fine``), by
-:func:`place_retaining` (``fine-retain``), or by :func:`place_retaining` pricing each byte by
-the link it crosses (``fine-retain-link``; needs the cluster's ``link_cost``); the last placement with
-its KV fan-out relayed (a scatter and an all-gather) under the paper's head chunks (``fine-retain-link-relay``,
-:mod:`libra.extensions.adaptive.relay`)."""
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan :func:`candidate_pools` can offer per pool; its features are its fields.
+
+    Attributes:
+        name: its option name (``libra-adaptive``'s ``candidates``).
+        load: what Alg. 2 balances: ``"flops"`` (the paper) or ``"kernel-time"``
+            (:func:`~libra.tap.weights.kernel_time_weights`).
+        fine: one-KV-head tiles (:func:`fine_head_split`) placed to :data:`FINE_TAU` and cut at each
+            heavy-tile limit (:data:`HEAVY_TILE_LIMITS`); False: the paper's SH-tiles through
+            :func:`~libra.tap.planner.plan_pool`.
+        retain: placed in Q-home retention order (:func:`~libra.extensions.adaptive.retention.place_retaining`),
+            which :func:`~libra.extensions.adaptive.rebalance.rebalance_exposed` can place again.
+        link_priced: each byte priced by the link it crosses (``PlacementPolicy.link_cost``).
+        relay: the placement with its KV fan-out relayed (:mod:`~libra.extensions.adaptive.relay`;
+            head chunks only).
+        chunking: the Pipeliner chunking (a registered one, :func:`libra.plan.chunkings`) it is
+            priced and run with unless the planner is told to price others (``libra-adaptive``'s
+            ``chunkings``). Pricing every default candidate under both chunkings (4 windows of each
+            public corpus and libra-prod, both settings, 240 pools) never picked the paper's plan
+            tile-chunked or ``fine-retain-link`` head-chunked, and picked ``fine`` tile-chunked in 2
+            pools: one chunking each gives the same steps within 0.01% for half the pricings.
+            Retention keeps a worker's own tiles, so its tile-grouped chunks start and end with
+            local work; Alg. 2's plans spread each KV head over many workers, whose head-sliced
+            chunks overlap best. Relays run only under head chunks
+            (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`).
+        price_rank: its place among the candidates ``libra-adaptive`` prices first, most often
+            fastest first (None: after those, as given): of 640 pools (8 windows of libra-prod,
+            Wikipedia, ProLong and the held-out WLB-LLM synthetic corpus, 256K and 1M, each priced
+            alone without jitter), the relayed plan won 410 (11 of them cut at the finer heavy-tile
+            limit), the plain link-priced one 229 and the paper's plan 1. Pricing the likely winner
+            first lets the bound drop the others
+            (:meth:`libra.extensions.adaptive.planner.AdaptivePools.choose`).
+    """
+
+    name: str
+    load: str = "kernel-time"
+    fine: bool = True
+    retain: bool = False
+    link_priced: bool = False
+    relay: bool = False
+    chunking: str = HEADS
+    price_rank: int | None = None
+
+
+CANDIDATES: dict[str, Candidate] = {c.name: c for c in (
+    Candidate("alg2-flops", load="flops", fine=False),
+    Candidate("alg2-kernel-time", fine=False),
+    Candidate("fine"),
+    Candidate("fine-retain", retain=True, chunking=TILES),
+    Candidate("fine-retain-link", retain=True, link_priced=True, chunking=TILES, price_rank=1),
+    Candidate("fine-retain-link-relay", retain=True, link_priced=True, relay=True, price_rank=0),
+)}
+"""The plans :func:`candidate_pools` offers per pool, by name: the paper's Alg. 2 on FLOPs
+(``libra``'s plan), Alg. 2 on estimated kernel time (``libra-kt``'s), and on kernel-time weights with
+the finer head split of :func:`fine_head_split`, placed by Alg. 2 (``fine``), by retention
+(``fine-retain``), or by retention pricing each byte by the link it crosses (``fine-retain-link``;
+needs the cluster's ``link_cost``); the last placement with its KV fan-out relayed (a scatter and an
+all-gather) under the paper's head chunks (``fine-retain-link-relay``)."""
+
+
+def candidate(label: str) -> Candidate:
+    """The :class:`Candidate` of a :func:`candidate_pools` key (``name`` or ``name@limit``).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    name = label.partition("@")[0]
+    if name not in CANDIDATES:
+        raise ValueError(f"unknown libra-adaptive candidate {name!r}; choose from {', '.join(CANDIDATES)}")
+    return CANDIDATES[name]
+
 
 DEFAULT_CANDIDATES = ("alg2-flops", "fine-retain-link", "fine-retain-link-relay")
 """The candidates ``libra-adaptive`` chooses from unless told otherwise: the paper's plan, the
@@ -94,24 +159,6 @@ relayed (head chunks). Measured with ``straggler``'s pricing (jitter on, the def
 * with it, ``fine`` (one-KV-head tiles placed by Alg. 2) won no pool of 4 windows of the three
   workloads at either setting, and dropping it left every mean straggler identical: one placement
   and one pricing fewer per pool. The paper's plan still wins pools of libra-prod at 1M."""
-
-CHUNKING_OF = {"alg2-flops": HEADS, "alg2-kernel-time": HEADS, "fine": HEADS, "fine-retain": TILES,
-               "fine-retain-link": TILES, "fine-retain-link-relay": HEADS}
-"""The Pipeliner chunking (:data:`libra.plan.CHUNKINGS`) each candidate is priced and run with
-unless the planner is told to price others (``libra-adaptive``'s ``chunkings``). Pricing every
-default candidate under both chunkings (4 windows of each public corpus and libra-prod, both
-settings, 240 pools) never picked the paper's plan tile-chunked or ``fine-retain-link`` head-chunked,
-and picked ``fine`` tile-chunked in 2 pools: one chunking each gives the same steps within 0.01%
-for half the pricings. Retention keeps a worker's own tiles, so its tile-grouped chunks start and
-end with local work; Alg. 2's plans spread each KV head over many workers, whose head-sliced
-chunks overlap best. Relays run only under head chunks (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`)."""
-
-LINK_PRICED = frozenset({"fine-retain-link", "fine-retain-link-relay"})
-"""The :data:`CANDIDATES` whose placement needs a ``link_cost`` (``PlacementPolicy.link_cost``)."""
-
-RELAYED = frozenset({"fine-retain-link-relay"})
-"""The :data:`CANDIDATES` that relay KV (:mod:`libra.extensions.adaptive.relay`): they run under head chunks only."""
-
 
 def fine_head_split(tap: TapConfig, shape: AttentionShape) -> int:
     """The head split ``H'`` whose shards hold one KV head's query heads (``hq / hkv`` of them),
@@ -145,12 +192,9 @@ Measured with ``straggler``'s pricing (jitter on, the default candidates):
   Wikipedia 40, 53 and 112 ms (its giant sample's finer pieces make large relay groups). The
   default stops at 0.75; ``heavy_tile_limits`` adds 0.5."""
 
-FINE = ("fine", "fine-retain", "fine-retain-link", "fine-retain-link-relay")
-"""The :data:`CANDIDATES` on one-KV-head tiles (:func:`fine_head_split`), cut at each heavy-tile limit."""
-
 FINE_TAU = 0.01
 """The soft-target slack ``tau`` (Alg. 2's ``C = (1 + tau) * mean``) ``libra-adaptive`` places its
-:data:`FINE` candidates to, and re-places them with (:func:`rebalance_exposed`); the paper's plan
+fine candidates (:attr:`Candidate.fine`) to, and re-places them with (:func:`rebalance_exposed`); the paper's plan
 keeps the layout's (``TapConfig.tau``, 0.03). The paper's slack keeps a tile home while its worker
 stays within 3% of the mean, which saves transfers; on one-KV-head tiles priced with their links,
 which already weigh what a move costs, it left the straggler worker's planned compute 2.4-4.7%
@@ -164,105 +208,122 @@ libra-prod 1184.8 / 1174.4 / 1164.6 / 1164.4 (1.117 / 1.104 / 1.098 / 1.097), Wi
 148.17 / 148.14. 0.01 is faster than 0.03 on all eight; 0.005 and 0.02 each lose somewhere."""
 
 
-def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-                    tap: TapConfig, shape: AttentionShape, kernel,
-                    names: Sequence[str] = CANDIDATES, link_cost=None,
-                    limits: Sequence[float] = HEAVY_TILE_LIMITS, loads: dict | None = None,
-                    speeds=None, fine_tau: float | None = None, checked=None) -> dict[str, PoolPlan]:
-    """Every :data:`CANDIDATES` plan of one pool (the layout already checked by the caller).
+@dataclass(frozen=True, eq=False)
+class CandidateSpace:
+    """What every pool of one window builds its candidates with (:func:`candidate_pools`).
 
-    Args:
-        index_in_group: the pool's index in its microbatch group (``PoolPlan.pool_index``).
-        sequences, workers, tap, shape: as :func:`libra.tap.planner.plan_pool`.
+    Attributes:
+        tap, shape: as :func:`libra.tap.planner.plan_pool` (a layout already checked).
         kernel: the :class:`libra.sim.kernel.KernelModel` that prices tiles by kernel time.
-        names: the candidates to build (a subset of :data:`CANDIDATES`).
-        link_cost: the byte cost between workers of :data:`LINK_PRICED` candidates
+        names: the candidates to build (keys of :data:`CANDIDATES`).
+        link_cost: the byte cost between workers of the link-priced candidates
             (``PlacementPolicy.link_cost``, e.g. :meth:`libra.sim.topology.Topology.byte_cost`).
         limits: the heavy-tile limits (:data:`HEAVY_TILE_LIMITS`): the fine candidates are built
             with the first; each later limit that cuts some tile adds the relayed one (or, without
             it among ``names``, every fine one) cut that finer, named ``name@limit``
-            (:func:`base_candidate` gives ``name`` back).
-        loads: optional dict that receives each fine candidate's tile loads as placed
-            (``{name: (T,) array}``, :func:`~libra.tap.weights.kernel_time_weights`): what
-            :func:`rebalance_exposed` places with, so the planner need not estimate them again.
-        speeds: optional ``(W,)`` known speed multipliers of ``workers`` (in their order): the fine
-            candidates' placers reserve :func:`speed_reserve` of each, so a slower worker gets less
-            work. None (default): equal speeds. The paper's plans (``alg2-*``) ignore them.
+            (:func:`candidate` reads the name back).
         fine_tau: the soft-target slack ``tau`` the fine candidates are placed to (:data:`FINE_TAU`
-            is ``libra-adaptive``'s); None (default): ``tap.tau``, the paper's plans' slack.
+            is ``libra-adaptive``'s); None: ``tap.tau``, the paper's plans' slack.
         checked: the window's :func:`libra.config.check_layout` result, which the paper's plans'
             :func:`~libra.tap.planner.plan_pool` reuses (None: each checks its pool).
 
-    Returns:
-        ``{candidate name: PoolPlan}`` for ``names``, in :data:`CANDIDATES` order, then the later
-        limits' fine candidates.
-
     Raises:
-        ValueError: a :data:`LINK_PRICED` candidate without ``link_cost``.
+        ValueError: an unknown candidate name, or a link-priced one without ``link_cost``.
     """
-    if link_cost is None and LINK_PRICED.intersection(names):
-        raise ValueError(f"candidates {sorted(LINK_PRICED.intersection(names))} price bytes by link: pass link_cost")
-    sequences = tuple(sequences)
-    out = {}
-    if "alg2-flops" in names:
-        out["alg2-flops"] = plan_pool(index_in_group, sequences, workers, replace(tap, load_estimate="flops"),
-                                      shape, checked=checked)
-    if "alg2-kernel-time" in names:
-        out["alg2-kernel-time"] = plan_pool(index_in_group, sequences, workers,
-                                            replace(tap, load_estimate="kernel-time"), shape, kernel=kernel,
-                                            checked=checked)
-    fine = [n for n in names if n in FINE]
+
+    tap: TapConfig
+    shape: AttentionShape
+    kernel: object
+    names: tuple[str, ...] = tuple(CANDIDATES)
+    link_cost: object = None
+    limits: tuple[float, ...] = HEAVY_TILE_LIMITS
+    fine_tau: float | None = None
+    checked: CheckedLayout | None = None
+
+    def __post_init__(self) -> None:
+        linked = sorted(n for n in self.names if candidate(n).link_priced)
+        if self.link_cost is None and linked:
+            raise ValueError(f"candidates {linked} price bytes by link: pass link_cost")
+
+
+def candidate_pools(index_in_group: int, sequences: Sequence[SequenceLayout], workers: Sequence[int],
+                    space: CandidateSpace, loads: dict | None = None, speeds=None) -> dict[str, PoolPlan]:
+    """Every candidate plan of ``space`` for one pool.
+
+    Args:
+        index_in_group: the pool's index in its microbatch group (``PoolPlan.pool_index``).
+        sequences, workers: as :func:`libra.tap.planner.plan_pool`.
+        space: the window's :class:`CandidateSpace`.
+        loads: optional dict that receives each fine candidate's tile loads as placed
+            (``{name: (T,) array}``, :func:`~libra.tap.weights.kernel_time_weights`): what
+            :func:`~libra.extensions.adaptive.rebalance.rebalance_exposed` places with, so the
+            planner need not estimate them again.
+        speeds: optional ``(W,)`` known speed multipliers of ``workers`` (in their order): the fine
+            candidates' placers reserve :func:`~libra.extensions.adaptive.retention.speed_reserve`
+            of each, so a slower worker gets less work. None (default): equal speeds. The paper's
+            plans (``alg2-*``) ignore them.
+
+    Returns:
+        ``{candidate name: PoolPlan}`` for ``space.names``, in :data:`CANDIDATES` order, then the
+        later limits' fine candidates.
+    """
+    sequences, tap, shape = tuple(sequences), space.tap, space.shape
+    chosen = [c for c in CANDIDATES.values() if c.name in space.names]
+    out = {c.name: plan_pool(index_in_group, sequences, workers, replace(tap, load_estimate=c.load), shape,
+                             kernel=space.kernel if c.load == "kernel-time" else None, checked=space.checked)
+           for c in chosen if not c.fine}
+    fine = [c for c in chosen if c.fine]
     if not fine:
         return out
-    tap = tap if fine_tau is None else replace(tap, tau=fine_tau)
+    tap = tap if space.fine_tau is None else replace(tap, tau=space.fine_tau)
     index = pool_index(sequences)
     tiles = make_tiles(sequences, tap.block_size, fine_head_split(tap, shape), shape, index=index)
-    load = kernel_time_weights(tiles, sequences, shape, kernel, tap.pipeline_chunks, index=index)
+    load = kernel_time_weights(tiles, sequences, shape, space.kernel, tap.pipeline_chunks, index=index)
     mean = float(load.sum()) / len(workers)
-    for i, limit in enumerate(limits):
+    for i, limit in enumerate(space.limits):
         heavy = np.any(load > limit * mean)  # tiles that would fill (or overfill) a worker alone
         if i and not heavy:
             continue  # no tile to cut: the first limit's plans again
         cut, cut_load = tiles, load
         if heavy:
             cut = split_heavy_tiles(tiles, sequences, shape, load, limit * mean)
-            cut_load = kernel_time_weights(cut, sequences, shape, kernel, tap.pipeline_chunks, index=index)
+            cut_load = kernel_time_weights(cut, sequences, shape, space.kernel, tap.pipeline_chunks, index=index)
         suffix = f"@{limit:g}" if i else ""
-        finer = [n for n in fine if n in RELAYED] or fine  # finer cuts: the relayed plan (HEAVY_TILE_LIMITS)
+        finer = [c for c in fine if c.relay] or fine  # finer cuts: the relayed plan (HEAVY_TILE_LIMITS)
         reserved = None if speeds is None else speed_reserve(float(cut_load.sum()), speeds)
-        for name, pool in _fine_pools(index_in_group, sequences, workers, tap, shape, cut, cut_load, index,
-                                      finer if i else fine, link_cost, reserved).items():
-            out[name + suffix] = pool
+        placed = _FinePool(index_in_group, sequences, workers, cut, cut_load, reserved)
+        for c in (finer if i else fine):
+            out[c.name + suffix] = placed.plan(c, tap, shape, space.link_cost)
             if loads is not None:
-                loads[name + suffix] = cut_load
+                loads[c.name + suffix] = cut_load
     return out
 
 
-def _fine_pools(index_in_group, sequences, workers, tap, shape, tiles, load, index, names, link_cost, reserved=None):
-    """The :data:`FINE` candidates ``names`` on the fine ``tiles`` (with their ``load``; ``reserved``:
-    each worker's starting load, ``PlacementPolicy.reserved``)."""
-    # the tiles are make_tiles' PoolTiles of these sequences, or token pieces of them (split_heavy_tiles)
-    own = PlacementPolicy(reserved=reserved)
-    linked = PlacementPolicy(link_cost=link_cost, reserved=reserved)
-    placers = {"fine": lambda: place_tiles(tiles, sequences, workers, shape, tap.tau, load, own),
-               "fine-retain": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, own),
-               "fine-retain-link": lambda: place_retaining(tiles, sequences, workers, shape, tap.tau, load, linked)}
-    relay = "fine-retain-link-relay" in names
-    out = {}
-    for name in (n for n in placers if n in names or (relay and n == "fine-retain-link")):
-        placed = placers[name]()
-        out[name] = PoolPlan(pool_index=index_in_group, workers=tuple(workers), sequences=sequences, tiles=placed[0],
-                             transfers=build_transfers(sequences, placed[0], shape, index=index),
-                             fallback_tiles=placed[1])
-    if relay:  # the same placement, its KV fan-out relayed (head chunks: the rule of libra.extensions.adaptive.relay)
-        plain = out["fine-retain-link"] if "fine-retain-link" in names else out.pop("fine-retain-link")
-        out["fine-retain-link-relay"] = relay_pool(plain, ChunkSchedule.for_pool(plain, shape, tap.pipeline_chunks))
-    return out
+class _FinePool:
+    """The fine candidates of one pool on one tile set (make_tiles' PoolTiles of its sequences, or
+    token pieces of them: :func:`split_heavy_tiles`) with its ``load`` and ``reserved`` load per
+    worker: each placement built once, shared by the candidates that differ only in relaying."""
 
+    def __init__(self, index_in_group, sequences, workers, tiles, load, reserved):
+        self.index_in_group, self.sequences, self.workers = index_in_group, sequences, tuple(workers)
+        self.tiles, self.load, self.reserved = tiles, load, reserved
+        self._placed: dict = {}
 
-def base_candidate(name: str) -> str:
-    """The :data:`CANDIDATES` name of a :func:`candidate_pools` key (``name@limit`` -> ``name``)."""
-    return name.partition("@")[0]
+    def plan(self, c: Candidate, tap: TapConfig, shape: AttentionShape, link_cost) -> PoolPlan:
+        key = (c.retain, c.link_priced)
+        plain = self._placed.get(key)
+        if plain is None:
+            policy = PlacementPolicy(link_cost=link_cost if c.link_priced else None, reserved=self.reserved)
+            place = place_retaining if c.retain else place_tiles
+            tiles, fallback = place(self.tiles, self.sequences, self.workers, shape, tap.tau, self.load, policy)
+            plain = self._placed[key] = PoolPlan(
+                pool_index=self.index_in_group, workers=self.workers, sequences=self.sequences, tiles=tiles,
+                transfers=build_transfers(self.sequences, tiles, shape, index=self.tiles.index),
+                fallback_tiles=fallback)
+        if not c.relay:
+            return plain
+        # the same placement, its KV fan-out relayed (head chunks: the rule of relay's check_hops)
+        return relay_pool(plain, ChunkSchedule.for_pool(plain, shape, tap.pipeline_chunks))
 
 
 def split_heavy_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], shape: AttentionShape,

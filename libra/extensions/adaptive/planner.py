@@ -20,18 +20,16 @@ import numpy as np
 from libra.config import CheckedLayout, ParallelConfig, TapConfig, check_layout, check_tau
 from libra.extensions.adaptive.candidates import (
     CANDIDATES,
-    CHUNKING_OF,
     DEFAULT_CANDIDATES,
     FINE_TAU,
     HEAVY_TILE_LIMITS,
-    RELAYED,
-    base_candidate,
+    CandidateSpace,
+    candidate,
     candidate_pools,
 )
 from libra.extensions.adaptive.rebalance import (
     REBALANCE_MIN_EXCESS,
     REBALANCE_PASSES,
-    REBALANCED,
     exposure_excess,
     rebalance_exposed,
 )
@@ -56,7 +54,7 @@ class AdaptiveOptions:
             for an ablation).
         chunkings: the Pipeliner chunkings (:func:`libra.plan.chunkings`) every candidate is priced
             with, the fastest pair kept (one name pins it); default None: each candidate with its own
-            (:data:`libra.extensions.adaptive.candidates.CHUNKING_OF`).
+            (:attr:`~libra.extensions.adaptive.candidates.Candidate.chunking`).
         heavy_tile_limits: the fine candidates' heavy-tile cuts, each as a fraction of a worker's
             mean load (:data:`libra.extensions.adaptive.candidates.HEAVY_TILE_LIMITS`; one value pins it).
         rebalance_passes: how many times the chosen plan may be placed again with each worker's
@@ -91,7 +89,7 @@ class AdaptiveOptions:
         if self.device_speeds is not None:
             speeds = check_speeds(self.device_speeds, what="libra-adaptive device_speeds")
             object.__setattr__(self, "device_speeds", tuple(speeds.tolist()))
-        for field_name, allowed in (("candidates", CANDIDATES), ("chunkings", tuple(chunkings()))):
+        for field_name, allowed in (("candidates", tuple(CANDIDATES)), ("chunkings", tuple(chunkings()))):
             value = getattr(self, field_name)
             if value is None and field_name == "chunkings":
                 continue
@@ -114,7 +112,7 @@ class AdaptiveOptions:
         if not isinstance(self.deepen_pipeline, (bool, np.bool_)):
             raise ValueError(f"libra-adaptive deepen_pipeline must be True or False, got {self.deepen_pipeline!r}")
         object.__setattr__(self, "deepen_pipeline", bool(self.deepen_pipeline))
-        if self.chunkings and HEADS not in self.chunkings and set(self.candidates) <= RELAYED:
+        if self.chunkings and HEADS not in self.chunkings and all(candidate(n).relay for n in self.candidates):
             raise ValueError(f"libra-adaptive candidates {list(self.candidates)} relay KV, which runs under head "
                              f"chunks only; chunkings {list(self.chunkings)} leave no candidate to run")
 
@@ -137,6 +135,8 @@ class AdaptivePools:
         # the fine candidates' layout: their soft-target slack (AdaptiveOptions.fine_tau)
         self.fine_tap = tap if config.fine_tau is None else replace(tap, tau=config.fine_tau)
         self.speeds = None if config.device_speeds is None else np.asarray(config.device_speeds, dtype=np.float64)
+        self.space = CandidateSpace(tap, shape, profile.kernel, config.candidates, self.cost.topology.byte_cost,
+                                    config.heavy_tile_limits, config.fine_tau, checked)
         self.choices: dict[int, str] = {}
         # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
         # back on, and per pool the price of its plan and of the paper's plan at the layout's M
@@ -204,15 +204,12 @@ class AdaptivePools:
         Raises:
             ValueError: no candidate runs under the configured chunkings.
         """
-        found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
-                                self.config.candidates, link_cost=self.cost.topology.byte_cost,
-                                limits=self.config.heavy_tile_limits, loads=loads, speeds=self._speeds_of(workers),
-                                fine_tau=self.config.fine_tau, checked=self.checked)
+        found = candidate_pools(k, sequences, workers, self.space, loads=loads, speeds=self._speeds_of(workers))
         # each candidate under its own chunking (or every configured one): pricing only the winner
         # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
         # (KV relays run under head chunks only: ChunkSchedule.check_hops)
         options = [(n, replace(p, chunking=c)) for n, p in found.items()
-                   for c in (self.config.chunkings or (CHUNKING_OF[base_candidate(n)],))
+                   for c in (self.config.chunkings or (candidate(n).chunking,))
                    if c == HEADS or not p.transfers.hop.any()]
         if not options:
             raise ValueError(f"libra-adaptive: no candidate of {list(found)} runs under chunkings "
@@ -255,7 +252,7 @@ class AdaptivePools:
         reserving only the last plan's exposure swings work back and forth between passes). Passes
         stop once the last plan's :func:`~libra.extensions.adaptive.rebalance.exposure_excess` is at most
         :data:`~libra.extensions.adaptive.rebalance.REBALANCE_MIN_EXCESS`. Candidates outside
-        :data:`~libra.extensions.adaptive.rebalance.REBALANCED` stay. ``load``: the plan's tile loads as placed, when
+        that do not retain (:attr:`~libra.extensions.adaptive.candidates.Candidate.retain`) stay. ``load``: the plan's tile loads as placed, when
         the caller has them (:meth:`options`' ``loads``); estimated here otherwise. Returns
         ``(name, pool, price)``, the price its straggler as priced (None when nothing priced it)."""
         if times is None or times[1] is None:
@@ -271,7 +268,7 @@ class AdaptivePools:
         for i in range(passes):
             if exposure_excess(*times) <= REBALANCE_MIN_EXCESS:
                 break  # too little exposure above the pool's mean to win back (REBALANCE_MIN_EXCESS)
-            current = rebalance_exposed(name, current, self.shape, self.fine_tap, load, times[0], reserved,
+            current = rebalance_exposed(name, current, self.shape, self.fine_tap, load, (times[0], reserved),
                                         link_cost=self.cost.topology.byte_cost, speeds=self._speeds_of(pool.workers))
             times = self._worker_ms(current, cutoff=best if i == passes - 1 else float("inf"))
             if times[1] is None:
@@ -284,8 +281,8 @@ class AdaptivePools:
 
     def _rebalances(self, name: str) -> bool:
         """Whether :meth:`rebalance` may re-place candidate ``name`` (passes configured, a
-        :data:`~libra.extensions.adaptive.rebalance.REBALANCED` placement)."""
-        return bool(self.config.rebalance_passes) and base_candidate(name) in REBALANCED
+        retention placement, :attr:`~libra.extensions.adaptive.candidates.Candidate.retain`)."""
+        return bool(self.config.rebalance_passes) and candidate(name).retain
 
     def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf"), tap: TapConfig | None = None):
         """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``),
@@ -332,19 +329,17 @@ Plan between M = 4 and 8 by pricing the plan built for M = 4 at both gained less
 re-placement are priced at the depth that runs."""
 
 
-PRICE_FIRST = ("fine-retain-link-relay", "fine-retain-link")
-"""The candidates ``libra-adaptive`` prices first (:func:`price_order`), most often fastest first:
-of 640 pools (8 windows of libra-prod, Wikipedia, ProLong and the held-out WLB-LLM synthetic
-corpus, 256K and 1M, each priced alone without jitter), the relayed plan won 410 (11 of them cut at
-the finer heavy-tile limit), the plain link-priced one 229 and the paper's plan 1. Pricing the
-likely winner first lets the bound drop the others."""
-
-
 def price_order(names) -> list[int]:
-    """Indices of candidate ``names`` in pricing order: :data:`PRICE_FIRST` in its order, then
-    the rest (finer heavy-tile cuts ``name@limit`` included) as given."""
-    rank = {n: i for i, n in enumerate(PRICE_FIRST)}
-    return sorted(range(len(names)), key=lambda i: rank.get(names[i], len(rank)))
+    """Indices of candidate ``names`` in pricing order: the candidates with a ``price_rank``
+    (:attr:`~libra.extensions.adaptive.candidates.Candidate.price_rank`) in its order, then the rest
+    (finer heavy-tile cuts ``name@limit`` included) as given."""
+    last = len(CANDIDATES)
+
+    def rank(label: str) -> int:
+        c = CANDIDATES.get(label)
+        return last if c is None or c.price_rank is None else c.price_rank
+
+    return sorted(range(len(names)), key=lambda i: rank(names[i]))
 
 
 def pool_worker_ms(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig,

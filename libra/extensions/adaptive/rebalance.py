@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from libra.config import TapConfig
-from libra.extensions.adaptive.candidates import LINK_PRICED, RELAYED, base_candidate
+from libra.extensions.adaptive.candidates import CANDIDATES, candidate
 from libra.extensions.adaptive.relay import relay_pool
 from libra.extensions.adaptive.retention import place_retaining, speed_reserve
 from libra.plan import PoolPlan
@@ -53,13 +53,9 @@ def exposure_excess(compute: np.ndarray, exposed: np.ndarray) -> float:
     return float((exposed[s] - exposed.mean()) / total[s])
 
 
-REBALANCED = frozenset({"fine-retain", "fine-retain-link", "fine-retain-link-relay"})
-"""The :data:`CANDIDATES` :func:`rebalance_exposed` can place again (the retention placers)."""
-
-
 def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: TapConfig, load: np.ndarray,
-                      compute: np.ndarray, exposed: np.ndarray, link_cost=None, speeds=None) -> PoolPlan:
-    """``pool`` (a :data:`REBALANCED` candidate ``name``, any heavy-tile cut) placed again by its
+                      priced: tuple[np.ndarray, np.ndarray], link_cost=None, speeds=None) -> PoolPlan:
+    """``pool`` (a retention candidate ``name``, :attr:`Candidate.retain`, any heavy-tile cut) placed again by its
     own placer with each worker's exposed communication reserved as load, so that compute *plus*
     exposed communication is what the placement balances (an extension beyond Libra sec. 4.3).
 
@@ -78,9 +74,10 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
         pool: its plan (tiles, transfers; relayed when ``name`` relays).
         shape, tap: as :func:`candidate_pools`.
         load: ``(T,)`` the tiles' loads as placed (:func:`~libra.tap.weights.kernel_time_weights`).
-        compute, exposed: ``(W,)`` each worker's priced compute and exposed communication (ms) in
-            ``pool.workers`` order (:meth:`libra.sim.cost.CostModel.worker_ms`).
-        link_cost: the byte cost of the :data:`LINK_PRICED` candidates.
+        priced: ``(compute, exposed)``, ``(W,)`` each: every worker's priced compute and exposed
+            communication (ms) in ``pool.workers`` order (:meth:`libra.sim.cost.CostModel.worker_ms`)
+            -- the exposure to reserve.
+        link_cost: the byte cost of the link-priced candidates (:attr:`Candidate.link_priced`).
         speeds: optional ``(W,)`` known speed multipliers (as :func:`candidate_pools`): their
             :func:`speed_reserve` is reserved on top of the exposure.
 
@@ -88,12 +85,13 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
         The new PoolPlan (same tiles and chunking; destinations, transfers and relays rebuilt).
 
     Raises:
-        ValueError: a candidate outside :data:`REBALANCED`, or arrays of the wrong length.
+        ValueError: a candidate that does not retain, or arrays of the wrong length.
     """
-    base = base_candidate(name)
-    if base not in REBALANCED:
-        raise ValueError(f"rebalance_exposed re-places {sorted(REBALANCED)}, got {name!r}")
-    compute, exposed = (np.asarray(a, dtype=np.float64) for a in (compute, exposed))
+    c = candidate(name)
+    if not c.retain:
+        retaining = sorted(n for n, x in CANDIDATES.items() if x.retain)
+        raise ValueError(f"rebalance_exposed re-places {retaining}, got {name!r}")
+    compute, exposed = (np.asarray(a, dtype=np.float64) for a in priced)
     if compute.shape != (len(pool.workers),) or exposed.shape != compute.shape:
         raise ValueError(f"compute and exposed must have one entry per pool worker ({len(pool.workers)})")
     per_ms = float(load.sum()) / float(compute.sum()) if compute.sum() > 0 else 0.0
@@ -101,10 +99,10 @@ def rebalance_exposed(name: str, pool: PoolPlan, shape: AttentionShape, tap: Tap
     if speeds is not None:
         reserved = reserved + speed_reserve(float(load.sum()), speeds)
     index = pool.index()
-    policy = PlacementPolicy(link_cost=link_cost if base in LINK_PRICED else None, reserved=reserved)
+    policy = PlacementPolicy(link_cost=link_cost if c.link_priced else None, reserved=reserved)
     placed, fallback = place_retaining(pool.tiles, pool.sequences, pool.workers, shape, tap.tau, load, policy)
     out = replace(pool, tiles=placed, transfers=build_transfers(pool.sequences, placed, shape, index=index),
                   fallback_tiles=fallback)
-    if base in RELAYED:
+    if c.relay:
         out = relay_pool(out, ChunkSchedule.for_pool(out, shape, tap.pipeline_chunks))
     return out
