@@ -118,8 +118,8 @@ TAP_RATIO_TARGETS = {"libra-adaptive": 2.0}
 """Targets (issue 11) of another planner's per-pool TAP time as a multiple of ``libra``'s, same placer,
 on any run: printed next to the measured ratio."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
-          "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout_jit"),
-          "libra.sim.cost": partial(jit_modules.warmup, "cost_jit")}
+          "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout"),
+          "libra.sim.cost": partial(jit_modules.warmup, "cost")}
 """The compiled kernels' ``warmup()`` (JIT compilation: TAP's and the cost model's, which
 ``libra-adaptive`` prices candidates with), run before any timing."""
 

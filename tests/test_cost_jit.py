@@ -1,4 +1,4 @@
-"""The compiled cost model (:mod:`libra.sim.cost_jit`) prices every Plan exactly as the numpy one:
+"""The compiled cost model (:mod:`libra.jit.cost`) prices every Plan exactly as the numpy one:
 every registry planner's plans (Ulysses' per-document CP, WLB-LLM, DistCA, TAP under head and tile
 chunks, KV relays), at several Pipeliner depths and device speeds, on a cluster with NVLink, RoCE
 and the inter-supernode spine -- bit for bit, not within a tolerance, so a planner choosing by
@@ -92,11 +92,11 @@ def test_every_candidate_with_relays_and_tile_chunks():
 
 def test_impl_choice_and_errors(monkeypatch):
     par = ParallelConfig(dp=2, cp=1, gbs=2, seq_len=64)
-    assert cost_impl() == "numba" and jit_modules.warmup("cost_jit") >= 0.0 and jit_modules.warmup("layout_jit") >= 0.0
+    assert cost_impl() == "numba" and jit_modules.warmup("cost") >= 0.0 and jit_modules.warmup("layout") >= 0.0
     with pytest.raises(ValueError, match="impl must be one of auto, numba, numpy, got 'gpu'"):
         CostModel(PROFILE, Topology(PROFILE, par), impl="gpu")
     monkeypatch.setattr(jit_modules, "compiled", lambda name: None)  # as without numba
-    assert cost_mod.cost_impl() == "numpy" and jit_modules.warmup("cost_jit") == 0.0
+    assert cost_mod.cost_impl() == "numpy" and jit_modules.warmup("cost") == 0.0
     assert CostModel(PROFILE, Topology(PROFILE, par))._jit is None
     with pytest.raises(ImportError, match=r"\.\[fast\]"):
         CostModel(PROFILE, Topology(PROFILE, par), impl="numba")

@@ -1,4 +1,4 @@
-"""The compiled TAP placer (:mod:`libra.tap.placement_jit`, numba) against the Python one.
+"""The compiled TAP placer (:mod:`libra.jit.placement`, numba) against the Python one.
 
 ``place_tiles(placer="numba")`` must make exactly the choices of ``placer="python"`` (the oracle):
 same destination for every tile and the same fallback count, on random pools (GQA shapes, skewed
@@ -184,8 +184,8 @@ def test_without_numba_auto_falls_back_to_python(monkeypatch):
     """No numba: ``auto`` runs the Python loops, ``numba`` is an ImportError naming the extra, and
     importing the kernel module fails cleanly (so :func:`libra.jit.compiled` reports None)."""
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
-    monkeypatch.delitem(sys.modules, "libra.tap.placement_jit", raising=False)
-    assert kernels.compiled.__wrapped__("placement_jit") is None
+    monkeypatch.delitem(sys.modules, "libra.jit.placement", raising=False)
+    assert kernels.compiled.__wrapped__("placement") is None
     monkeypatch.setattr(kernels, "compiled", lambda name: None)  # every compiled module, as without numba
     assert default_placer() == "python" and available_placers() == ("python",)
     assert warmup() == 0.0

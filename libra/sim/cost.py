@@ -204,7 +204,7 @@ def pipelined_exposed(events, compute, dispatch, ret, exchange=None, jit=None) -
         dispatch, ret: ``(N, M)`` time of each chunk's dispatch and return transfers.
         exchange: ``(N, M)``: column ``m`` the time of chunk ``m``'s return and chunk ``m + 2``'s
             dispatch issued as one group (``ISSUE_EXCHANGE``); default the two back to back.
-        jit: :mod:`libra.sim.cost_jit` to walk the events compiled (the same numbers), or None.
+        jit: :mod:`libra.jit.cost` to walk the events compiled (the same numbers), or None.
 
     Returns:
         ``(N,)`` end of the pass minus its compute.
@@ -276,15 +276,15 @@ COST_IMPLS = ("auto", "numba", "numpy")
 
 
 def _cost_kernels(impl: str):
-    """:mod:`libra.sim.cost_jit` for ``impl`` (None: the numpy code; :func:`libra.jit.select`)."""
+    """:mod:`libra.jit.cost` for ``impl`` (None: the numpy code; :func:`libra.jit.select`)."""
     if impl not in COST_IMPLS:
         raise ValueError(f"cost model impl must be one of {', '.join(COST_IMPLS)}, got {impl!r}")
-    return jit_modules.select("cost_jit", impl, "cost model impl")
+    return jit_modules.select("cost", impl, "cost model impl")
 
 
 def cost_impl() -> str:
     """The implementation ``CostModel(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return jit_modules.impl_name("cost_jit")
+    return jit_modules.impl_name("cost")
 
 
 def _ids(a: np.ndarray) -> np.ndarray:
@@ -313,7 +313,7 @@ class CostModel:
     Args:
         profile: hardware profile (kernel model, link classes).
         topology: placement of the workers (must come from the same profile).
-        impl: ``"auto"`` (default: the compiled communication kernels of :mod:`libra.sim.cost_jit`
+        impl: ``"auto"`` (default: the compiled communication kernels of :mod:`libra.jit.cost`
             when numba imports, else numpy), ``"numba"`` or ``"numpy"``; all price identically,
             bit for bit (:func:`cost_impl`).
 

@@ -42,7 +42,7 @@ CPython (``benchmarks/test_bench_tap.py``). The loops are scalar Python over lis
 avoid per-worker function calls.
 
 Compiled placer: with numba installed (``pip install -e '.[fast]'``), :func:`place_tiles` runs the
-kernels of :mod:`libra.tap.placement_jit` instead (``placer="auto"``, the default; force either
+kernels of :mod:`libra.jit.placement` instead (``placer="auto"``, the default; force either
 with ``placer="numba"`` / ``"python"``). They make the same choices as the loops above (which stay
 the oracle and the fallback), from the same inputs (:func:`_grouped_base`, :func:`_dense_inputs`).
 :func:`default_placer` names the placer ``auto`` runs (record it with timings); :func:`warmup`
@@ -234,12 +234,12 @@ PLACERS = ("auto", "numba", "python")
 
 def available_placers() -> tuple[str, ...]:
     """The concrete placers this process can run: ``("numba", "python")`` or ``("python",)``."""
-    return ("numba", "python") if jit_modules.impl_name("placement_jit", "python") == "numba" else ("python",)
+    return ("numba", "python") if jit_modules.impl_name("placement", "python") == "numba" else ("python",)
 
 
 def default_placer() -> str:
     """The placer ``place_tiles(placer="auto")`` runs here: ``"numba"`` when numba imports (the
-    compiled kernels of :mod:`libra.tap.placement_jit`), else ``"python"``. Record it with timings."""
+    compiled kernels of :mod:`libra.jit.placement`), else ``"python"``. Record it with timings."""
     return available_placers()[0]
 
 
@@ -254,7 +254,7 @@ def placer_module(placer: str):
     """The compiled-kernel module for ``placer``, or None for the Python loops."""
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
-    return jit_modules.select("placement_jit", placer, "placer")
+    return jit_modules.select("placement", placer, "placer")
 
 
 def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw, base):
@@ -481,7 +481,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None,
 
 def _grouped_base(tiles, idx, wsorted, shape) -> dict[str, np.ndarray]:
     """The grouped placers' inputs other than token positions (shared by :func:`_grouped_columns`
-    and the compiled kernel of :mod:`libra.tap.placement_jit`, which derives the positions itself
+    and the compiled kernel of :mod:`libra.jit.placement`, which derives the positions itself
     from ``seq``, ``q_start``, ``q_end`` and the pool index ``base``, ``offs``).
 
     Keys: per tile ``a0``, ``a1`` its KV-atom span, ``qo`` its Q + O bytes, ``home`` the pool

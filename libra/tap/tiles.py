@@ -12,7 +12,7 @@ head shards may read the same KV heads (``H > hkv``) or partly overlapping ones,
 works on *KV atoms*: the finest KV-head ranges induced by all tiles' KV ranges (one atom per head
 shard in the usual configurations).
 
-:func:`make_tiles` runs the compiled kernel :mod:`libra.tap.tiles_jit` when numba imports and the
+:func:`make_tiles` runs the compiled kernel :mod:`libra.jit.tiles` when numba imports and the
 numpy implementation otherwise; both build the same table (the tests compare them).
 """
 
@@ -40,13 +40,13 @@ def _check_positive(name: str, value) -> None:
 
 def tiles_impl() -> str:
     """The implementation ``make_tiles(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return jit_modules.impl_name("tiles_jit")
+    return jit_modules.impl_name("tiles")
 
 
 def warmup() -> float:
     """Compile the tile kernel now (numba only; once per process) on a one-sequence pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if jit_modules.compiled("tiles_jit") is None:
+    if jit_modules.compiled("tiles") is None:
         return 0.0
     t0 = time.perf_counter()
     make_tiles([SequenceLayout.contiguous(0, 0, [3, 1], 2)], 2, 1, AttentionShape(1, 1, 1, 2), impl="numba")
@@ -110,7 +110,7 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
     """
     if impl not in ("auto", "numba", "numpy"):
         raise ValueError(f"impl must be 'auto', 'numba' or 'numpy', got {impl!r}")
-    jit = jit_modules.select("tiles_jit", impl)
+    jit = jit_modules.select("tiles", impl)
     _check_positive("block size B", block_size)
     _check_positive("head split H", head_split)
     if shape.num_q_heads % head_split:

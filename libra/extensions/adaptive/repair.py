@@ -17,7 +17,7 @@ within ``C`` never leave it, so one pass suffices. Measured on 4 windows (``stra
 on): ``libra-adaptive``'s mean speedup over Ulysses went up 3.9% on Wikipedia 1M and 4.7% on
 ProLong 1M, 0.3-0.4% at 256K; libra-prod's placements never leave a worker above ``C``.
 
-The Python loop below is the oracle and the fallback; :func:`libra.tap.placement_jit.repair_overload`
+The Python loop below is the oracle and the fallback; :func:`libra.jit.placement.repair_overload`
 makes the same moves (numba). Deterministic: a pure function of its inputs.
 """
 
