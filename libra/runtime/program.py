@@ -429,7 +429,7 @@ def _fetched_grads(ctx: _Context, got: list[dict]) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# KV relay rounds (libra.extensions.adaptive.relay): after chunk 0's dispatch, before chunk M-1's return
+# KV relay rounds (KV rows of hop > 0): after chunk 0's dispatch, before chunk M-1's return
 # --------------------------------------------------------------------------------------------
 
 

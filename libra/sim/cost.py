@@ -245,7 +245,7 @@ EXCHANGES = {FWD_RETURN: FWD_DISPATCH, BWD_RETURN: BWD_DISPATCH}
 
 
 RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
-"""The phases whose KV rows may relay (:mod:`libra.extensions.adaptive.relay`): the forward KV fetch and the
+"""The phases whose KV rows may relay (``TransferTable.hop > 0``): the forward KV fetch and the
 backward dK/dV return along the reversed relay rows."""
 
 

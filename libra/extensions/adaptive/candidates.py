@@ -1,7 +1,7 @@
 """Adaptive TAP for real corpora: finer tiles, keep cheap-to-move work home (an extension
 beyond Libra sec. 4.3; the planner ``libra-adaptive``).
 
-An audit of the paper-faithful TAP on real length data (issue 11) found two losses that Alg. 2's
+An audit of the paper-faithful TAP on real length data found two losses that Alg. 2's
 tile set and order cause, not the data:
 
 * **Heavy tiles.** An equal-token SH-tile at the end of a long causal sample carries work that

@@ -1,5 +1,5 @@
 """KV relays: a sample's KV fan-out sent as a scatter and an all-gather (an extension beyond Libra
-sec. 4.3.3; issue 11).
+sec. 4.3.3, ``libra-adaptive``).
 
 Under the Plan contract a tile reads its whole causal KV prefix where it runs. When a long sample's
 work is spread over many workers, every destination fetches its own copy of the prefix from the

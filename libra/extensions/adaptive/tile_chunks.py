@@ -1,5 +1,5 @@
 """Tile-grouped Pipeliner chunks: spread a worker's KV over the chunks (an extension of Libra
-sec. 4.4 for fine SH-tiles; issue 11).
+sec. 4.4 for fine SH-tiles, ``libra-adaptive``).
 
 The paper's Pipeliner (:class:`libra.tap.pipeline.ChunkSchedule`, ``chunking="heads"``) cuts every
 tile's query heads into ``M`` slices. A tile that reads one KV head (``libra-adaptive``'s fine
