@@ -25,43 +25,22 @@ of the TAP layout and its defaults. A variant pins the TapConfig fields it fixes
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from functools import partial
 
 import numpy as np
 
 from baselines.registry import Planner, pool_workers, production_groups, window_lengths
-from libra.config import ParallelConfig, TapConfig, check_layout, check_tau
-from libra.plan import CHUNKINGS, HEADS, Plan, PoolPlan, SequenceLayout
-from libra.sim.cost import CostModel
+from libra.config import CheckedLayout, ParallelConfig, TapConfig, check_layout
+from libra.extensions.adaptive.planner import AdaptiveOptions, AdaptivePools, deepened_tap
+from libra.plan import Plan, SequenceLayout
 from libra.sim.profiles import DEFAULT_PROFILE, HardwareProfile, load_profile
-from libra.sim.topology import Topology
-from libra.sim.variability import check_speeds
-from libra.tap.adaptive import (
-    CANDIDATES,
-    CHUNKING_OF,
-    DEFAULT_CANDIDATES,
-    FINE_TAU,
-    HEAVY_TILE_LIMITS,
-    REBALANCE_MIN_EXCESS,
-    REBALANCE_PASSES,
-    REBALANCED,
-    RELAYED,
-    base_candidate,
-    candidate_pools,
-    exposure_excess,
-    rebalance_exposed,
-)
 from libra.tap.planner import plan_pool
-from libra.tap.weights import kernel_time_weights
 from libra.vrsp import pool_imbalance, vrsp_schedule
 from libra.workload import AttentionShape, packed_workloads
 
 
 def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig,
-                        tap: TapConfig, shape: AttentionShape, meta: dict, kernel=None,
-                        plan_one=None) -> list[Plan]:
+                        tap: TapConfig, shape: AttentionShape, meta: dict, plan_one=None) -> list[Plan]:
     """Run TAP on every pool of every GA index.
 
     Args:
@@ -71,9 +50,8 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
         par, tap, shape: a layout that passed :func:`libra.config.check_layout` (the caller's one
             check per window, as :meth:`TapPlanner.plan_window` does; not repeated here or per pool).
         meta: method parameters copied into every Plan.
-        kernel: the KernelModel for ``tap.load_estimate == "kernel-time"`` (None for FLOPs).
         plan_one: ``(k, sequences, workers) -> PoolPlan`` planning one pool (default:
-            :func:`libra.tap.planner.plan_pool` with ``tap``, ``shape`` and ``kernel``).
+            :func:`libra.tap.planner.plan_pool` with ``tap`` and ``shape``, FLOPs-balanced).
 
     Returns:
         ``par.ga`` Plans with ``DP / P`` pools each; pool ``k`` spans DP ranks ``[k*P, (k+1)*P)``.
@@ -94,8 +72,7 @@ def plan_grouped_window(method: str, lengths: list[np.ndarray], groups: np.ndarr
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
             workers = pool_workers(p0, P, par.cp)
-            pools.append(plan_pool(k, seqs, workers, tap, shape, kernel=kernel, layout_checked=True)
-                         if plan_one is None else plan_one(k, seqs, workers))
+            pools.append(plan_pool(k, seqs, workers, tap, shape) if plan_one is None else plan_one(k, seqs, workers))
         plans.append(Plan(method=method, ga_index=g, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
                           pools=tuple(pools), meta=dict(meta)))
     return plans
@@ -164,16 +141,18 @@ class TapPlanner(Planner):
         """The KernelModel Alg. 2 balances under (None: FLOPs) and the meta recording it."""
         return None, {}
 
-    def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
+    def pool_planner(self, par: ParallelConfig, shape: AttentionShape, checked: CheckedLayout | None = None):
         """``(plan_one, meta)``: the call that plans one pool of a window in layout ``par`` --
-        ``plan_one(k, sequences, workers) -> PoolPlan`` (the layout already checked) -- and the
-        method's meta for its Plans. The one per-pool entry point: :meth:`plan_window` plans
-        every pool with it, ``libra-bench plan-cost`` times it."""
+        ``plan_one(k, sequences, workers) -> PoolPlan`` -- and the method's meta for its Plans. The
+        one per-pool entry point: :meth:`plan_window` plans every pool with it, ``libra-bench
+        plan-cost`` times it. ``checked``: the window's :func:`libra.config.check_layout` result
+        (None: checked here), which every pool's plan_pool reuses."""
         tap = self.window_tap(par, shape)
+        checked = check_layout(par, tap, shape) if checked is None else checked
         kernel, kernel_meta = self.load_model()
 
         def plan_one(k, sequences, workers):
-            return plan_pool(k, sequences, workers, tap, shape, kernel=kernel, layout_checked=True)
+            return plan_pool(k, sequences, workers, tap, shape, kernel=kernel, checked=checked)
 
         return plan_one, kernel_meta
 
@@ -186,26 +165,26 @@ class TapPlanner(Planner):
                 hq/H, or a window that does not match ``par``.
         """
         tap = self.window_tap(par, shape)
-        check_layout(par, tap, shape)
+        checked = check_layout(par, tap, shape)
         lengths = window_lengths(window, par)
         groups, extra = self.groups(lengths, par, tap)
-        return self.plan_groups(lengths, groups, par, shape, extra, layout_checked=True)
+        return self.plan_groups(lengths, groups, par, shape, extra, checked)
 
     def plan_groups(self, lengths: list[np.ndarray], groups: np.ndarray, par: ParallelConfig, shape: AttentionShape,
-                    meta: dict | None = None, layout_checked: bool = False) -> list[Plan]:
+                    meta: dict | None = None, checked: CheckedLayout | None = None) -> list[Plan]:
         """This method's Plans of a window whose pools are already grouped -- ``groups[g, d]`` the
         window index at GA ``g`` on DP rank ``d``, e.g. a :class:`libra.sampler.LibraSampler` step's
         VRSP groups -- with every pool planned by :meth:`pool_planner` and :meth:`finish` applied:
         how a training loop plans the steps its sampler hands it (``meta`` joins each Plan's).
 
         Raises:
-            ValueError: a layout :func:`libra.config.check_layout` rejects (unless ``layout_checked``),
+            ValueError: a layout :func:`libra.config.check_layout` rejects (``checked``: its result,
+                when the caller checked already),
                 ``groups`` not a ``(GA, DP)`` permutation of the window.
         """
         tap = self.window_tap(par, shape)
-        if not layout_checked:
-            check_layout(par, tap, shape)
-        plan_one, method_meta = self.pool_planner(par, shape)
+        checked = check_layout(par, tap, shape) if checked is None else checked
+        plan_one, method_meta = self.pool_planner(par, shape, checked)
         meta = {"grouping": self.grouping, **asdict(tap), **(meta or {}), **method_meta}
         plans = plan_grouped_window(self.name, lengths, groups, par, tap, shape, meta, plan_one=plan_one)
         return self.finish(plans, plan_one)
@@ -306,83 +285,22 @@ class LibraKtPlanner(LibraPlanner):
 
 
 @dataclass(frozen=True)
-class LibraAdaptiveConfig(LibraKtConfig):
-    """Config of ``libra-adaptive``: ``libra-kt``'s (TapConfig + the profile it plans for) plus
-
-    Attributes:
-        candidates: the per-pool plans to choose from, any of :data:`libra.tap.adaptive.CANDIDATES`
-            (default :data:`libra.tap.adaptive.DEFAULT_CANDIDATES`; one name pins that plan, e.g.
-            for an ablation).
-        chunkings: the Pipeliner chunkings (:data:`libra.plan.CHUNKINGS`) every candidate is priced
-            with, the fastest pair kept (one name pins it); default None: each candidate with its own
-            (:data:`libra.tap.adaptive.CHUNKING_OF`).
-        heavy_tile_limits: the fine candidates' heavy-tile cuts, each as a fraction of a worker's
-            mean load (:data:`libra.tap.adaptive.HEAVY_TILE_LIMITS`; one value pins it).
-        rebalance_passes: how many times the chosen plan may be placed again with each worker's
-            exposed communication reserved (:func:`libra.tap.adaptive.rebalance_exposed`), each
-            pass kept only while it prices faster (default
-            :data:`libra.tap.adaptive.REBALANCE_PASSES`; 0: never).
-        fine_tau: the soft-target slack of the fine candidates' placement and re-placement
-            (default :data:`libra.tap.adaptive.FINE_TAU`; None: the layout's ``tau``, which the
-            paper's plan keeps either way).
-        deepen_pipeline: run :data:`DEEPER_CHUNKS` times the layout's Pipeliner chunks ``M``
-            where the tiles allow it (:meth:`LibraAdaptivePlanner.window_tap`; default True);
-            False: the layout's ``M``.
-        device_speeds: known speed multipliers of the cluster's GPUs, one per global worker id
-            (``DP * CP`` of them; e.g. :func:`libra.runtime.speeds.measure_device_speeds`), which
-            the candidates' placement (:func:`libra.tap.adaptive.speed_reserve`) and their pricing
-            take into account; default None: every GPU at the profile's speed.
+class LibraAdaptiveConfig(AdaptiveOptions, LibraKtConfig):
+    """Config of ``libra-adaptive``: ``libra-kt``'s (TapConfig + the profile it plans for) plus the
+    extension's :class:`~libra.extensions.adaptive.planner.AdaptiveOptions`.
 
     Raises:
-        ValueError: an empty or unknown candidate or chunking list, a negative or non-integer
-            ``rebalance_passes``, a negative or non-finite ``fine_tau``, a non-bool ``deepen_pipeline``, a speed that is not finite and
-            > 0, and :class:`LibraKtConfig`'s errors.
+        ValueError: the errors of both.
     """
 
-    candidates: tuple[str, ...] = DEFAULT_CANDIDATES
-    chunkings: tuple[str, ...] | None = None
-    heavy_tile_limits: tuple[float, ...] = HEAVY_TILE_LIMITS
-    rebalance_passes: int = REBALANCE_PASSES
-    fine_tau: float | None = FINE_TAU
-    deepen_pipeline: bool = True
-    device_speeds: tuple[float, ...] | None = None
-
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.device_speeds is not None:
-            speeds = check_speeds(self.device_speeds, what="libra-adaptive device_speeds")
-            object.__setattr__(self, "device_speeds", tuple(speeds.tolist()))
-        for field_name, allowed in (("candidates", CANDIDATES), ("chunkings", CHUNKINGS)):
-            value = getattr(self, field_name)
-            if value is None and field_name == "chunkings":
-                continue
-            names = (value,) if isinstance(value, str) else tuple(value)
-            unknown = [c for c in names if c not in allowed]
-            if not names or unknown:
-                raise ValueError(f"libra-adaptive {field_name} must be a non-empty subset of {allowed}, got {names!r}")
-            object.__setattr__(self, field_name, names)  # frozen: normalise a str or list once
-        limits = self.heavy_tile_limits
-        limits = (limits,) if isinstance(limits, (int, float)) else tuple(limits)
-        if not limits or not all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in limits):
-            raise ValueError(f"libra-adaptive heavy_tile_limits must be positive finite fractions, got {limits!r}")
-        object.__setattr__(self, "heavy_tile_limits", tuple(float(x) for x in limits))
-        passes = self.rebalance_passes
-        if isinstance(passes, bool) or not isinstance(passes, (int, np.integer)) or passes < 0:
-            raise ValueError(f"libra-adaptive rebalance_passes must be an integer >= 0, got {passes!r}")
-        object.__setattr__(self, "rebalance_passes", int(passes))
-        if self.fine_tau is not None:
-            object.__setattr__(self, "fine_tau", check_tau(self.fine_tau, "libra-adaptive fine_tau"))
-        if not isinstance(self.deepen_pipeline, (bool, np.bool_)):
-            raise ValueError(f"libra-adaptive deepen_pipeline must be True or False, got {self.deepen_pipeline!r}")
-        object.__setattr__(self, "deepen_pipeline", bool(self.deepen_pipeline))
-        if self.chunkings and HEADS not in self.chunkings and set(self.candidates) <= RELAYED:
-            raise ValueError(f"libra-adaptive candidates {list(self.candidates)} relay KV, which runs under head "
-                             f"chunks only; chunkings {list(self.chunkings)} leave no candidate to run")
+        LibraKtConfig.__post_init__(self)
+        AdaptiveOptions.__post_init__(self)
 
 
 class LibraAdaptivePlanner(LibraKtPlanner):
     """``libra-adaptive``: VRSP pools, then per pool the fastest of its candidates
-    (:data:`libra.tap.adaptive.DEFAULT_CANDIDATES`: the paper's Alg. 2 plan and a plan with one KV
+    (:data:`libra.extensions.adaptive.candidates.DEFAULT_CANDIDATES`: the paper's Alg. 2 plan and a plan with one KV
     head per tile placed in Q-home retention order with each byte priced by the link it crosses,
     with its KV fan-out sent directly or relayed) as the profile's cost model prices that pool
     alone (no device jitter;
@@ -393,7 +311,7 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     mis-prices this cluster (uncalibrated links or kernel curve) it can pick a worse candidate than
     ``libra`` would have planned; simulated comparisons priced with the same profile show its best
     case. Each candidate is priced under its Pipeliner chunking
-    (:data:`libra.tap.adaptive.CHUNKING_OF`; ``tiles``: :mod:`libra.tap.tile_chunks`), or under each
+    (:attr:`libra.extensions.adaptive.candidates.Candidate.chunking`; ``tiles``: :mod:`libra.extensions.adaptive.tile_chunks`), or under each
     of ``chunkings`` when given, and the fastest runs. Each Plan's ``meta["adaptive_choice"]`` names
     the candidate each pool took (``name+tiles`` when it runs tile-chunked).
     """
@@ -402,15 +320,15 @@ class LibraAdaptivePlanner(LibraKtPlanner):
     Config = LibraAdaptiveConfig
     grouping = "vrsp"
 
-    def pool_planner(self, par: ParallelConfig, shape: AttentionShape):
-        """See :meth:`TapPlanner.pool_planner`: an :class:`_AdaptivePools` on the profile's cost model."""
+    def pool_planner(self, par: ParallelConfig, shape: AttentionShape, checked: CheckedLayout | None = None):
+        """See :meth:`TapPlanner.pool_planner`: an :class:`AdaptivePools` on the profile's cost model."""
         profile = load_profile(self.config.profile)
         speeds = self.config.device_speeds
         if speeds is not None and len(speeds) != par.workers:
             raise ValueError(f"libra-adaptive device_speeds has {len(speeds)} entries; the layout has "
                              f"{par.workers} GPUs (DP * CP)")
-        tap = self.window_tap(par, shape)
-        plan_one = _AdaptivePools(profile, par, tap, shape, self.config, layout=super().window_tap(par, shape))
+        checked = check_layout(par, self.window_tap(par, shape), shape) if checked is None else checked
+        plan_one = AdaptivePools(profile, checked, self.config, layout=super().window_tap(par, shape))
         return plan_one, {"kernel_profile": profile.name, "candidates": list(self.config.candidates),
                           "heavy_tile_limits": list(self.config.heavy_tile_limits),
                           "rebalance_passes": self.config.rebalance_passes,
@@ -421,25 +339,18 @@ class LibraAdaptivePlanner(LibraKtPlanner):
 
     def window_tap(self, par: ParallelConfig, shape: AttentionShape | None = None) -> TapConfig:
         """The layout's TapConfig with the Pipeliner deepened (``deepen_pipeline``): ``M`` times
-        :data:`DEEPER_CHUNKS` where the one-KV-head tiles (``hq / hkv`` query heads) and the paper's
+        :data:`~libra.extensions.adaptive.planner.DEEPER_CHUNKS` where the one-KV-head tiles (``hq / hkv`` query heads) and the paper's
         tiles (``hq / H``) still split into that many head chunks and the layout allows it
         (:func:`libra.config.check_layout`); the layout's ``M`` otherwise. The Plans carry it
         (``pipeline_chunks``, which the runtime and the simulator run)."""
         tap = super().window_tap(par, shape)
         if not self.config.deepen_pipeline or shape is None:
             return tap
-        deeper = replace(tap, pipeline_chunks=DEEPER_CHUNKS * tap.pipeline_chunks)
-        if (shape.num_q_heads // shape.num_kv_heads) % deeper.pipeline_chunks:
-            return tap  # head chunks would cut the one-KV-head tiles wider (fine_head_split)
-        try:
-            check_layout(par, deeper, shape)
-        except ValueError:
-            return tap
-        return deeper
+        return deepened_tap(tap, par, shape)
 
     def finish(self, plans: list[Plan], plan_one) -> list[Plan]:
         """Each Plan's ``meta["adaptive_choice"]`` (the candidate each of its pools took), after
-        :meth:`_AdaptivePools.keep_depth`: a deepened Plan whose slowest pool prices slower than the
+        :meth:`AdaptivePools.keep_depth`: a deepened Plan whose slowest pool prices slower than the
         paper's plan of its slowest pool at the layout's ``M`` is planned again at that ``M``."""
         out = []
         for p in plans:
@@ -449,234 +360,3 @@ class LibraAdaptivePlanner(LibraKtPlanner):
         return out
 
 
-class _AdaptivePools:
-    """``libra-adaptive``'s per-pool planner for one window layout: every candidate of
-    :func:`libra.tap.adaptive.candidate_pools` under its chunking (or each configured one), priced
-    alone on the profile's cost model (built once here), the fastest kept (ties: the earlier
-    candidate, the paper's plan first, then the paper's head chunks). ``choices`` maps the window
-    index of a pool's first sequence to the candidate it took."""
-
-    def __init__(self, profile: HardwareProfile, par: ParallelConfig, tap: TapConfig, shape: AttentionShape,
-                 config: LibraAdaptiveConfig, layout: TapConfig | None = None):
-        self.profile, self.par, self.tap, self.shape, self.config = profile, par, tap, shape, config
-        self.cost = CostModel(profile, Topology(profile, par))
-        # the fine candidates' layout: their soft-target slack (LibraAdaptiveConfig.fine_tau)
-        self.fine_tap = tap if config.fine_tau is None else replace(tap, tau=config.fine_tau)
-        self.speeds = None if config.device_speeds is None else np.asarray(config.device_speeds, dtype=np.float64)
-        self.choices: dict[int, str] = {}
-        # a deepened Pipeliner (LibraAdaptivePlanner.window_tap) keeps the layout's planner to fall
-        # back on, and per pool the price of its plan and of the paper's plan at the layout's M
-        self.layout = None if layout is None or layout == tap else _AdaptivePools(profile, par, layout, shape, config)
-        self.prices: dict[int, list] = {}  # [its price, the paper plan's price or bound, that plan or None]
-
-    def __call__(self, k: int, sequences, workers):
-        loads = {}
-        options = self.options(k, sequences, workers, loads)
-        name, pool, times = self._choose(options)
-        name, pool, price = self._rebalance(name, pool, times, loads.get(name))
-        key = int(sequences[0].seq_id)
-        self.choices[key] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
-        if self.layout is not None:
-            price = self._price(pool) if price is None else price
-            paper = self._paper_plan(k, sequences, workers, options)
-            compute, exposed = self._worker_ms(paper, price, self.layout.tap)
-            # above its price the paper plan's compute alone settles it (a lower bound: branch and
-            # bound, as choose); kept to price exactly only if keep_depth needs it
-            self.prices[key] = ([price, float((compute + exposed).max()), None] if exposed is not None
-                                else [price, float(compute.max()), paper])
-        return pool
-
-    def _price(self, pool: PoolPlan, tap: TapConfig | None = None) -> float:
-        """``pool``'s priced straggler alone, at ``tap``'s Pipeliner chunks (default this planner's)."""
-        compute, exposed = self._worker_ms(pool, tap=tap)
-        return float((compute + exposed).max())
-
-    def _paper_plan(self, k: int, sequences, workers, options) -> PoolPlan:
-        """The paper's Alg. 2 plan of the pool (``libra``'s; its placement does not depend on
-        ``M``): the ``alg2-flops`` candidate when priced among ``options``, else planned here."""
-        for name, pool in options:
-            if name == "alg2-flops" and pool.chunking == HEADS:
-                return pool
-        return plan_pool(k, sequences, workers, replace(self.tap, load_estimate="flops"), self.shape,
-                         layout_checked=True)
-
-    def keep_depth(self, plan: Plan) -> tuple[Plan, _AdaptivePools]:
-        """``(plan, the planner of its pools)``: ``plan`` when it runs the layout's ``M`` or its slowest
-        pool prices no slower than the paper's plan of the slowest pool at the layout's ``M``; else
-        its pools planned again at the layout's ``M`` (so ``libra-adaptive`` is never priced slower
-        than ``libra``, Libra sec. 4.4's ``M``)."""
-        if self.layout is None or not plan.pools:
-            return plan, self
-        keys = [int(pool.sequences[0].seq_id) for pool in plan.pools]
-        slowest = max(self.prices[k][0] for k in keys)
-        if slowest <= max(self.prices[k][1] for k in keys):
-            return plan, self  # some paper pool's bound already reaches the slowest
-        for k in keys:  # every paper price below it is exact already; price the bounded ones
-            entry = self.prices[k]
-            if entry[2] is not None:
-                entry[1], entry[2] = self._price(entry[2], self.layout.tap), None
-        if slowest <= max(self.prices[k][1] for k in keys):
-            return plan, self
-        pools = tuple(self.layout(pool.pool_index, pool.sequences, pool.workers) for pool in plan.pools)
-        M = self.layout.tap.pipeline_chunks
-        return replace(plan, pools=pools, pipeline_chunks=M, meta={**plan.meta, "pipeline_chunks": M}), self.layout
-
-    def options(self, k: int, sequences, workers, loads: dict | None = None) -> list[tuple[str, PoolPlan]]:
-        """Every ``(candidate name, pool plan)`` to price: :func:`~libra.tap.adaptive.candidate_pools`
-        each under its chunking (or every configured one); ``loads`` (optional) receives the fine
-        candidates' tile loads (``candidate_pools(loads=...)``) for :meth:`rebalance`.
-
-        Raises:
-            ValueError: no candidate runs under the configured chunkings.
-        """
-        found = candidate_pools(k, sequences, workers, self.tap, self.shape, self.profile.kernel,
-                                self.config.candidates, link_cost=self.cost.topology.byte_cost,
-                                limits=self.config.heavy_tile_limits, loads=loads, speeds=self._speeds_of(workers),
-                                fine_tau=self.config.fine_tau)
-        # each candidate under its own chunking (or every configured one): pricing only the winner
-        # of one chunking under the others was measured to lose 0.1-4.0% (ProLong 256K: 4.0%)
-        # (KV relays run under head chunks only: libra.tap.relay.check_relays)
-        options = [(n, replace(p, chunking=c)) for n, p in found.items()
-                   for c in (self.config.chunkings or (CHUNKING_OF[base_candidate(n)],))
-                   if c == HEADS or not p.transfers.hop.any()]
-        if not options:
-            raise ValueError(f"libra-adaptive: no candidate of {list(found)} runs under chunkings "
-                             f"{list(self.config.chunkings)} (KV relays need head chunks)")
-        return options
-
-    def choose(self, options: list[tuple[str, PoolPlan]]) -> tuple[str, PoolPlan]:
-        """The fastest of ``options`` as the cost model prices each pool alone (ties: the earlier).
-
-        Branch and bound, same choice as pricing every option: the options are priced in
-        :func:`price_order` and an option whose compute alone exceeds the best priced straggler
-        so far (:meth:`libra.sim.cost.CostModel.straggler_ms` with ``cutoff``) is dropped unpriced
-        -- it cannot win, since exposed communication only adds to compute. The margin keeps
-        rounding (an exposed term of -1 ulp) from dropping an exact tie."""
-        name, pool, _ = self._choose(options)
-        return name, pool
-
-    def _choose(self, options: list[tuple[str, PoolPlan]]):
-        """:meth:`choose` and the winner's priced ``(compute, exposed)`` per pool worker (None for a
-        lone option that :meth:`rebalance` would not re-place: nothing needs its price)."""
-        if len(options) == 1 and not self._rebalances(options[0][0]):
-            return (*options[0], None)
-        best, pick, times = float("inf"), 0, None
-        for i in (price_order([n for n, _ in options]) if len(options) > 1 else [0]):
-            compute, exposed = self._worker_ms(options[i][1], cutoff=best * (1 + 1e-9))
-            t = float((compute if exposed is None else compute + exposed).max())
-            if t < best or (t == best and i < pick):
-                best, pick, times = t, i, (compute, exposed)
-        return (*options[pick], times)
-
-    def rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None) -> tuple[str, PoolPlan]:
-        """:meth:`_rebalance` without the price."""
-        return self._rebalance(name, pool, times, load)[:2]
-
-    def _rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None):
-        """The chosen ``pool`` after up to ``rebalance_passes`` passes of
-        :func:`libra.tap.adaptive.rebalance_exposed`, the fastest priced plan kept (its name gains
-        ``+rebalanced``). The first pass reserves the chosen plan's exposure; each later one the mean
-        of the last reservation and the last plan's exposure (:data:`~libra.tap.adaptive.REBALANCE_PASSES`:
-        reserving only the last plan's exposure swings work back and forth between passes). Passes
-        stop once the last plan's :func:`~libra.tap.adaptive.exposure_excess` is at most
-        :data:`~libra.tap.adaptive.REBALANCE_MIN_EXCESS`. Candidates outside
-        :data:`~libra.tap.adaptive.REBALANCED` stay. ``load``: the plan's tile loads as placed, when
-        the caller has them (:meth:`options`' ``loads``); estimated here otherwise. Returns
-        ``(name, pool, price)``, the price its straggler as priced (None when nothing priced it)."""
-        if times is None or times[1] is None:
-            return name, pool, None
-        if not self._rebalances(name):
-            return name, pool, float((times[0] + times[1]).max())
-        passes = self.config.rebalance_passes
-        if load is None:
-            load = kernel_time_weights(pool.tiles, pool.sequences, self.shape, self.profile.kernel,
-                                       self.tap.pipeline_chunks, index=pool.index())
-        best, kept, current = float((times[0] + times[1]).max()), (name, pool), pool
-        reserved = times[1]
-        for i in range(passes):
-            if exposure_excess(*times) <= REBALANCE_MIN_EXCESS:
-                break  # too little exposure above the pool's mean to win back (REBALANCE_MIN_EXCESS)
-            current = rebalance_exposed(name, current, self.shape, self.fine_tap, load, times[0], reserved,
-                                        link_cost=self.cost.topology.byte_cost, speeds=self._speeds_of(pool.workers))
-            times = self._worker_ms(current, cutoff=best if i == passes - 1 else float("inf"))
-            if times[1] is None:
-                break  # the last pass, its compute alone above the best
-            t = float((times[0] + times[1]).max())
-            if t < best:
-                best, kept = t, (f"{name}+rebalanced", current)
-            reserved = (reserved + times[1]) / 2
-        return (*kept, best)
-
-    def _rebalances(self, name: str) -> bool:
-        """Whether :meth:`rebalance` may re-place candidate ``name`` (passes configured, a
-        :data:`~libra.tap.adaptive.REBALANCED` placement)."""
-        return bool(self.config.rebalance_passes) and base_candidate(name) in REBALANCED
-
-    def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf"), tap: TapConfig | None = None):
-        """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``),
-        at ``tap``'s Pipeliner chunks (default this planner's)."""
-        compute, exposed = _pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap, cutoff, self.speeds)
-        ws = list(pool.workers)
-        return compute[ws], (None if exposed is None else exposed[ws])
-
-    def _speeds_of(self, workers) -> np.ndarray | None:
-        """The known speeds of ``workers`` (global ids, in their order); None when none are known."""
-        return None if self.speeds is None else self.speeds[list(workers)]
-
-    def stages(self, k: int, sequences, workers) -> dict:
-        """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
-        ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here),
-        ``rebalance`` (:meth:`rebalance` of the chosen plan) and, with a deepened Pipeliner,
-        ``depth`` (pricing the paper's plan at the layout's ``M`` for :meth:`keep_depth`, its compute
-        alone where that already exceeds the chosen plan's price)."""
-        loads = {}
-        options = self.options(k, sequences, workers, loads)
-        chosen = self._choose(options)
-        price = self._rebalance(*chosen, loads.get(chosen[0]))[2]
-        parts = {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
-                 "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
-        if self.layout is not None:  # the deeper Pipeliner's guard: the paper's plan at the layout's M
-            parts["depth"] = partial(self._worker_ms, self._paper_plan(k, sequences, workers, options),
-                                     float("inf") if price is None else price, self.layout.tap)
-        return parts
-
-
-DEEPER_CHUNKS = 2
-"""How many times the layout's Pipeliner chunks ``M`` ``libra-adaptive`` runs (``deepen_pipeline``).
-Only chunk 0's dispatch and chunk ``M - 1``'s return are never hidden (Libra sec. 4.4), each about
-``1/M`` of a worker's traffic, and on real corpora those two transfers are most of the straggler's
-exposed communication; a deeper Pipeliner shortens them for a few more chunk latencies and kernel
-calls. Measured with ``straggler``'s pricing (4 windows, jitter on; every Plan at one depth),
-``libra-adaptive``'s mean speedup over Ulysses at M = 4 / 8: Wikipedia 4.744 / 4.766 (256K) and
-2.929 / 2.985 (1M), ProLong 7.183 / 7.178 and 3.812 / 3.899, libra-prod 2.341 / 2.369 and
-2.502 / 2.519, the held-out WLB-LLM synthetic corpus 3.167 / 3.215 and 2.063 / 2.110. M = 16 cuts
-the paper shape's one-KV-head tiles (8 query heads) to two KV heads, which head chunks of one query
-head per chunk need (:func:`libra.tap.adaptive.fine_head_split`), and lost up to 45%. Choosing per
-Plan between M = 4 and 8 by pricing the plan built for M = 4 at both gained less than planning at
-8 (Wikipedia 1M 2.953, ProLong 1M 3.866, libra-prod 256K 2.345): the tile loads, chunkings and
-re-placement are priced at the depth that runs."""
-
-
-PRICE_FIRST = ("fine-retain-link-relay", "fine-retain-link")
-"""The candidates ``libra-adaptive`` prices first (:func:`price_order`), most often fastest first:
-of 640 pools (8 windows of libra-prod, Wikipedia, ProLong and the held-out WLB-LLM synthetic
-corpus, 256K and 1M, each priced alone without jitter), the relayed plan won 410 (11 of them cut at
-the finer heavy-tile limit), the plain link-priced one 229 and the paper's plan 1. Pricing the
-likely winner first lets the bound drop the others."""
-
-
-def price_order(names) -> list[int]:
-    """Indices of candidate ``names`` in pricing order: :data:`PRICE_FIRST` in its order, then
-    the rest (finer heavy-tile cuts ``name@limit`` included) as given."""
-    rank = {n: i for i, n in enumerate(PRICE_FIRST)}
-    return sorted(range(len(names)), key=lambda i: rank.get(names[i], len(rank)))
-
-
-def _pool_worker_ms(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig,
-                    cutoff: float = float("inf"), speed=None):
-    """``pool`` run alone (its plan as a one-pool Plan): every worker's priced ``(compute, exposed)``
-    (:meth:`libra.sim.cost.CostModel.worker_ms`, at ``speed``; ``exposed`` None once compute exceeds
-    ``cutoff``)."""
-    plan = Plan(method="libra-adaptive", ga_index=0, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
-                pools=(pool,), meta={})
-    return cost.worker_ms(plan, cutoff=cutoff, speed=speed)

@@ -18,7 +18,7 @@ one head per query head for the kernel and dK/dV are summed back before they tra
 A CP group of one rank (CP = 1, e.g. the 2-rank DP CPU microbench) already holds the whole
 sequence and every head: it runs the kernel on its inputs with no all-to-all and no packing
 copies, as a deployment would, so the baseline carries no runtime overhead that Libra is then
-compared against (issue 13).
+compared against.
 
 Shapes: ``q (S/CP, hq, d)``, ``k, v (S/CP, hkv, d)`` in, ``out (S/CP, hq, d)``.
 """

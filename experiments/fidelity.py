@@ -55,7 +55,7 @@ from experiments.runner import RUNS_ROOT, ExperimentRun
 from experiments.runs_table import run_caption
 from libra.config import TapConfig
 from libra.runtime.kernels import Segments, get_backend
-from libra.tap.tile_chunks import schedule_for_pool
+from libra.tap.pipeline import schedule_for_pool
 from libra.workload import AttentionShape
 
 METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")

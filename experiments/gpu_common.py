@@ -350,7 +350,7 @@ def worker_pieces(pool, shape: AttentionShape, worker: int, sched) -> dict[str, 
     the runtime runs them and the cost model prices them), with pool-token-axis coordinates.
 
     Args:
-        sched: the pool's Pipeliner schedule (``libra.tap.tile_chunks.schedule_for_pool``).
+        sched: the pool's Pipeliner schedule (``libra.tap.pipeline.schedule_for_pool``).
 
     Returns a dict of ``(G,)`` int64 arrays: ``tile`` (the first piece's), ``q_len``, ``kv_len``,
     ``heads``, ``area``, ``head_start``, ``head_end`` (query heads of the segment's tile), ``q_tok``

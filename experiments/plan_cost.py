@@ -95,7 +95,7 @@ from libra.tap import exchange as _exchange
 from libra.tap import placement as _placement
 from libra.tap import tiles as _tiles
 from libra.tap.exchange import build_transfers
-from libra.tap.placement import place_tiles
+from libra.tap.placement import PlacementPolicy, place_tiles
 from libra.tap.planner import plan_pool
 from libra.tap.tiles import make_tiles
 from libra.vrsp import vrsp_schedule
@@ -118,8 +118,8 @@ TAP_RATIO_TARGETS = {"libra-adaptive": 2.0}
 """Targets (issue 11) of another planner's per-pool TAP time as a multiple of ``libra``'s, same placer,
 on any run: printed next to the measured ratio."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
-          "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout_jit"),
-          "libra.sim.cost": partial(jit_modules.warmup, "cost_jit")}
+          "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout"),
+          "libra.sim.cost": partial(jit_modules.warmup, "cost")}
 """The compiled kernels' ``warmup()`` (JIT compilation: TAP's and the cost model's, which
 ``libra-adaptive`` prices candidates with), run before any timing."""
 
@@ -274,7 +274,7 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
     window = _window(setting, workload, index, seed)
     lengths = [s.sample_lengths for s in window]
     par, tap = setting.par(), setting.tap
-    check_layout(par, tap, shape)  # once, as a planner's plan_window does; plan_pool is told so
+    checked = check_layout(par, tap, shape)  # once, as a planner's plan_window does; plan_pool reuses it
 
     def vrsp_step():
         return vrsp_schedule(packed_workloads(lengths), tap.pool_size, par.dp)
@@ -292,16 +292,15 @@ def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats:
             seqs = [SequenceLayout.contiguous(int(groups[g, p0 + j]), p0 + j, lengths[int(groups[g, p0 + j])], par.cp)
                     for j in range(P)]
             workers = pool_workers(p0, P, par.cp)
-            index = pool_index(seqs)  # the parts run as plan_pool runs them: one index, make_tiles' tiles
-            tiles = make_tiles(seqs, tap.block_size, tap.head_split, shape, index=index)
-            placed, _ = place_tiles(tiles, seqs, workers, shape, tau=tap.tau, comm_aware=tap.comm_aware, index=index,
-                                    tiles_checked=True)
+            pool = pool_index(seqs)  # the parts run as plan_pool runs them: one index, make_tiles' tiles
+            tiles = make_tiles(seqs, tap.block_size, tap.head_split, shape, index=pool)
+            policy = PlacementPolicy(comm_aware=tap.comm_aware)
+            placed, _ = place_tiles(tiles, seqs, workers, shape, tap.tau, policy=policy)
             parts = {  # partial binds this pool's arguments now (timed right below)
-                "tap": partial(plan_pool, k, seqs, workers, tap, shape, layout_checked=True),
-                "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, shape, index=index),
-                "tap.placement": partial(place_tiles, tiles, seqs, workers, shape, tau=tap.tau,
-                                         comm_aware=tap.comm_aware, index=index, tiles_checked=True),
-                "tap.exchange": partial(build_transfers, seqs, placed, shape, index=index),
+                "tap": partial(plan_pool, k, seqs, workers, tap, shape, checked=checked),
+                "tap.tiles": partial(make_tiles, seqs, tap.block_size, tap.head_split, shape, index=pool),
+                "tap.placement": partial(place_tiles, tiles, seqs, workers, shape, tap.tau, policy=policy),
+                "tap.exchange": partial(build_transfers, seqs, placed, shape, index=pool),
                 **{tap_stage(m): partial(fn, k, seqs, workers) for m, fn in others.items()},
                 **method_parts(others, k, seqs, workers),
             }

@@ -67,8 +67,7 @@ from libra.sim.cost import CostModel
 from libra.sim.kernel import PIECE_PRICINGS
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
-from libra.tap.pipeline import ChunkSchedule
-from libra.tap.tile_chunks import schedule_for_pool
+from libra.tap.pipeline import ChunkSchedule, schedule_for_pool
 from libra.workload import AttentionShape, attention_flops
 
 METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")

@@ -63,7 +63,7 @@ from experiments.sim_common import (
 )
 from libra.runtime.kernels import Segments
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
-from libra.tap.tile_chunks import schedule_for_pool
+from libra.tap.pipeline import schedule_for_pool
 from libra.workload import attention_flops, sample_area
 
 VARIANTS = ("runtime", "calls", "one-call")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -150,11 +151,21 @@ def check_heads(tap: TapConfig, shape: AttentionShape) -> None:
         )
 
 
-def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> None:
+class CheckedLayout(NamedTuple):
+    """A TAP layout that :func:`check_layout` accepted for a parallel layout and head shape: the
+    value :func:`libra.tap.planner.plan_pool` takes (``checked=``) to skip its own per-pool layout
+    checks for pools of exactly this ``tap``, ``shape`` and ``par``'s sequence length and CP."""
+
+    par: ParallelConfig
+    tap: TapConfig
+    shape: AttentionShape
+
+
+def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> CheckedLayout:
     """Check the divisibility rules that tie a TAP layout to the parallel layout and head shape.
 
     The one layout check of a planning call: planners run it once per GBS window (``plan_window``)
-    and tell :func:`libra.tap.planner.plan_pool` so (``layout_checked=True``).
+    and hand its result to :func:`libra.tap.planner.plan_pool` (``checked=``).
 
     Raises:
         ValueError: ``P`` not dividing DP, ``B`` not dividing ``S/CP``, ``H`` not dividing ``hq``,
@@ -164,3 +175,4 @@ def check_layout(par: ParallelConfig, tap: TapConfig, shape: AttentionShape) -> 
         raise ValueError(f"pool size P={tap.pool_size} must divide DP={par.dp}")
     check_block(tap.block_size, par.seq_len, par.cp)
     check_heads(tap, shape)
+    return CheckedLayout(par, tap, shape)

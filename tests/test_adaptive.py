@@ -19,25 +19,25 @@ from test_baselines_planners import make_window
 from baselines.libra_planners import LibraAdaptiveConfig
 from baselines.registry import get_planner
 from libra.config import ParallelConfig, TapConfig
+from libra.extensions.adaptive.candidates import (
+    CANDIDATES,
+    CandidateSpace,
+    candidate,
+    candidate_pools,
+    fine_head_split,
+)
+from libra.extensions.adaptive.rebalance import (
+    REBALANCE_MIN_EXCESS,
+    exposure_excess,
+    rebalance_exposed,
+)
+from libra.extensions.adaptive.retention import _retained, retention_order
 from libra.plan import Plan, PoolPlan, SequenceLayout
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import (
-    CANDIDATES,
-    CHUNKING_OF,
-    REBALANCE_MIN_EXCESS,
-    REBALANCED,
-    _retained,
-    base_candidate,
-    candidate_pools,
-    exposure_excess,
-    fine_head_split,
-    rebalance_exposed,
-    retention_order,
-)
 from libra.tap.exchange import build_transfers
-from libra.tap.placement import available_placers, place_tiles
+from libra.tap.placement import PlacementPolicy, available_placers, place_tiles
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
 
@@ -70,7 +70,7 @@ def test_retention_order_keeps_homes_within_the_target_and_placers_agree(seed, t
     tiles = make_tiles(seqs, 32, 2, SHAPE)
     order = retention_order(tiles, SHAPE, tiles.flops, len(workers), tau)
     assert sorted(order.tolist()) == list(range(len(tiles)))
-    results = {p: place_tiles(tiles, seqs, workers, SHAPE, tau=tau, order=order, placer=p) for p in available_placers()}
+    results = {p: place_tiles(tiles, seqs, workers, SHAPE, tau=tau, placer=p, policy=PlacementPolicy(order=order)) for p in available_placers()}
     dests = {p: (r[0].dest.tolist(), r[1]) for p, r in results.items()}
     assert len({str(v) for v in dests.values()}) == 1, dests
     cap = (1 + tau) * tiles.flops.sum() / len(workers)
@@ -92,7 +92,7 @@ def test_order_must_be_a_permutation():
     seqs, workers = _pool(1)
     tiles = make_tiles(seqs, 32, 1, SHAPE)
     with pytest.raises(ValueError, match="permutation"):
-        place_tiles(tiles, seqs, workers, SHAPE, order=np.zeros(len(tiles), dtype=np.int64))
+        place_tiles(tiles, seqs, workers, SHAPE, policy=PlacementPolicy(order=np.zeros(len(tiles), dtype=np.int64)))
 
 
 def _price_steps(plans, profile, par):
@@ -114,7 +114,7 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
         assert len(plan.meta["adaptive_choice"]) == len(plan.pools)
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
             name, *how = choice.split("+")
-            assert base_candidate(name) in CANDIDATES and set(how) <= {"rebalanced", "tiles"}
+            assert candidate(name).name in CANDIDATES and set(how) <= {"rebalanced", "tiles"}
             assert ("tiles" if "tiles" in how else "heads") == pool.chunking
     assert (_price_steps(adaptive, profile, par) <= _price_steps(libra, profile, par) * (1 + 1e-12)).all()
     again = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
@@ -126,7 +126,10 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
 def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
     """``choose`` drops candidates by their compute bound, in ``price_order``; it must keep exactly
     the option that pricing every one picks (the fastest, ties: the earlier)."""
-    from baselines.libra_planners import PRICE_FIRST, _pool_worker_ms, price_order
+    from libra.extensions.adaptive.planner import pool_worker_ms, price_order
+
+    price_first = sorted((c.name for c in CANDIDATES.values() if c.price_rank is not None),
+                         key=lambda n: CANDIDATES[n].price_rank)
 
     par = ParallelConfig(dp=2, cp=cp, gbs=2, seq_len=128 * cp)
     seqs, workers = _pool(seed, cp=cp)
@@ -135,16 +138,16 @@ def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
                           heavy_tile_limits=(1.0, 0.5, 0.25))
     pools = planner.pool_planner(par, SHAPE)[0]
     options = pools.options(0, seqs, workers)
-    priced = [float(sum(_pool_worker_ms(pools.cost, p, par, SHAPE, pools.tap)).max()) for _, p in options]
+    priced = [float(sum(pool_worker_ms(pools.cost, p, par, SHAPE, pools.tap)).max()) for _, p in options]
     want = min(range(len(options)), key=lambda i: priced[i])
     name, pool = pools.choose(options)
     assert (name, pool.chunking) == (options[want][0], options[want][1].chunking)
     assert pool is options[want][1]
     order = price_order([n for n, _ in options])
     assert sorted(order) == list(range(len(options)))
-    firsts = [options[i][0] for i in order if options[i][0] in PRICE_FIRST]
-    assert firsts == sorted(firsts, key=PRICE_FIRST.index)  # PRICE_FIRST in its order, before the rest
-    assert all(options[i][0] in PRICE_FIRST for i in order[:len(firsts)])
+    firsts = [options[i][0] for i in order if options[i][0] in price_first]
+    assert firsts == sorted(firsts, key=price_first.index)  # price_first in its order, before the rest
+    assert all(options[i][0] in price_first for i in order[:len(firsts)])
 
 
 def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
@@ -159,17 +162,16 @@ def test_pinned_candidate_is_used_with_one_kv_head_per_tile():
 
 
 def test_chunking_choice_is_priced_and_can_be_pinned():
-    """By default each candidate runs with its own chunking (``CHUNKING_OF``); given ``chunkings``,
+    """By default each candidate runs with its own chunking (``Candidate.chunking``); given ``chunkings``,
     each pool runs its candidate with the faster of them as priced; one chunking pins it."""
     par = ParallelConfig(dp=4, cp=2, gbs=8, seq_len=512)
     window = make_window(8, 512, 5)
     profile = load_profile("h100-roce-v1")
     cost = CostModel(profile, Topology(profile, par))
-    assert set(CHUNKING_OF) == set(CANDIDATES)
     default = get_planner("libra-adaptive", **OPTS, profile=profile).plan_window(window, par, SHAPE)
     for plan in default:
         for choice, pool in zip(plan.meta["adaptive_choice"], plan.pools):
-            assert pool.chunking == CHUNKING_OF[base_candidate(choice.partition("+")[0])]
+            assert pool.chunking == candidate(choice.partition("+")[0]).chunking
     both = get_planner("libra-adaptive", **OPTS, profile=profile, chunkings=("heads", "tiles"),
                        rebalance_passes=0).plan_window(window, par, SHAPE)  # the choice itself, not re-placed
     for plan in both:
@@ -201,9 +203,8 @@ def test_link_priced_candidate_needs_link_costs_and_equals_retention_on_one_link
     tap = TapConfig(block_size=32, head_split=1, pipeline_chunks=2)
     kernel = load_profile("h100-roce-v1").kernel
     with pytest.raises(ValueError, match="link_cost"):
-        candidate_pools(0, seqs, workers, tap, SHAPE, kernel, ("fine-retain-link",))
-    flat = candidate_pools(0, seqs, workers, tap, SHAPE, kernel, ("fine-retain", "fine-retain-link"),
-                           link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64))
+        candidate_pools(0, seqs, workers, CandidateSpace(tap, SHAPE, kernel, ("fine-retain-link",)))
+    flat = candidate_pools(0, seqs, workers, CandidateSpace(tap, SHAPE, kernel, ("fine-retain", "fine-retain-link"), link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64)))
     assert flat["fine-retain"].tiles.dest.tolist() == flat["fine-retain-link"].tiles.dest.tolist()
 
 
@@ -221,7 +222,7 @@ def test_link_priced_placement_prefers_the_fast_link():
     tiles = make_tiles(seqs, 16, 2, SHAPE)
     dest, weighted = [], []
     for link_cost in (None, topo.byte_cost):
-        placed, _ = place_tiles(tiles, seqs, list(range(8)), SHAPE, tau=0.03, link_cost=link_cost)
+        placed, _ = place_tiles(tiles, seqs, list(range(8)), SHAPE, tau=0.03, policy=PlacementPolicy(link_cost=link_cost))
         tr = build_transfers(seqs, placed, SHAPE)
         pool = PoolPlan(pool_index=0, workers=tuple(range(8)), sequences=tuple(seqs), tiles=placed, transfers=tr)
         Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=2, pools=(pool,), meta={}).validate()
@@ -234,7 +235,7 @@ def test_link_priced_placement_prefers_the_fast_link():
 def test_split_heavy_tiles_cuts_equal_work_and_keeps_coverage():
     """A tile heavier than the limit becomes ceil(load / limit) token ranges of equal causal area:
     same heads and Q-home, the same rows covered once, the same FLOPs in total."""
-    from libra.tap.adaptive import split_heavy_tiles  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import split_heavy_tiles  # noqa: PLC0415
 
     seqs = [SequenceLayout(0, 0, [4096, 512, 512], [0, 2560], [2560, 5120], [0, 1]),
             SequenceLayout(1, 1, [1024] * 5, [0, 2560], [2560, 5120], [2, 3])]
@@ -255,14 +256,13 @@ def test_split_heavy_tiles_cuts_equal_work_and_keeps_coverage():
 
 def test_adaptive_plans_with_split_tiles_validate():
     """The default candidates cut a long sample's heaviest tiles; every candidate still validates."""
-    from libra.tap.adaptive import DEFAULT_CANDIDATES, candidate_pools, fine_head_split  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES, candidate_pools, fine_head_split  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
     profile = load_profile("h100-roce-v1")
     tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2)
-    found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
-                            link_cost=Topology(profile, par).byte_cost)
+    found = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=Topology(profile, par).byte_cost))
     fine = found["fine-retain-link"]
     plain = make_tiles(seqs, tap.block_size, fine_head_split(tap, SHAPE), SHAPE)
     assert len(fine.tiles) > len(plain)  # some tile was cut
@@ -275,26 +275,23 @@ def test_heavy_tile_limits_add_finer_cuts_only_where_they_cut():
     """Each later heavy-tile limit that cuts some tile adds the relayed candidate (else every fine
     one) as ``name@limit``, cut finer; a limit that cuts nothing adds nothing; every candidate validates; the planner's
     ``heavy_tile_limits`` pins one and is checked."""
-    from libra.tap.adaptive import DEFAULT_CANDIDATES  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
     profile = load_profile("h100-roce-v1")
     tap = TapConfig(pool_size=4, block_size=2048, head_split=1, pipeline_chunks=2)
     link = Topology(profile, par).byte_cost
-    found = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
-                            link_cost=link, limits=(1.0, 0.5, 1e6))
+    found = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link, limits=(1.0, 0.5, 1e6)))
     assert list(found) == ["alg2-flops", "fine-retain-link", "fine-retain-link-relay",
                            "fine-retain-link-relay@0.5"]  # finer cuts: the relayed plan; 1e6 cuts nothing
     assert len(found["fine-retain-link-relay@0.5"].tiles) > len(found["fine-retain-link-relay"].tiles)
-    plain = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, ("fine-retain-link",),
-                            link_cost=link, limits=(1.0, 0.5))
+    plain = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, ("fine-retain-link",), link_cost=link, limits=(1.0, 0.5)))
     assert list(plain) == ["fine-retain-link", "fine-retain-link@0.5"]  # no relayed plan asked: every fine one
-    assert base_candidate("fine-retain-link-relay@0.5") == "fine-retain-link-relay"
+    assert candidate("fine-retain-link-relay@0.5") is CANDIDATES["fine-retain-link-relay"]
     for pool in found.values():
         Plan("libra-adaptive", 0, SHAPE, cp=2, pipeline_chunks=tap.pipeline_chunks, pools=(pool,)).validate()
-    one = candidate_pools(0, seqs, list(range(8)), tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES,
-                          link_cost=link, limits=(1.0,))
+    one = candidate_pools(0, seqs, list(range(8)), CandidateSpace(tap, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link, limits=(1.0,)))
     assert list(one) == list(found)[:3] and all(one[n].digest() == found[n].digest() for n in one)
     assert get_planner("libra-adaptive", heavy_tile_limits=0.75).config.heavy_tile_limits == (0.75,)
     for bad in ((), (0.0,), (float("nan"),), ("x",)):
@@ -322,8 +319,8 @@ def test_rebalance_keeps_a_pass_only_when_it_prices_faster(seed, passes):
     before = float((times[0] + times[1]).max())
     if new is pool:
         assert new_name == name
-        if passes and exposure_excess(*times) > REBALANCE_MIN_EXCESS and base_candidate(name) in REBALANCED:
-            first = rebalance_exposed(name, pool, SHAPE, pools.fine_tap, _load(pools, pool), *times,
+        if passes and exposure_excess(*times) > REBALANCE_MIN_EXCESS and candidate(name).retain:
+            first = rebalance_exposed(name, pool, SHAPE, pools.fine_tap, _load(pools, pool), times,
                                       link_cost=pools.cost.topology.byte_cost)
             assert float(sum(pools._worker_ms(first)).max()) >= before  # the first pass was not faster
     else:
@@ -348,15 +345,15 @@ def test_rebalance_exposed_moves_compute_off_the_exposed_worker():
     heavy = int(np.argmax(compute))
     fake = np.zeros_like(exposed)
     fake[heavy] = compute.mean()  # as if that worker waited a whole mean share on the wire
-    new = rebalance_exposed(name, pool, SHAPE, pools.tap, load, compute, fake, link_cost=pools.cost.topology.byte_cost)
+    new = rebalance_exposed(name, pool, SHAPE, pools.tap, load, (compute, fake), link_cost=pools.cost.topology.byte_cost)
     after, _ = pools._worker_ms(new)
     assert after[heavy] < compute[heavy]
     Plan(method="x", ga_index=0, shape=SHAPE, cp=2, pipeline_chunks=OPTS["pipeline_chunks"], pools=(new,),
          meta={}).validate()
     with pytest.raises(ValueError, match="re-places"):
-        rebalance_exposed("alg2-flops", pool, SHAPE, pools.tap, load, compute, exposed)
+        rebalance_exposed("alg2-flops", pool, SHAPE, pools.tap, load, (compute, exposed))
     with pytest.raises(ValueError, match="one entry per pool worker"):
-        rebalance_exposed(name, pool, SHAPE, pools.tap, load, compute[:-1], exposed[:-1])
+        rebalance_exposed(name, pool, SHAPE, pools.tap, load, (compute[:-1], exposed[:-1]))
 
 
 def test_exposure_excess():
@@ -423,7 +420,7 @@ def test_fine_tau_places_only_the_fine_candidates_to_its_slack():
     """``fine_tau`` is the slack of the fine candidates alone: they are the plans of a layout with that
     ``tau``, the paper's plan keeps the layout's; the planner passes its ``fine_tau`` on, records it,
     and checks it."""
-    from libra.tap.adaptive import DEFAULT_CANDIDATES, FINE  # noqa: PLC0415
+    from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES  # noqa: PLC0415
 
     par = ParallelConfig(dp=4, cp=2, gbs=4, seq_len=4096)
     seqs = [SequenceLayout.contiguous(i, i, n, 2) for i, n in enumerate([[4096], [64] * 64, [512] * 8, [128] * 32])]
@@ -432,13 +429,12 @@ def test_fine_tau_places_only_the_fine_candidates_to_its_slack():
     link = Topology(profile, par).byte_cost
 
     def build(t, **kw):
-        return candidate_pools(0, seqs, list(range(8)), t, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link,
-                               **kw)
+        return candidate_pools(0, seqs, list(range(8)), CandidateSpace(t, SHAPE, profile.kernel, DEFAULT_CANDIDATES, link_cost=link, **kw))
 
     layout, tight, loose = build(tap), build(tap, fine_tau=0.0), build(replace(tap, tau=0.0))
     assert tight["alg2-flops"].digest() == layout["alg2-flops"].digest()
-    assert all(tight[n].digest() == loose[n].digest() for n in tight if n in FINE)
-    assert any(tight[n].digest() != layout[n].digest() for n in tight if n in FINE)  # the slack mattered here
+    assert all(tight[n].digest() == loose[n].digest() for n in tight if candidate(n).fine)
+    assert any(tight[n].digest() != layout[n].digest() for n in tight if candidate(n).fine)  # the slack mattered here
     assert LibraAdaptiveConfig().fine_tau == 0.01 and LibraAdaptiveConfig(fine_tau=None).fine_tau is None
     window = make_window(4, 512, 3)
     plans = get_planner("libra-adaptive", **OPTS, fine_tau=0.0).plan_window(window, ParallelConfig(dp=2, cp=1, gbs=4,

@@ -1,8 +1,15 @@
 """Architecture rules, checked statically with ``ast`` (no first-party module is imported here).
 
-1. No import cycle among the first-party packages ``libra``, ``baselines`` and ``experiments``.
-2. No function in ``libra/`` longer than :data:`MAX_FUNCTION_LINES` lines, except the allow-listed
-   ones (and an allow-list entry that no longer names a long function is itself an error).
+1. No import cycle among the first-party packages ``libra``, ``baselines`` and ``experiments``
+   (imports inside functions and under ``if TYPE_CHECKING:`` included).
+2. The core (``libra/`` outside :data:`EXTENSIONS`) never imports an extension.
+3. No function in ``libra/``, ``baselines/`` or ``experiments/`` longer than
+   :data:`MAX_FUNCTION_LINES` lines, except the allow-listed ones (and an allow-list entry that no
+   longer names a long function is itself an error).
+4. No function in ``libra/`` or ``baselines/`` takes more than :data:`MAX_PARAMETERS` parameters
+   (``self``/``cls`` not counted), except compiled kernels (:data:`MAX_KERNEL_PARAMETERS`) and the
+   allow-listed ones.
+5. No production file names an issue number.
 """
 
 from __future__ import annotations
@@ -14,7 +21,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("libra", "baselines", "experiments")
 MAX_FUNCTION_LINES = 80
-LONG_FUNCTION_ALLOW: dict[str, str] = {}  # path:function -> why it may exceed the limit (none today)
+LONG_FUNCTION_ALLOW: dict[str, str] = {  # path:function -> why it may exceed the limit
+    "experiments/calibrate.py:fit_profile": "one fit of every measured curve, to be split with its config",
+}
+EXTENSIONS = "libra.extensions"
+"""The package of extensions beyond the paper: the core reaches them only through its seams."""
+MAX_PARAMETERS = 8
+MAX_KERNEL_PARAMETERS = 12
+"""A compiled kernel (``libra/jit/``) takes its arrays one by one, up to this many."""
+MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take more than MAX_PARAMETERS
+    "libra/jit/exchange.py:transfer_rows": "compiled kernel: every pool index array of the exchange",
+    "libra/tap/placement.py:_place_compiled": "adapter that hands Alg. 2's arrays to the compiled placer",
+    "libra/tap/placement.py:_place_dense": "Alg. 2's dense loop on the arrays _place_compiled also takes",
+    "libra/tap/placement.py:_place_grouped": "Alg. 2's grouped loop on the same arrays",
+    "libra/extensions/adaptive/repair.py:_repair_python": "the Python twin of a compiled kernel's arrays",
+    "libra/runtime/attention.py:prepare": "runtime entry point: its options await a config dataclass",
+    "libra/runtime/blocks.py:Rects.make": "one column per rectangle field",
+    "libra/runtime/calls.py:call_backward": "the kernel call's tensors, one by one",
+    "libra/runtime/launch.py:run_local_ranks": "process launcher options await a config dataclass",
+    "libra/sampler.py:LibraSampler.__init__": "sampler options await a config dataclass",
+}
 
 
 # --------------------------------------------------------------------------- import graph
@@ -38,25 +64,14 @@ def _ancestors(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _runtime_nodes(tree: ast.AST):
-    """Every node of ``tree`` that can execute at runtime, at any depth (function bodies included:
-    deferred imports run when the function is called, so they count).
-
-    The body of ``if TYPE_CHECKING:`` is skipped (its ``else`` branch is kept): those imports never
-    execute at runtime, so they cannot take part in an import cycle.
-    """
+    """Every node of ``tree``, at any depth: function bodies included (deferred imports run when the
+    function is called) and ``if TYPE_CHECKING:`` bodies too (a type-only import still ties the two
+    modules' designs together, so it may not close a cycle either)."""
     stack = [tree]
     while stack:
         node = stack.pop()
         yield node
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
-            continue
         stack.extend(ast.iter_child_nodes(node))
 
 
@@ -95,7 +110,7 @@ def import_graph(root: Path, packages=PACKAGES) -> tuple[dict[str, set[str]], di
     Edges from module ``m``:
 
     * to every first-party module ``m`` imports anywhere (module level, inside functions, inside
-      ``try``; not inside ``if TYPE_CHECKING:``); ``from X import Y`` targets ``X.Y`` when that is a
+      ``try``, inside ``if TYPE_CHECKING:``); ``from X import Y`` targets ``X.Y`` when that is a
       module, else ``X`` (Y is an attribute, so X's code must have run); relative imports resolved;
     * implicitly, to the packages above each target (importing ``a.b.c`` runs ``a/__init__`` and
       ``a/b/__init__`` first), EXCEPT the packages above ``m`` itself: those are already being
@@ -240,11 +255,12 @@ def test_import_graph_rules_on_a_synthetic_tree(tmp_path):
     graph, where = import_graph(tmp_path, ("pkg", "other"))
     assert graph["pkg"] == {"pkg.core"}
     assert graph["pkg.core"] == {"pkg.helpers"}  # submodule, and pkg/__init__ (its own parent) not implied
-    assert graph["pkg.helpers"] == {"pkg.sub", "pkg.sub.leaf"}  # TYPE_CHECKING skipped; deferred relative kept
+    assert graph["pkg.helpers"] == {"pkg.core", "pkg.sub", "pkg.sub.leaf"}  # TYPE_CHECKING and deferred relative kept
     assert graph["pkg.sub.leaf"] == {"pkg.core"}
     assert graph["other.mod"] == {"pkg", "pkg.sub", "pkg.sub.leaf"}  # parents of an import are edges
     assert where[("pkg.helpers", "pkg.sub.leaf")] == "pkg/helpers.py:5"
-    assert find_cycles(graph) == [["pkg.core", "pkg.helpers", "pkg.sub.leaf", "pkg.core"]]
+    assert find_cycles(graph) == [["pkg.core", "pkg.helpers", "pkg.core"],
+                                  ["pkg.core", "pkg.helpers", "pkg.sub.leaf", "pkg.core"]]
 
 
 def test_no_import_cycles_among_first_party_packages():
@@ -285,8 +301,8 @@ def test_function_length_scan_counts_def_to_end():
     assert lengths["libra/runtime/attention.py:LibraAttention.forward"] > 10
 
 
-def test_no_long_functions_in_libra():
-    lengths = function_lengths(ROOT)
+def test_no_long_functions():
+    lengths = {k: n for pkg in PACKAGES for k, n in function_lengths(ROOT, pkg).items()}
     long = {k: n for k, n in lengths.items() if n > MAX_FUNCTION_LINES}
     offenders = sorted(k for k in long if k not in LONG_FUNCTION_ALLOW)
     stale = sorted(k for k in LONG_FUNCTION_ALLOW if k not in long)
@@ -298,3 +314,71 @@ def test_no_long_functions_in_libra():
         msgs.append("stale LONG_FUNCTION_ALLOW entries (gone or now short; remove them):\n" + "\n".join(
             f"  {k} ({lengths[k]} lines)" if k in lengths else f"  {k} (not found)" for k in stale))
     assert not msgs, "\n".join(msgs)
+
+
+# --------------------------------------------------------------------------- core and extensions
+
+
+def test_core_never_imports_an_extension():
+    graph, where = import_graph(ROOT)
+    core = [m for m in graph if m.startswith("libra") and not (m == EXTENSIONS or m.startswith(EXTENSIONS + "."))]
+    bad = sorted((m, t) for m in core for t in graph[m] if t == EXTENSIONS or t.startswith(EXTENSIONS + "."))
+    assert not bad, "core modules import an extension (use a seam: chunking registry, hops, PlacementPolicy):\n" + \
+        "\n".join(f"  {m} -> {t}  ({where[(m, t)]})" for m, t in bad)
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _decorated_by(node, words) -> bool:
+    return any(w in ast.unparse(d) for d in node.decorator_list for w in words)
+
+
+def parameter_counts(root: Path, packages=("libra", "baselines")) -> dict[str, tuple[int, bool]]:
+    """``"path:qualname" -> (parameters, is_compiled_kernel)`` of every function under ``packages``
+    (``self``/``cls`` not counted; click entry points left out). A compiled kernel is any function
+    of ``libra/jit/``."""
+    out = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            stack = [(ast.parse(path.read_text(encoding="utf-8")), "")]
+            while stack:
+                node, prefix = stack.pop()
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        a = child.args
+                        names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                        n = len(names) + (a.vararg is not None) + (a.kwarg is not None)
+                        n -= bool(names) and names[0] in ("self", "cls")
+                        if not _decorated_by(child, ("click.", "option", "command")):
+                            out[f"{rel}:{prefix}{child.name}"] = (n, rel.startswith("libra/jit/"))
+                        stack.append((child, f"{prefix}{child.name}."))
+                    elif isinstance(child, ast.ClassDef):
+                        stack.append((child, f"{prefix}{child.name}."))
+                    else:
+                        stack.append((child, prefix))
+    return out
+
+
+def test_no_function_takes_too_many_parameters():
+    counts = parameter_counts(ROOT)
+    limit = {k: MAX_KERNEL_PARAMETERS if kernel else MAX_PARAMETERS for k, (_, kernel) in counts.items()}
+    over = {k: n for k, (n, _) in counts.items() if n > limit[k]}
+    offenders = sorted(k for k in over if k not in MANY_PARAMETERS_ALLOW)
+    stale = sorted(k for k in MANY_PARAMETERS_ALLOW if k not in over)
+    assert not offenders, "functions over the parameter limit (take a config or a policy object):\n" + \
+        "\n".join(f"  {k} ({over[k]} parameters)" for k in offenders)
+    assert not stale, f"stale MANY_PARAMETERS_ALLOW entries (remove them): {stale}"
+
+
+# --------------------------------------------------------------------------- issue numbers
+
+
+def test_no_issue_numbers_in_production_code():
+    import re  # noqa: PLC0415
+
+    pattern = re.compile(r"\bissues? ?#?\d+", re.IGNORECASE)
+    hits = [f"{p.relative_to(ROOT)}:{i}" for pkg in ("libra", "baselines") for p in sorted((ROOT / pkg).rglob("*.py"))
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not hits, "production code names an issue number (say what the code does instead):\n  " + "\n  ".join(hits)

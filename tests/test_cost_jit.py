@@ -1,4 +1,4 @@
-"""The compiled cost model (:mod:`libra.sim.cost_jit`) prices every Plan exactly as the numpy one:
+"""The compiled cost model (:mod:`libra.jit.cost`) prices every Plan exactly as the numpy one:
 every registry planner's plans (Ulysses' per-document CP, WLB-LLM, DistCA, TAP under head and tile
 chunks, KV relays), at several Pipeliner depths and device speeds, on a cluster with NVLink, RoCE
 and the inter-supernode spine -- bit for bit, not within a tolerance, so a planner choosing by
@@ -17,12 +17,13 @@ from test_baselines_planners import make_window
 from baselines.registry import get_planner
 from libra import jit as jit_modules
 from libra.config import ParallelConfig, TapConfig
-from libra.plan import HEADS, TILES, Plan
+from libra.extensions.adaptive.candidates import CANDIDATES, CandidateSpace, candidate_pools
+from libra.extensions.adaptive.tile_chunks import TILES
+from libra.plan import HEADS, Plan
 from libra.sim import cost as cost_mod
 from libra.sim.cost import CostModel, cost_impl
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import CANDIDATES, candidate_pools
 from libra.workload import AttentionShape
 
 pytest.importorskip("numba")
@@ -70,7 +71,7 @@ def test_compiled_prices_every_plan_bit_for_bit(seed, dp, cp, method, jitter):
 
 
 def test_every_candidate_with_relays_and_tile_chunks():
-    """Every :data:`~libra.tap.adaptive.CANDIDATES` plan of real pools (KV relays and tile chunks
+    """Every :data:`~libra.extensions.adaptive.candidates.CANDIDATES` plan of real pools (KV relays and tile chunks
     among them: the compiled relay rounds and tile-chunked routes are reached), each priced alone."""
     par = ParallelConfig(dp=8, cp=4, gbs=8, seq_len=2048)
     jit, ref = _models(par)
@@ -80,8 +81,7 @@ def test_every_candidate_with_relays_and_tile_chunks():
         for plan in get_planner("libra", **TAP | {"block_size": 128}).plan_window(
                 make_window(par.gbs, 2048, seed), par, SHAPE):
             for pool in plan.pools:
-                found = candidate_pools(pool.pool_index, pool.sequences, pool.workers, tap, SHAPE, PROFILE.kernel,
-                                        CANDIDATES, link_cost=jit.topology.byte_cost)
+                found = candidate_pools(pool.pool_index, pool.sequences, pool.workers, CandidateSpace(tap, SHAPE, PROFILE.kernel, tuple(CANDIDATES), link_cost=jit.topology.byte_cost))
                 for cand in found.values():
                     for chunking in ((HEADS,) if cand.transfers.hop.any() else (HEADS, TILES)):
                         one = Plan("x", 0, SHAPE, cp=par.cp, pipeline_chunks=2, pools=(replace(cand, chunking=chunking),))
@@ -92,11 +92,11 @@ def test_every_candidate_with_relays_and_tile_chunks():
 
 def test_impl_choice_and_errors(monkeypatch):
     par = ParallelConfig(dp=2, cp=1, gbs=2, seq_len=64)
-    assert cost_impl() == "numba" and jit_modules.warmup("cost_jit") >= 0.0 and jit_modules.warmup("layout_jit") >= 0.0
+    assert cost_impl() == "numba" and jit_modules.warmup("cost") >= 0.0 and jit_modules.warmup("layout") >= 0.0
     with pytest.raises(ValueError, match="impl must be one of auto, numba, numpy, got 'gpu'"):
         CostModel(PROFILE, Topology(PROFILE, par), impl="gpu")
     monkeypatch.setattr(jit_modules, "compiled", lambda name: None)  # as without numba
-    assert cost_mod.cost_impl() == "numpy" and jit_modules.warmup("cost_jit") == 0.0
+    assert cost_mod.cost_impl() == "numpy" and jit_modules.warmup("cost") == 0.0
     assert CostModel(PROFILE, Topology(PROFILE, par))._jit is None
     with pytest.raises(ImportError, match=r"\.\[fast\]"):
         CostModel(PROFILE, Topology(PROFILE, par), impl="numba")

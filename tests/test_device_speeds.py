@@ -14,11 +14,11 @@ from baselines.registry import get_planner
 from experiments.cli import main as cli
 from libra.config import ParallelConfig
 from libra.data.windows import gbs_windows
+from libra.extensions.adaptive.retention import speed_reserve
 from libra.plan.checks import check_pool
 from libra.sim.cost import CostModel
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
-from libra.tap.adaptive import speed_reserve
 from libra.workload import AttentionShape
 
 SHAPE = AttentionShape(num_q_heads=8, num_kv_heads=2, head_dim=64, dtype_bytes=2)
@@ -85,7 +85,7 @@ def test_device_speeds_errors():
 def _measure(rank, world):
     import torch.distributed as dist  # noqa: PLC0415
 
-    from libra.runtime.speeds import measure_device_speeds  # noqa: PLC0415
+    from libra.extensions.adaptive.speeds import measure_device_speeds  # noqa: PLC0415
 
     return measure_device_speeds(SHAPE, tokens=256, repeats=2), dist.get_world_size()
 
@@ -98,7 +98,7 @@ def test_measure_device_speeds_agrees_on_every_rank(tmp_path):
 
 
 def test_measure_device_speeds_needs_a_group():
-    from libra.runtime.speeds import measure_device_speeds  # noqa: PLC0415
+    from libra.extensions.adaptive.speeds import measure_device_speeds  # noqa: PLC0415
 
     with pytest.raises(ValueError, match="initialised torch.distributed"):
         measure_device_speeds(SHAPE)

@@ -1,4 +1,4 @@
-"""The compiled kernel segments (:mod:`libra.plan.layout_jit`) are the numpy ones, row for row:
+"""The compiled kernel segments (:mod:`libra.jit.layout`) are the numpy ones, row for row:
 random pools of many short samples and samples cut by tiles, holder boundaries and CP ranks, tiles
 of every head split, and the empty table."""
 
@@ -36,7 +36,7 @@ def test_compiled_segments_equal_numpy(seed, p, cp, block, split, long_tail):
     tiles = TileTable(**{**{f: getattr(tiles, f) for f in TileTable.FIELDS},
                          "dest": rng.choice(workers, size=len(tiles)).astype(np.int32)})
     idx = pool_index(seqs)
-    got, want = _segments_compiled(compiled("layout_jit"), tiles, idx), _segments_numpy(tiles, idx)
+    got, want = _segments_compiled(compiled("layout"), tiles, idx), _segments_numpy(tiles, idx)
     assert got.keys() == want.keys()
     for key in want:
         assert got[key].dtype == want[key].dtype and np.array_equal(got[key], want[key]), key

@@ -209,16 +209,16 @@ CASES_4 = [
     # order (pinned candidate: the cost model would often pick the paper's plan at this size)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",)},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
-    # tile-grouped Pipeliner chunks (libra.tap.tile_chunks): whole tiles per chunk, KV rows cut by
+    # tile-grouped Pipeliner chunks (libra.extensions.adaptive.tile_chunks): whole tiles per chunk, KV rows cut by
     # the first chunk that reads each token and dK/dV by the last
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
      "B": 32, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
-    # KV relays (libra.tap.relay): destinations forward the KV they fetched, dK/dV summed back
+    # KV relays (libra.extensions.adaptive.relay): destinations forward the KV they fetched, dK/dV summed back
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
      "B": 16, "H": 1, "M": 1, "comm": "a2a", "dtypes": ["float64", "bfloat16"]},
     # one 256-token sample beside short ones: its last tiles outweigh a worker's mean and are cut into
-    # token ranges that are not whole blocks (libra.tap.adaptive.split_heavy_tiles); relayed and not;
-    # run with the deeper Pipeliner (M = 4 for the layout's 2: baselines.libra_planners.DEEPER_CHUNKS)
+    # token ranges that are not whole blocks (libra.extensions.adaptive.candidates.split_heavy_tiles); relayed and not;
+    # run with the deeper Pipeliner (M = 4 for the layout's 2: libra.extensions.adaptive.planner.DEEPER_CHUNKS)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link",), "profile": FLOPS_KERNEL},
      "split": True, "deepened": True, "lengths": [[256], [8] * 32], "B": 128, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
     # DistCA's own planner: head/tail-pair layout, deficits filled by token pairs (B and H unused)
@@ -255,8 +255,8 @@ CASES_8 = [
      "split": True, "lengths": [[256], [8] * 32, [16] * 16, [32] * 8], "B": 64, "H": 2, "M": 2, "comm": "p2p",
      "dtypes": ["float64", "float32"]},
     # the same placement with its KV fan-out relayed (hops 1..H after chunk 0's dispatch); on the
-    # (P 4, CP 2) grid re-placed for its exposed communication (libra.tap.adaptive.rebalance_exposed;
-    # at M = 2 the overload repair of libra.tap.repair leaves nothing there for it to win)
+    # (P 4, CP 2) grid re-placed for its exposed communication (libra.extensions.adaptive.rebalance.rebalance_exposed;
+    # at M = 2 the overload repair of libra.extensions.adaptive.repair leaves nothing there for it to win)
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES},
      "B": 16, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "float32"], "rebalanced": (4, 2, 4)},

@@ -21,8 +21,7 @@ from libra.data.windows import gbs_windows
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
-from libra.tap.pipeline import ChunkSchedule
-from libra.tap.tile_chunks import schedule_for_pool
+from libra.tap.pipeline import ChunkSchedule, schedule_for_pool
 
 TINY = ["--device", "cpu", "--seq-len", "1024", "--pool-size", "2", "--cp", "2", "--block-size", "128",
         "--head-split", "2", "--chunks", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "16",

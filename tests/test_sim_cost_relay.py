@@ -1,4 +1,4 @@
-"""Cost model on KV relays (issue 11, :mod:`libra.tap.relay`): hop rounds priced as per-worker dataflow
+"""Cost model on KV relays (issue 11, :mod:`libra.extensions.adaptive.relay`): hop rounds priced as per-worker dataflow
 in chunk 0's forward dispatch and chunk M-1's backward return, on a hand-built fan-out and a real plan."""
 
 from dataclasses import replace
@@ -8,13 +8,13 @@ import pytest
 
 from experiments.sim_common import SETTINGS, build_cost_model, load_windows, make_planner, make_shape
 from libra.config import ParallelConfig
+from libra.extensions.adaptive.relay import relay_pool, relay_transfers
 from libra.plan import KV, O, Plan, PlanValidationError, PoolPlan, Q, SequenceLayout, TileTable, TransferTable
 from libra.plan.layout import tile_flops
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile, profile_from_dict
 from libra.sim.topology import Topology
 from libra.tap.pipeline import BWD_RETURN, FWD_DISPATCH, ChunkSchedule
-from libra.tap.relay import relay_pool, relay_transfers
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 
 SHAPE = AttentionShape(num_q_heads=8, num_kv_heads=1, head_dim=8, dtype_bytes=2)

@@ -261,7 +261,7 @@ def test_impl_argument():
 
 @pytest.mark.skipif(exchange_impl() != "numba", reason="numba not installed")
 def test_kernel_order_is_a_stable_lexicographic_sort():
-    from libra.tap.exchange_jit import _order
+    from libra.jit.exchange import _order
 
     rng = np.random.default_rng(0)
     for n, n_major, n_minor in ((0, 1, 1), (1, 1, 1), (50, 3, 2), (400, 2, 2), (300, 40, 5)):

@@ -110,8 +110,8 @@ def _options(name: str, M: int, H: int, B: int, dp: int) -> dict:
     return opts
 
 
-TILED = "libra-adaptive+tiles"  # libra-adaptive pinned to tile-grouped chunks (libra.tap.tile_chunks)
-RELAY = "libra-adaptive+relay"  # libra-adaptive pinned to relayed KV fan-out (libra.tap.relay)
+TILED = "libra-adaptive+tiles"  # libra-adaptive pinned to tile-grouped chunks (libra.extensions.adaptive.tile_chunks)
+RELAY = "libra-adaptive+relay"  # libra-adaptive pinned to relayed KV fan-out (libra.extensions.adaptive.relay)
 CASES = [(name, hq, hkv, H, M, seed) for name in (*PLANNERS, TILED, RELAY)
          for (hq, hkv, H, M, seed) in [(8, 2, 2, 2, 0), (8, 2, 1, 4, 1), (12, 3, 2, 3, 2), (4, 4, 2, 2, 3)]]
 

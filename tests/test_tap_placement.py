@@ -8,9 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tap_strategies import oracle_place, placed_with, pools, scattered_pools
 
-from libra.plan import SequenceLayout
+from libra.plan import SequenceLayout, TileTable
 from libra.tap import build_transfers, make_tiles, place_tiles
-from libra.tap.placement import _place_dense, _place_grouped, available_placers, is_block_partition
+from libra.tap.placement import (
+    PlacementPolicy,
+    _place_dense,
+    _place_grouped,
+    available_placers,
+    is_block_partition,
+)
 from libra.workload import AttentionShape
 
 UNIT = AttentionShape(num_q_heads=1, num_kv_heads=1, head_dim=1, dtype_bytes=2)  # FLOPs = 4 * area
@@ -67,7 +73,7 @@ def test_flops_only_is_lpt_and_not_optimal_in_balance():
     seqs = [_seq(0, [2, 2, 2, 2, 1, 1, 1, 1], [0], 12), _seq(1, [1] * 8, [1], 8)]
     tiles = make_tiles(seqs, 4, 1, UNIT)
     assert (tiles.flops / 4).tolist() == [6, 6, 4, 4, 4]
-    placed, fb = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, comm_aware=False)
+    placed, fb = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, policy=PlacementPolicy(comm_aware=False))
     assert placed.dest.tolist() == [0, 1, 0, 1, 0] and fb == 1
     assert sorted(_loads(placed, [0, 1]).values()) == [4 * 10, 4 * 14]
     # the communication-aware placer keeps the two heavy tiles home and moves the third block
@@ -109,8 +115,10 @@ def test_bad_tau(tau):
 def test_bad_workers():
     seqs = [_seq(0, [8], [3], 8)]
     tiles = make_tiles(seqs, 4, 1, UNIT)
+    with pytest.raises(ValueError, match="worker 3 holds sequence tokens but is not a pool worker"):
+        place_tiles(tiles, seqs, [0, 1], UNIT)  # make_tiles' tiles: their Q-home is a holder
     with pytest.raises(ValueError, match="Q-home worker 3"):
-        place_tiles(tiles, seqs, [0, 1], UNIT)
+        place_tiles(TileTable(**{k: getattr(tiles, k) for k in TileTable.FIELDS}), seqs, [0, 1], UNIT)
     with pytest.raises(ValueError, match="distinct"):
         place_tiles(tiles, seqs, [3, 3], UNIT)
     with pytest.raises(ValueError, match="at least one worker"):
@@ -123,7 +131,7 @@ def test_matches_oracle_and_respects_cap(pool, tau, comm_aware):
     """The optimised placer equals the plain oracle; loads stay <= C unless a fallback fired."""
     sequences, workers, block, head_split, shape = pool
     tiles = make_tiles(sequences, block, head_split, shape)
-    placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware)
+    placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, policy=PlacementPolicy(comm_aware=comm_aware))
     dest, fb_o = oracle_place(tiles, sequences, workers, shape, tau, comm_aware)
     assert placed.dest.tolist() == dest
     assert fb == fb_o
@@ -200,7 +208,7 @@ def test_link_priced_placement_matches_oracle(pool, tau):
     token's holder -> worker), exactly as the plain oracle prices it."""
     sequences, workers, block, head_split, shape = pool
     tiles = make_tiles(sequences, block, head_split, shape)
-    placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, link_cost=_links, placer="python")
+    placed, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, placer="python", policy=PlacementPolicy(link_cost=_links))
     assert (placed.dest.tolist(), fb) == oracle_place(tiles, sequences, workers, shape, tau, link_cost=_links)
 
 
@@ -211,8 +219,7 @@ def test_unit_link_cost_is_algorithm_2(pool):
     sequences, workers, block, head_split, shape = pool
     tiles = make_tiles(sequences, block, head_split, shape)
     ref = place_tiles(tiles, sequences, workers, shape, placer="python")
-    got = place_tiles(tiles, sequences, workers, shape, placer="python",
-                      link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64))
+    got = place_tiles(tiles, sequences, workers, shape, placer="python", policy=PlacementPolicy(link_cost=lambda a, b: np.ones(np.broadcast(a, b).shape, dtype=np.int64)))
     assert got[0].dest.tolist() == ref[0].dest.tolist() and got[1] == ref[1]
 
 
@@ -222,12 +229,15 @@ def test_link_priced_placement_keeps_bytes_on_the_fast_link():
     worker 1 -- on worker 0's 'node' -- is cheaper (``_links``: 3 vs 6 per byte)."""
     seqs = [_seq(0, [2, 2], [0], 4), _seq(1, [2], [1], 2), _seq(2, [2], [2], 2)]
     tiles = make_tiles(seqs, 2, 1, UNIT)
-    kwargs = {"tau": 0.7, "weights": [3.0, 3.0, 2.0, 1.0], "order": [2, 3, 0, 1]}
+    kwargs = {"tau": 0.7, "weights": [3.0, 3.0, 2.0, 1.0]}
+    order = [2, 3, 0, 1]
     assert int(_links(0, 1)) == 3 and int(_links(0, 2)) == 6
     for placer in ("python", "numba") if "numba" in available_placers() else ("python",):
-        assert place_tiles(tiles, seqs, [0, 1, 2], UNIT, placer=placer, **kwargs)[0].dest.tolist() == [0, 2, 1, 2]
-        assert place_tiles(tiles, seqs, [0, 1, 2], UNIT, placer=placer, link_cost=_links,
-                           **kwargs)[0].dest.tolist() == [0, 1, 1, 2]
+        by_bytes = place_tiles(tiles, seqs, [0, 1, 2], UNIT, placer=placer, **kwargs,
+                               policy=PlacementPolicy(order=order))
+        by_link = place_tiles(tiles, seqs, [0, 1, 2], UNIT, placer=placer, **kwargs,
+                              policy=PlacementPolicy(order=order, link_cost=_links))
+        assert by_bytes[0].dest.tolist() == [0, 2, 1, 2] and by_link[0].dest.tolist() == [0, 1, 1, 2]
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -240,4 +250,4 @@ def test_bad_link_cost(bad, match):
     seqs = [_seq(0, [4, 4], [0], 8), _seq(1, [4, 4], [1], 8)]
     tiles = make_tiles(seqs, 4, 1, UNIT)
     with pytest.raises(ValueError, match=match):
-        place_tiles(tiles, seqs, [0, 1], UNIT, link_cost=bad)
+        place_tiles(tiles, seqs, [0, 1], UNIT, policy=PlacementPolicy(link_cost=bad))

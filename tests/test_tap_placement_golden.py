@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from libra.plan import SequenceLayout, TileTable, tile_flops
-from libra.tap.placement import available_placers, is_block_partition, place_tiles
-from libra.tap.tiles import kv_atoms, make_tiles, pool_index
+from libra.tap.placement import PlacementPolicy, available_placers, is_block_partition, place_tiles
+from libra.tap.tiles import PoolTiles, kv_atoms, make_tiles, pool_index
 from libra.workload import AttentionShape
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "placement_golden.json"
@@ -229,7 +229,7 @@ def build_case(spec):
         cols["dest"] = np.full(len(spec["tiles"]), -1)
         cols["flops"] = _recount(sequences, cols, shape)
         tiles = TileTable(**cols)
-    kwargs = {"tau": spec["tau"], "comm_aware": spec["comm_aware"],
+    kwargs = {"tau": spec["tau"], "policy": PlacementPolicy(comm_aware=spec["comm_aware"]),
               "weights": _weights(spec["weights"], tiles.flops)}
     return tiles, sequences, workers, shape, kwargs
 
@@ -298,15 +298,14 @@ def test_fixture_covers_every_path():
 
 
 @pytest.mark.parametrize("i", [0, 12, 42, 48, 56, 66])
-def test_given_pool_index_is_used_and_checked(i):
-    """``index=`` (the caller's :func:`pool_index`) gives the same placement; one of other
-    sequences is rejected instead of silently mis-placing."""
+def test_pool_tiles_carry_their_index(i):
+    """The same tiles as :class:`~libra.tap.tiles.PoolTiles` made for these sequences (their index
+    reused, the per-tile checks skipped) give the same placement."""
     case = CASES[i]
     tiles, sequences, workers, shape, kwargs = build_case(case["spec"])
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, index=pool_index(sequences), **kwargs)
+    made = PoolTiles(sequences, pool_index(sequences), **{k: getattr(tiles, k) for k in TileTable.FIELDS})
+    placed, fallback = place_tiles(made, sequences, workers, shape, **kwargs)
     assert placed.dest.tolist() == case["dest"] and fallback == case["fallback"]
-    with pytest.raises(ValueError, match="index does not match"):
-        place_tiles(tiles, sequences, workers, shape, index=pool_index(sequences[:-1] or sequences * 2), **kwargs)
 
 
 if __name__ == "__main__":

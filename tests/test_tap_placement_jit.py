@@ -1,4 +1,4 @@
-"""The compiled TAP placer (:mod:`libra.tap.placement_jit`, numba) against the Python one.
+"""The compiled TAP placer (:mod:`libra.jit.placement`, numba) against the Python one.
 
 ``place_tiles(placer="numba")`` must make exactly the choices of ``placer="python"`` (the oracle):
 same destination for every tile and the same fallback count, on random pools (GQA shapes, skewed
@@ -21,8 +21,9 @@ from test_tap_strategies import long_tail_lengths, scattered_pools
 
 import libra.tap.planner as tap_planner
 from libra import jit as kernels
+from libra.config import TapConfig
 from libra.plan import SequenceLayout
-from libra.tap.placement import available_placers, default_placer, place_tiles, warmup
+from libra.tap.placement import PlacementPolicy, available_placers, default_placer, place_tiles, warmup
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
 
@@ -33,11 +34,12 @@ needs_numba = pytest.mark.skipif(not HAVE_NUMBA, reason="numba not installed (pi
 GQA = [(8, 2), (32, 4), (12, 3), (4, 4), (6, 3)]
 
 
-def _both(tiles, sequences, workers, shape, **kwargs):
-    """``(python, numba)`` results of ``place_tiles`` as ``(dest list, fallbacks)``."""
+def _both(tiles, sequences, workers, shape, tau=TapConfig.tau, weights=None, **policy):
+    """``(python, numba)`` results of ``place_tiles`` as ``(dest list, fallbacks)`` (``policy``: the
+    :class:`PlacementPolicy` fields)."""
     out = []
     for placer in ("python", "numba"):
-        placed, fallback = place_tiles(tiles, sequences, workers, shape, placer=placer, **kwargs)
+        placed, fallback = place_tiles(tiles, sequences, workers, shape, tau, weights, PlacementPolicy(**policy), placer)
         out.append((placed.dest.tolist(), fallback))
     return out
 
@@ -182,8 +184,8 @@ def test_without_numba_auto_falls_back_to_python(monkeypatch):
     """No numba: ``auto`` runs the Python loops, ``numba`` is an ImportError naming the extra, and
     importing the kernel module fails cleanly (so :func:`libra.jit.compiled` reports None)."""
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
-    monkeypatch.delitem(sys.modules, "libra.tap.placement_jit", raising=False)
-    assert kernels.compiled.__wrapped__("placement_jit") is None
+    monkeypatch.delitem(sys.modules, "libra.jit.placement", raising=False)
+    assert kernels.compiled.__wrapped__("placement") is None
     monkeypatch.setattr(kernels, "compiled", lambda name: None)  # every compiled module, as without numba
     assert default_placer() == "python" and available_placers() == ("python",)
     assert warmup() == 0.0
@@ -229,16 +231,17 @@ def test_reserved_loads_start_every_placer_from_the_same_loads(pool, tau, comm_a
     cost = (lambda a, b: 1 + (np.asarray(a) // 2 != np.asarray(b) // 2)) if link else None
     reserved = np.array(data.draw(st.lists(st.integers(0, 8), min_size=len(workers), max_size=len(workers)))) \
         * float(tiles.flops.mean() if len(tiles) else 1.0) * 0.25
-    kw = {"tau": tau, "comm_aware": comm_aware, "link_cost": cost if comm_aware else None}
+    kw = {"comm_aware": comm_aware, "link_cost": cost if comm_aware else None}
     for placer in available_placers():
-        plain = place_tiles(tiles, sequences, workers, shape, placer=placer, **kw)
-        zero = place_tiles(tiles, sequences, workers, shape, placer=placer, reserved=np.zeros(len(workers)), **kw)
+        plain = place_tiles(tiles, sequences, workers, shape, tau, policy=PlacementPolicy(**kw), placer=placer)
+        zero = place_tiles(tiles, sequences, workers, shape, tau, placer=placer,
+                           policy=PlacementPolicy(**kw, reserved=np.zeros(len(workers))))
         assert plain[0].dest.tolist() == zero[0].dest.tolist() and plain[1] == zero[1]
     if HAVE_NUMBA:
-        py, nb = _both(tiles, sequences, workers, shape, reserved=reserved, **kw)
+        py, nb = _both(tiles, sequences, workers, shape, tau, reserved=reserved, **kw)
         assert py == nb
     # the reserved loads count in C: the total load per worker never exceeds C except by fallbacks
-    placed, fallback = place_tiles(tiles, sequences, workers, shape, reserved=reserved, **kw)
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau, policy=PlacementPolicy(**kw, reserved=reserved))
     loads = reserved + np.bincount(np.searchsorted(workers, placed.dest), weights=placed.flops, minlength=len(workers))
     cap = (1 + tau) * (tiles.flops.sum() + reserved.sum()) / len(workers)
     assert fallback > 0 or (loads <= cap * (1 + 1e-9)).all()
@@ -253,10 +256,10 @@ def test_a_worker_with_reserved_load_gets_less_work():
     busy = np.array([0.0, 0.0, 10.0 * tiles.flops.sum(), 0.0])
     for placer in available_placers():
         for comm_aware in (True, False):
-            placed, fallback = place_tiles(tiles, seqs, workers, shape, placer=placer, comm_aware=comm_aware,
-                                           reserved=busy)
+            placed, fallback = place_tiles(tiles, seqs, workers, shape, placer=placer,
+                                           policy=PlacementPolicy(comm_aware=comm_aware, reserved=busy))
             assert 2 not in set(placed.dest.tolist()) and fallback == 0
     with pytest.raises(ValueError, match="reserved loads"):
-        place_tiles(tiles, seqs, workers, shape, reserved=[1.0, 2.0])
+        place_tiles(tiles, seqs, workers, shape, policy=PlacementPolicy(reserved=[1.0, 2.0]))
     with pytest.raises(ValueError, match="reserved loads"):
-        place_tiles(tiles, seqs, workers, shape, reserved=[0.0, -1.0, 0.0, 0.0])
+        place_tiles(tiles, seqs, workers, shape, policy=PlacementPolicy(reserved=[0.0, -1.0, 0.0, 0.0]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,10 +13,10 @@ from hypothesis import strategies as st
 from test_tap_strategies import pools
 
 from libra.config import ParallelConfig, TapConfig, check_layout
-from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout, pool_index
+from libra.plan import KV, O, Plan, PoolPlan, Q, SequenceLayout, TileTable, pool_index
 from libra.tap import plan_pool
-from libra.tap.placement import place_tiles
-from libra.tap.tiles import make_tiles
+from libra.tap.placement import PlacementPolicy, place_tiles
+from libra.tap.tiles import PoolTiles, make_tiles
 from libra.workload import AttentionShape, packed_flops
 
 
@@ -133,21 +134,21 @@ def test_tau_is_one_rule_for_the_layout_and_the_placer(tau, why):
 
 @settings(max_examples=40, deadline=None)
 @given(pools(), st.sampled_from([0.0, 0.03]), st.booleans())
-def test_checked_tiles_place_as_unchecked_ones(pool, tau, comm_aware):
-    """plan_pool tells place_tiles its tiles are make_tiles' (tiles_checked): the per-tile checks
-    are skipped, nothing else changes; a Q-home outside the pool is still refused unchecked."""
+def test_pool_tiles_place_as_unchecked_ones(pool, tau, comm_aware):
+    """make_tiles' PoolTiles carry their sequences and index, so place_tiles skips their per-tile
+    checks; nothing else changes (the same tiles as a plain TileTable, checked one by one, place
+    alike), and a Q-home outside the pool is still refused."""
     sequences, workers, block, head_split, shape = pool
-    index = pool_index(sequences)
-    tiles = make_tiles(sequences, block, head_split, shape, index=index)
-    args = (tiles, sequences, workers, shape)
-    kw = {"tau": tau, "comm_aware": comm_aware, "index": index}
-    checked, fb_checked = place_tiles(*args, **kw, tiles_checked=True)
-    plain, fb_plain = place_tiles(*args, **kw)
-    assert fb_checked == fb_plain and np.array_equal(checked.dest, plain.dest)
-    with pytest.raises(ValueError, match="tiles_checked=True needs the index the tiles were made with"):
-        place_tiles(*args, tau=tau, tiles_checked=True)
+    tiles = make_tiles(sequences, block, head_split, shape, index=pool_index(sequences))
+    assert isinstance(tiles, PoolTiles) and tiles.made_for(sequences)
+    plain_tiles = TileTable(**{k: getattr(tiles, k) for k in TileTable.FIELDS})
+    policy = PlacementPolicy(comm_aware=comm_aware)
+    made, fb_made = place_tiles(tiles, sequences, workers, shape, tau, policy=policy)
+    plain, fb_plain = place_tiles(plain_tiles, sequences, workers, shape, tau, policy=policy)
+    assert fb_made == fb_plain and np.array_equal(made.dest, plain.dest)
+    assert not tiles.made_for([replace(s) for s in sequences])  # other layout objects: checked again
     with pytest.raises(ValueError, match="is not a pool worker"):
-        place_tiles(tiles, sequences, workers[:-1] or [max(workers) + 1], shape, tau=tau, index=index)
+        place_tiles(tiles, sequences, workers[:-1] or [max(workers) + 1], shape, tau=tau)
 
 
 def test_negative_tau_and_pool_not_dividing_dp():

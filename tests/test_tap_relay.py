@@ -1,4 +1,4 @@
-"""KV relays (libra.tap.relay): the scatter + all-gather, the Plan checks of relay rows, the chunking rule."""
+"""KV relays (libra.extensions.adaptive.relay): the scatter + all-gather, the Plan checks of relay rows, the chunking rule."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from dist_utils import long_tail_lengths
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libra.plan import KV, TILES, PlanValidationError, Q, TransferTable
+from libra.extensions.adaptive.relay import relay_transfers
+from libra.extensions.adaptive.tile_chunks import TILES
+from libra.plan import KV, PlanValidationError, Q, TransferTable
 from libra.runtime.program import compile_worker
-from libra.tap.relay import relay_transfers
 
 
 def _table(rows):

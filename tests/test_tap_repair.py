@@ -1,4 +1,4 @@
-"""``libra-adaptive``'s overload repair (:mod:`libra.tap.repair`): the compiled loop makes the Python
+"""``libra-adaptive``'s overload repair (:mod:`libra.extensions.adaptive.repair`): the compiled loop makes the Python
 loop's moves; a repair never raises the most loaded worker, never puts a worker above ``C``, and
 keeps every tile; under Q-home retention on a pool with one long sample it brings the workers
 Alg. 2 left above ``C`` back within it."""
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from libra.extensions.adaptive.repair import repair_overload
+from libra.extensions.adaptive.retention import place_retaining, retention_order
 from libra.plan import SequenceLayout
-from libra.tap.adaptive import place_retaining, retention_order
-from libra.tap.placement import available_placers, place_tiles
-from libra.tap.repair import repair_overload
+from libra.tap.placement import PlacementPolicy, available_placers, place_tiles
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
 
@@ -87,8 +87,7 @@ def test_retention_with_a_long_sample_ends_within_the_target(placer):
     workers = list(range(2 * cp))
     tiles = make_tiles(seqs, 256, 4, shape)
     tau = 0.03
-    plain, fallback = place_tiles(tiles, seqs, workers, shape, tau=tau, placer=placer,
-                                  order=retention_order(tiles, shape, tiles.flops, len(workers), tau))
+    plain, fallback = place_tiles(tiles, seqs, workers, shape, tau=tau, placer=placer, policy=PlacementPolicy(order=retention_order(tiles, shape, tiles.flops, len(workers), tau)))
     placed, fallback_after = place_retaining(tiles, seqs, workers, shape, tau, placer=placer)
     assert fallback == fallback_after > 0  # the count is Alg. 2's, before the repair
     cap = (1 + tau) * tiles.flops.sum() / len(workers)

@@ -18,7 +18,7 @@ from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
 from libra.tap import build_transfers, kernel_time_weights, make_tiles, place_tiles, plan_pool
-from libra.tap.placement import _place_dense, _place_grouped
+from libra.tap.placement import PlacementPolicy, _place_dense, _place_grouped
 from libra.workload import AttentionShape
 
 UNIT = AttentionShape(num_q_heads=1, num_kv_heads=1, head_dim=1, dtype_bytes=2)
@@ -41,9 +41,8 @@ def _seq(seq_id, lengths, holders, per_rank):
 def test_weights_equal_to_flops_place_identically(pool, tau, comm_aware):
     sequences, workers, block, head_split, shape = pool
     tiles = make_tiles(sequences, block, head_split, shape)
-    ref, fb_ref = place_tiles(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware)
-    got, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware,
-                          weights=tiles.flops.copy())
+    ref, fb_ref = place_tiles(tiles, sequences, workers, shape, tau=tau, policy=PlacementPolicy(comm_aware=comm_aware))
+    got, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=tiles.flops.copy(), policy=PlacementPolicy(comm_aware=comm_aware))
     assert got.dest.tolist() == ref.dest.tolist() and fb == fb_ref
 
 
@@ -71,9 +70,8 @@ def test_unequal_weights_place_by_weight(comm_aware):
     seqs = [_seq(0, [1] * 16, [0, 1], 8)]
     tiles = make_tiles(seqs, 4, 1, UNIT)
     assert tiles.flops.tolist() == [16.0] * 4
-    by_flops, fb0 = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, comm_aware=comm_aware)
-    by_weight, fb1 = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, comm_aware=comm_aware,
-                                 weights=[3.0, 1.0, 1.0, 1.0])
+    by_flops, fb0 = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, policy=PlacementPolicy(comm_aware=comm_aware))
+    by_weight, fb1 = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, weights=[3.0, 1.0, 1.0, 1.0], policy=PlacementPolicy(comm_aware=comm_aware))
     assert fb0 == 0 and fb1 == 0
     assert sorted(np.bincount(by_flops.dest, minlength=2).tolist()) == [2, 2]
     assert by_weight.dest.tolist()[0] == 0 and np.bincount(by_weight.dest, minlength=2).tolist() == [1, 3]

@@ -1,4 +1,4 @@
-"""Tile-grouped Pipeliner chunks (libra.tap.tile_chunks): the assignment rule, the per-token KV
+"""Tile-grouped Pipeliner chunks (libra.extensions.adaptive.tile_chunks): the assignment rule, the per-token KV
 split against a brute-force reference, the bytes the cost model prices, the runtime's data flow
 (compile_worker validates every delivery) and the Plan contract field."""
 
@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 from test_tap_strategies import pools
 
 from libra.config import ParallelConfig, TapConfig
-from libra.plan import HEADS, KV, TILES, O, Plan, PoolPlan, Q, SequenceLayout, kv_need_start
+from libra.extensions.adaptive.tile_chunks import TILES, TileChunkSchedule, assign_tile_chunks
+from libra.plan import HEADS, KV, O, Plan, PoolPlan, Q, SequenceLayout, kv_need_start
 from libra.runtime.program import compile_worker
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
 from libra.tap import plan_pool
-from libra.tap.pipeline import BWD_RETURN, FWD_DISPATCH, PHASES, ChunkSchedule
-from libra.tap.tile_chunks import TileChunkSchedule, assign_tile_chunks, schedule_for_pool
+from libra.tap.pipeline import BWD_RETURN, FWD_DISPATCH, PHASES, ChunkSchedule, schedule_for_pool
 from libra.workload import AttentionShape
 
 

@@ -38,7 +38,7 @@ class TrainConfig:
         profile: the hardware profile (name or .json) ``libra-kt`` weights tiles with and
             ``libra-adaptive`` prices candidates with (None: the planner's default).
         measure_speeds: ``libra-adaptive`` only: time every rank's attention once before step 0
-            (:func:`libra.runtime.speeds.measure_device_speeds`) and plan with those speeds.
+            (:func:`libra.extensions.adaptive.speeds.measure_device_speeds`) and plan with those speeds.
 
     Raises:
         ValueError: naming the bad value (unknown attention/dtype, ``CP`` not dividing ``nproc``,

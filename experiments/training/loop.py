@@ -194,10 +194,10 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext, resume: d
 
 
 def _measured_speeds(cfg: LoopConfig, ctx: RankContext, dtype) -> tuple[float, ...]:
-    """Every rank's attention speed (:func:`libra.runtime.speeds.measure_device_speeds` over the
+    """Every rank's attention speed (:func:`libra.extensions.adaptive.speeds.measure_device_speeds` over the
     world, whose rank order is the DP x CP worker order ``libra-adaptive`` indexes), measured once
     before step 0 with the model's heads (the probe's default length: a toy ``S`` would time noise)."""
-    from libra.runtime.speeds import measure_device_speeds
+    from libra.extensions.adaptive.speeds import measure_device_speeds
 
     return measure_device_speeds(cfg.model.attention_shape, device=ctx.device, dtype=dtype)
 

@@ -18,7 +18,7 @@ Invariants:
 6. per destination and sequence, KV rows cover exactly the union of the KV prefixes its tiles need
    (``[sample start, last row]`` per sample, over the tile's GQA KV heads) minus the tokens the
    destination holds, each cell once; each row comes from the holder of its tokens or, with
-   hop ``h > 0`` (a KV relay, :mod:`libra.tap.relay`), from a worker that receives a KV row of a
+   hop ``h > 0`` (a KV relay), from a worker that receives a KV row of a
    smaller hop covering its tokens and KV heads; Q and O rows have hop 0;
 7. ``nbytes`` of every row matches :func:`libra.workload.q_bytes` / :func:`~libra.workload.kv_bytes`.
 """
@@ -26,17 +26,27 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from libra.arrays import expand_counts, sorted_unique
-from libra.plan.layout import kv_need_start, tile_flops
-from libra.plan.tables import KV, O, PlanMismatchError, PlanValidationError, Q
+from libra.plan.layout import PoolIndex, SequenceLayout, kv_need_start, tile_flops
+from libra.plan.tables import KV, O, PlanMismatchError, PlanValidationError, Q, TileTable, TransferTable
 from libra.workload import AttentionShape, kv_bytes, q_bytes
 
-if TYPE_CHECKING:  # the contract imports these checks; the checks only read a PoolPlan's fields
-    from libra.plan.contract import PoolPlan
+
+class PoolFields(Protocol):
+    """What the checks read of a pool plan (:class:`libra.plan.PoolPlan` has it; the contract
+    imports these checks, so they name its fields, never the class)."""
+
+    pool_index: int
+    workers: tuple[int, ...]
+    sequences: tuple[SequenceLayout, ...]
+    tiles: TileTable
+    transfers: TransferTable
+
+    def index(self) -> PoolIndex: ...
 
 
 def _grid(rects, tb: np.ndarray, hb: np.ndarray) -> np.ndarray:
@@ -69,7 +79,7 @@ def _groups(*keys: np.ndarray) -> dict[tuple, np.ndarray]:
     return {tuple(int(v) for v in u): rows for u, rows in zip(uniq, splits)}
 
 
-def _fail(pool: PoolPlan, msg: str) -> None:
+def _fail(pool: PoolFields, msg: str) -> None:
     raise PlanValidationError(f"pool {pool.pool_index}: {msg}")
 
 
@@ -77,7 +87,7 @@ def _cell(tb, hb, i, j, what="heads") -> str:
     return f"tokens [{tb[i]}, {tb[i + 1]}) x {what} [{hb[j]}, {hb[j + 1]})"
 
 
-def _check_basic(pool: PoolPlan, shape: AttentionShape) -> None:
+def _check_basic(pool: PoolFields, shape: AttentionShape) -> None:
     t, x = pool.tiles, pool.transfers
     workers = np.asarray(pool.workers, dtype=np.int64)
     if len(np.unique(workers)) != len(workers):
@@ -129,7 +139,7 @@ def _check_basic(pool: PoolPlan, shape: AttentionShape) -> None:
         _fail(pool, f"transfer {i} carries nbytes={int(x.nbytes[i])}, the formula gives {int(expect[i])}")
 
 
-def _check_tiles(pool: PoolPlan, shape: AttentionShape) -> None:
+def _check_tiles(pool: PoolFields, shape: AttentionShape) -> None:
     t = pool.tiles
     for s_idx, seq in enumerate(pool.sequences):
         rows = np.nonzero(t.seq == s_idx)[0]
@@ -161,7 +171,7 @@ def _check_tiles(pool: PoolPlan, shape: AttentionShape) -> None:
                         f"{seq.holder_end[hold[bad[0]]]}))")
 
 
-def _check_q_like(pool: PoolPlan, kind: int) -> None:
+def _check_q_like(pool: PoolFields, kind: int) -> None:
     t, x = pool.tiles, pool.transfers
     name = "Q dispatch" if kind == Q else "O return"
     away = np.nonzero(t.dest != t.q_home)[0]
@@ -191,7 +201,7 @@ def _check_q_like(pool: PoolPlan, kind: int) -> None:
                         f"lacks its {name} of {cell} on sequence {key[2]}")
 
 
-def _check_kv(pool: PoolPlan, shape: AttentionShape) -> None:
+def _check_kv(pool: PoolFields, shape: AttentionShape) -> None:
     t, x = pool.tiles, pool.transfers
     kv_lo = kv_need_start(pool.sequences, t, pool.index())
     k0, k1 = shape.kv_head_range(t.head_start, t.head_end)
@@ -241,7 +251,7 @@ def _check_kv(pool: PoolPlan, shape: AttentionShape) -> None:
         _fail(pool, f"KV transfer {int(hit[0])} sends {cell} of sequence {s_idx} to worker {dst}, {why}")
 
 
-def _check_relays(pool: PoolPlan, rows_k: np.ndarray, relays: np.ndarray) -> None:
+def _check_relays(pool: PoolFields, rows_k: np.ndarray, relays: np.ndarray) -> None:
     """Every KV relay row (hop ``h > 0``, ``src`` not the holder) forwards KV its ``src`` receives in
     one row of a smaller hop. Vectorised over (relay, row its ``src`` receives in that sequence)
     pairs: a broadcast relays thousands of rows."""
@@ -266,7 +276,7 @@ def _check_relays(pool: PoolPlan, rows_k: np.ndarray, relays: np.ndarray) -> Non
                     f"them in an earlier hop")
 
 
-def check_pool(pool: PoolPlan, shape: AttentionShape) -> None:
+def check_pool(pool: PoolFields, shape: AttentionShape) -> None:
     """Check every invariant of one pool plan (module docstring lists them).
 
     Raises:

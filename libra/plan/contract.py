@@ -34,15 +34,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libra.plan.checks import check_pool
+from libra.plan.chunkings import HEADS, check_chunking
 from libra.plan.layout import SEGMENT_FIELDS, PoolIndex, SequenceLayout, merge_pieces, pool_index, segments
 from libra.plan.tables import PlanValidationError, TileTable, TransferTable
 from libra.workload import AttentionShape
-
-HEADS, TILES = "heads", "tiles"
-CHUNKINGS = (HEADS, TILES)
-"""A pool's Pipeliner chunking: ``heads`` cuts every tile's query heads into ``M`` slices (Libra
-sec. 4.4, :class:`libra.tap.pipeline.ChunkSchedule`); ``tiles`` runs each tile whole in one chunk
-(:class:`libra.tap.tile_chunks.TileChunkSchedule`)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,7 +51,8 @@ class PoolPlan:
         tiles: placed work.
         transfers: forward transfers implied by the placement.
         fallback_tiles: tiles Algorithm 2 placed by its least-loaded fallback (no worker below C).
-        chunking: how the Pipeliner cuts the pool's work into chunks (:data:`CHUNKINGS`); part of
+        chunking: how the Pipeliner cuts the pool's work into chunks (a registered chunking,
+            :mod:`libra.plan.chunkings`; the paper's is ``heads``); part of
             the digest only when not the paper's ``heads``, so paper plans hash as before.
     """
 
@@ -69,9 +65,8 @@ class PoolPlan:
     chunking: str = HEADS
 
     def __post_init__(self) -> None:
-        if self.chunking not in CHUNKINGS:
-            raise ValueError(f"pool {self.pool_index}: unknown Pipeliner chunking {self.chunking!r} "
-                             f"(expected one of {', '.join(CHUNKINGS)})")
+        if self.chunking != HEADS:
+            check_chunking(self.chunking, f"pool {self.pool_index}: ")
         object.__setattr__(self, "workers", tuple(map(int, self.workers)))
         object.__setattr__(self, "sequences", tuple(self.sequences))
 

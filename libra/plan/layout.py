@@ -191,7 +191,7 @@ def segments(sequences: Sequence[SequenceLayout], tiles: TileTable,
     if not len(tiles):
         return {k: np.zeros(0, dtype=np.int64) for k in SEGMENT_FIELDS}
     idx = index if index is not None else pool_index(sequences)
-    jit = jit_modules.select("layout_jit", "auto")  # the same rows, compiled (libra.plan.layout_jit)
+    jit = jit_modules.select("layout", "auto")  # the same rows, compiled (libra.jit.layout)
     return _segments_numpy(tiles, idx) if jit is None else _segments_compiled(jit, tiles, idx)
 
 
@@ -216,7 +216,7 @@ def _segments_numpy(tiles: TileTable, idx: PoolIndex) -> dict[str, np.ndarray]:
 
 
 def _segments_compiled(jit, tiles: TileTable, idx: PoolIndex) -> dict[str, np.ndarray]:
-    """:func:`segments` by :func:`libra.plan.layout_jit.segment_rows`."""
+    """:func:`segments` by :func:`libra.jit.layout.segment_rows`."""
     i64 = np.int64
     rep, start, length, q0, ql, kv, area = jit.segment_rows(
         tiles.seq.astype(i64), tiles.q_start.astype(i64), tiles.q_end.astype(i64), idx.base, idx.offs)

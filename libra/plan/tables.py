@@ -127,7 +127,7 @@ class TransferTable(_Table):
     head_end`` query heads for Q/O, KV heads for KV; ``nbytes`` bytes moved (K and V together);
     ``hop`` (optional, default 0) the relay round of a KV row: 0 sends from the holder of the
     tokens; ``h > 0`` is sent in round ``h`` by the holder or by a worker that received the tokens
-    in a row of a smaller hop (a KV relay, :mod:`libra.tap.relay`); Q and O rows have hop 0.
+    in a row of a smaller hop (a KV relay); Q and O rows have hop 0.
     """
 
     FIELDS = _TRANSFER_FIELDS

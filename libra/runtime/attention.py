@@ -12,7 +12,7 @@ head chunks, chunk ``i + 1``'s dispatch is in flight while chunk ``i`` computes,
 return is issued right after it, together with chunk ``i + 2``'s dispatch as one group (an
 exchange), so both overlap chunk ``i + 1``'s compute; only chunk 0's dispatch and chunk ``M - 1``'s
 return are exposed. ``M = 1`` is the non-overlapped execution. A plan with KV
-relays (:mod:`libra.tap.relay`) runs its hop rounds inside exactly those two exposed transfers: hops
+relays (KV rows of ``TransferTable.hop > 0``) runs its hop rounds inside exactly those two exposed transfers: hops
 ``1..H`` right after chunk 0's dispatch (each forwards what earlier rounds delivered) and hops
 ``H..1`` of dK/dV right before chunk ``M - 1``'s return (each relay sums its children's in first),
 as the cost model prices them. All transient
@@ -207,7 +207,7 @@ class LibraAttention:
         return wait_s, compute_s
 
     def _relay_dispatch(self, stores: dict, meter: MemoryMeter) -> None:
-        """KV relay rounds ``1..H`` (:mod:`libra.tap.relay`), in order: each packs from buffers the
+        """KV relay rounds ``1..H`` (the plan's KV rows of hop ``1..H``), in order: each packs from buffers the
         earlier rounds filled, so each is finished before the next starts."""
         for h, msg in enumerate(self.program.relays[FWD_DISPATCH], start=1):
             handle = self.exchanger.issue(msg, stores, stores[Q], FWD_DISPATCH, RELAY_TAG + h, meter)

@@ -46,7 +46,7 @@ def grad_recv_key(chunk: int) -> BufKey:
 
 
 def relay_key(hop: int) -> BufKey:
-    """Receive buffer of KV relay round ``hop >= 1`` (chunk 0's dispatch; :mod:`libra.tap.relay`)."""
+    """Receive buffer of KV relay round ``hop >= 1`` (chunk 0's dispatch; KV rows of that hop)."""
     return BufKey("relay", hop)
 
 
@@ -96,8 +96,8 @@ class Blocks:
     def as_view(self) -> list[int] | None:
         """The one block (a row of :meth:`rows`) when the whole table is a single rectangle copied
         to the start of a packed target (``dst`` offset 0, head 0, stride = its heads): the target
-        is then just a strided view of the source and need not be built (issue 13: a kernel input
-        read from one local tensor is not gathered). None otherwise."""
+        is then just a strided view of the source and need not be built (a kernel input read from one
+        local tensor is not gathered). None otherwise."""
         rows = self.rows()
         if len(rows) != 1:
             return None

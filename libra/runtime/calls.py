@@ -1,4 +1,4 @@
-"""Kernel calls of a compiled chunk: its kernel work run on views of the buffers it reads (issue 13).
+"""Kernel calls of a compiled chunk: its kernel work run on views of the buffers it reads.
 
 A :class:`~libra.runtime.program.ChunkKernel` describes one packed varlen batch per Pipeliner chunk
 (Libra sec. 4.4): its query, key and value inputs are gathered into packed buffers and its outputs

@@ -46,9 +46,15 @@ from libra.runtime.blocks import (
 from libra.runtime.blocks import K as LK
 from libra.runtime.blocks import Q as LQ
 from libra.runtime.blocks import V as LV
-from libra.tap.pipeline import BWD_DISPATCH, BWD_RETURN, FWD_DISPATCH, FWD_RETURN, PHASES, ChunkSchedule
-from libra.tap.relay import check_relays
-from libra.tap.tile_chunks import schedule_for_pool
+from libra.tap.pipeline import (
+    BWD_DISPATCH,
+    BWD_RETURN,
+    FWD_DISPATCH,
+    FWD_RETURN,
+    PHASES,
+    ChunkSchedule,
+    schedule_for_pool,
+)
 from libra.workload import AttentionShape, causal_area
 
 
@@ -118,7 +124,7 @@ class WorkerProgram:
         chunks: Pipeliner chunks ``M``; ``schedule``: the pool's :class:`ChunkSchedule`.
         kernels: ``M`` :class:`ChunkKernel`.
         messages: ``{phase: [Message] * M}``.
-        relays: KV relay rounds (:mod:`libra.tap.relay`): ``{FWD_DISPATCH: [hop 1, ..., H]}``, run
+        relays: KV hop rounds (rows of ``TransferTable.hop > 0``): ``{FWD_DISPATCH: [hop 1, ..., H]}``, run
             in order right after chunk 0's dispatch, and ``{BWD_RETURN: [hop H, ..., 1]}``, run
             before chunk ``M - 1``'s return; empty lists when the pool relays nothing.
         digest: the plan digest the program was compiled from.
@@ -185,7 +191,7 @@ class _Context:
         self._local: dict = {}
         self.H = int(pool.transfers.hop.max()) if len(pool.transfers) else 0
         if self.H:
-            check_relays(pool, self.sched)
+            self.sched.check_hops(pool)
         self.keys = _keys(self.M, self.H)
         self.index = {k: i for i, k in enumerate(self.keys)}
 
@@ -423,7 +429,7 @@ def _fetched_grads(ctx: _Context, got: list[dict]) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# KV relay rounds (libra.tap.relay): after chunk 0's dispatch, before chunk M-1's return
+# KV relay rounds (KV rows of hop > 0): after chunk 0's dispatch, before chunk M-1's return
 # --------------------------------------------------------------------------------------------
 
 

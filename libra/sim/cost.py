@@ -28,7 +28,7 @@ Terms are named and summed (vidur style):
   group whose transfers progress together), priced by the phase formula over the two's summed bytes
   per port and class. When compute covers transfers only chunk 0's dispatch and chunk M-1's return
   are exposed; with ``M = 1`` it equals the serial figure.
-* KV relays (issue 11, :mod:`libra.tap.relay`; beyond the paper): a KV row with ``hop = h > 0``
+* KV hops (the Plan contract's ``TransferTable.hop``; no paper planner makes them): a KV row with ``hop = h > 0``
   forwards KV its ``src`` received in an earlier hop. The runtime sends the hops as sequential
   rounds inside chunk 0's forward dispatch (hop 0, 1, ..., H) and chunk ``M - 1``'s backward return
   (H, ..., 0: a relay adds its children's dK/dV before forwarding them; dQ goes with hop 0), so those
@@ -37,9 +37,9 @@ Terms are named and summed (vidur style):
   that round have finished the previous ones (``start[w] = max(t[w], t[s] for rows s -> w)``;
   ``t[w] = start[w] + port[w]`` where ``w`` moves bytes in the round). The serial phase time is the
   same dataflow over each row's total bytes; bytes and per-class link times stay the byte sums (a
-  relay row's ``src`` is the forwarding worker). A pool with relays must pass
-  :func:`libra.tap.relay.check_relays` (head chunks; relayed KV heads travel in chunk 0 and return
-  in chunk ``M - 1``). Plans without relays take none of this path.
+  relay row's ``src`` is the forwarding worker). A pool with relays must pass its schedule's
+  ``check_hops`` (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`: relayed KV heads travel in
+  chunk 0 and return in chunk ``M - 1``). Plans without relays take none of this path.
 * ``total_ms = compute_ms + exposed_comm_ms``; the straggler is the worker with the largest total.
 """
 
@@ -71,9 +71,8 @@ from libra.tap.pipeline import (
     Routes,
     check_chunks,
     pipeline_events,
+    schedule_for_pool,
 )
-from libra.tap.relay import check_relays
-from libra.tap.tile_chunks import schedule_for_pool
 from libra.workload import attention_flops
 
 
@@ -205,7 +204,7 @@ def pipelined_exposed(events, compute, dispatch, ret, exchange=None, jit=None) -
         dispatch, ret: ``(N, M)`` time of each chunk's dispatch and return transfers.
         exchange: ``(N, M)``: column ``m`` the time of chunk ``m``'s return and chunk ``m + 2``'s
             dispatch issued as one group (``ISSUE_EXCHANGE``); default the two back to back.
-        jit: :mod:`libra.sim.cost_jit` to walk the events compiled (the same numbers), or None.
+        jit: :mod:`libra.jit.cost` to walk the events compiled (the same numbers), or None.
 
     Returns:
         ``(N,)`` end of the pass minus its compute.
@@ -246,7 +245,7 @@ EXCHANGES = {FWD_RETURN: FWD_DISPATCH, BWD_RETURN: BWD_DISPATCH}
 
 
 RELAY_PHASES = (FWD_DISPATCH, BWD_RETURN)
-"""The phases whose KV rows may relay (:mod:`libra.tap.relay`): the forward KV fetch and the
+"""The phases whose KV rows may relay (``TransferTable.hop > 0``): the forward KV fetch and the
 backward dK/dV return along the reversed relay rows."""
 
 
@@ -277,15 +276,15 @@ COST_IMPLS = ("auto", "numba", "numpy")
 
 
 def _cost_kernels(impl: str):
-    """:mod:`libra.sim.cost_jit` for ``impl`` (None: the numpy code; :func:`libra.jit.select`)."""
+    """:mod:`libra.jit.cost` for ``impl`` (None: the numpy code; :func:`libra.jit.select`)."""
     if impl not in COST_IMPLS:
         raise ValueError(f"cost model impl must be one of {', '.join(COST_IMPLS)}, got {impl!r}")
-    return jit_modules.select("cost_jit", impl, "cost model impl")
+    return jit_modules.select("cost", impl, "cost model impl")
 
 
 def cost_impl() -> str:
     """The implementation ``CostModel(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return jit_modules.impl_name("cost_jit")
+    return jit_modules.impl_name("cost")
 
 
 def _ids(a: np.ndarray) -> np.ndarray:
@@ -314,7 +313,7 @@ class CostModel:
     Args:
         profile: hardware profile (kernel model, link classes).
         topology: placement of the workers (must come from the same profile).
-        impl: ``"auto"`` (default: the compiled communication kernels of :mod:`libra.sim.cost_jit`
+        impl: ``"auto"`` (default: the compiled communication kernels of :mod:`libra.jit.cost`
             when numba imports, else numpy), ``"numba"`` or ``"numpy"``; all price identically,
             bit for bit (:func:`cost_impl`).
 
@@ -448,14 +447,14 @@ class CostModel:
         ``{}`` when no pool has a relay row (the common case costs one ``any`` per pool).
 
         Raises:
-            PlanValidationError: a pool with relays that :func:`~libra.tap.relay.check_relays` rejects.
+            PlanValidationError: a pool with relays its schedule's ``check_hops`` rejects.
         """
         relaying = [bool(pool.transfers.hop.any()) for pool in plan.pools]
         if not any(relaying):
             return {}
         for pool, sched, relays in zip(plan.pools, schedules, relaying):
             if relays:
-                check_relays(pool, sched)
+                sched.check_hops(pool)
         # backward routes index TransferTable.backward(), whose rows keep the forward index and hop
         return {phase: np.concatenate([pool.transfers.hop[r[phase].row] for pool, r in zip(plan.pools, per_pool)])
                 for phase in RELAY_PHASES}

@@ -17,7 +17,7 @@ from libra.sim.profiles import Variability
 def check_speeds(speeds, n: int | None = None, what: str = "speeds") -> np.ndarray:
     """``speeds`` as float64 ``(N,)`` speed multipliers (a worker's compute time is divided by its
     speed): the one check of :meth:`libra.sim.cost.CostModel.price`'s ``speed``, ``libra-adaptive``'s
-    ``device_speeds`` and :func:`libra.tap.adaptive.speed_reserve`.
+    ``device_speeds`` and :func:`libra.extensions.adaptive.retention.speed_reserve`.
 
     Raises:
         ValueError: not a non-empty 1-D array of finite numbers > 0 (bools are not numbers here), or

@@ -14,7 +14,7 @@ WLB-LLM planners reuse it:
 Bytes come from :mod:`libra.workload`. No row ever has ``src == dst``.
 
 Three implementations return identical tables (same rows, same order; the tests compare them):
-the compiled kernel :mod:`libra.tap.exchange_jit` (used when numba imports), a packed-key numpy
+the compiled kernel :mod:`libra.jit.exchange` (used when numba imports), a packed-key numpy
 one (the fallback), and :func:`transfers_reference`, the plain interval-merging formulation they
 are checked against, which also serves tables whose keys would overflow an int64.
 """
@@ -313,20 +313,20 @@ def kv_fetch_rows(sequences: Sequence[SequenceLayout], tiles: TileTable, shape: 
 
 
 IMPLS = ("numba", "numpy", "reference")
-"""Exchange implementations: the compiled kernel (:mod:`libra.tap.exchange_jit`), the packed-key
+"""Exchange implementations: the compiled kernel (:mod:`libra.jit.exchange`), the packed-key
 numpy one and the reference interval merging; all return identical tables."""
 
 
 def exchange_impl() -> str:
     """The implementation ``build_transfers(impl="auto")`` runs here: ``"numba"`` when numba
     imports, else ``"numpy"`` (the reference only serves tables whose keys overflow an int64)."""
-    return jit_modules.impl_name("exchange_jit")
+    return jit_modules.impl_name("exchange")
 
 
 def warmup() -> float:
     """Compile the exchange kernel now (numba only; once per process) on a two-worker pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if jit_modules.compiled("exchange_jit") is None:
+    if jit_modules.compiled("exchange") is None:
         return 0.0
     t0 = time.perf_counter()
     seqs = [SequenceLayout.contiguous(0, 0, [3, 1], 2)]
@@ -379,7 +379,7 @@ def build_transfers(sequences: Sequence[SequenceLayout], tiles: TileTable,
     """
     if impl not in IMPLS and impl != "auto":
         raise ValueError(f"impl must be 'auto' or one of {IMPLS}, got {impl!r}")
-    jit = jit_modules.select("exchange_jit", impl)
+    jit = jit_modules.select("exchange", impl)
     if len(tiles) == 0:
         return TransferTable.empty()
     if int(tiles.dest.min()) < 0:

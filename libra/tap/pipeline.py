@@ -45,7 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 from libra.arrays import pack_keys, row_ids, sorted_unique
-from libra.plan import HEADS, KV, O, Q, TransferTable
+from libra.plan import HEADS, KV, O, PlanValidationError, Q, TransferTable, schedule_class
 from libra.workload import AttentionShape
 
 FWD_DISPATCH, FWD_RETURN, BWD_DISPATCH, BWD_RETURN = "fwd_dispatch", "fwd_return", "bwd_dispatch", "bwd_return"
@@ -127,6 +127,33 @@ class ChunkSchedule:
     def for_pool(cls, pool, shape: AttentionShape, chunks: int) -> ChunkSchedule:
         """The schedule of a :class:`~libra.plan.PoolPlan`'s tiles."""
         return cls(shape, pool.tiles.head_start, pool.tiles.head_end, chunks)
+
+    def hop_heads(self) -> np.ndarray:
+        """bool ``(hkv,)``: the KV heads whose fetch may take more than one hop under this schedule
+        -- first read in chunk 0 and last read in chunk ``M - 1``, the two transfers the Pipeliner
+        never hides, inside which the hop rounds run in order."""
+        return (self.kv_first == 0) & (self.kv_last == self.chunks - 1)
+
+    def check_hops(self, pool) -> None:
+        """The runtime's and the cost model's rule for KV rows of hop > 0 (forwarded by a worker
+        that received them in an earlier hop, :data:`libra.plan.TransferTable` ``hop``): every such
+        row's KV heads are :meth:`hop_heads`.
+
+        Raises:
+            PlanValidationError: naming the pool and the first offending row.
+        """
+        x = pool.transfers
+        rows = np.nonzero(x.hop > 0)[0]
+        if not len(rows):
+            return
+        outside = np.concatenate(([0], np.cumsum(~self.hop_heads())))
+        bad = rows[outside[x.head_end[rows]] != outside[x.head_start[rows]]]
+        if len(bad):
+            i = int(bad[0])
+            raise PlanValidationError(
+                f"pool {pool.pool_index}: KV relay transfer {i} (hop {int(x.hop[i])}) carries KV heads "
+                f"[{x.head_start[i]}, {x.head_end[i]}) with M={self.chunks}, but only heads read from chunk 0 "
+                f"through chunk {self.chunks - 1} may take more than one hop")
 
     def _check_widths(self, widths: np.ndarray) -> None:
         bad = widths[(widths < 1) | (widths % self.chunks != 0)]
@@ -231,6 +258,12 @@ class ChunkSchedule:
         """Every phase's transfers with their per-chunk bytes, as the runtime sends them."""
         return phase_routes(transfers, self.chunks, lambda table, rows, kind, backward:
                             self._chunk_bytes(table, rows, backward))
+
+
+def schedule_for_pool(pool, shape: AttentionShape, chunks: int):
+    """The Pipeliner of ``pool``: the schedule class registered for its ``chunking``
+    (:func:`libra.plan.schedule_class`; the paper's :class:`ChunkSchedule` for ``"heads"``)."""
+    return schedule_class(pool.chunking).for_pool(pool, shape, chunks)
 
 
 def _distinct_ranges(head_start: np.ndarray, head_end: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ CPython (``benchmarks/test_bench_tap.py``). The loops are scalar Python over lis
 avoid per-worker function calls.
 
 Compiled placer: with numba installed (``pip install -e '.[fast]'``), :func:`place_tiles` runs the
-kernels of :mod:`libra.tap.placement_jit` instead (``placer="auto"``, the default; force either
+kernels of :mod:`libra.jit.placement` instead (``placer="auto"``, the default; force either
 with ``placer="numba"`` / ``"python"``). They make the same choices as the loops above (which stay
 the oracle and the fallback), from the same inputs (:func:`_grouped_base`, :func:`_dense_inputs`).
 :func:`default_placer` names the placer ``auto`` runs (record it with timings); :func:`warmup`
@@ -53,8 +53,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,21 +62,17 @@ from libra import jit as jit_modules
 from libra.arrays import lexsort, sorted_unique
 from libra.config import TapConfig, check_tau
 from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
-from libra.tap.tiles import kv_atoms
+from libra.tap.tiles import PoolTiles, kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 
-if TYPE_CHECKING:
-    from libra.tap.tiles import PoolIndex
 
-
-def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | None = None,
-                  tiles_checked: bool = False):
-    """Validate ``place_tiles``' inputs; return the sorted workers and the pool index (``index``, or
-    built here when None and there are tiles; None when there are none). ``tiles_checked``: the
-    tiles are :func:`libra.tap.tiles.make_tiles`' of ``sequences`` and ``index`` (or cut from them),
-    which already keeps each inside one holder range of its Q-home, so only the scalar arguments,
-    the workers and the holders are checked (the per-tile checks were about a fifth of ``libra``'s
-    whole TAP time)."""
+def _check_inputs(tiles: TileTable, sequences, workers, tau):
+    """Validate ``place_tiles``' inputs; return the sorted workers and the pool index (the tiles',
+    or built here when there are tiles; None when there are none). Tiles of
+    :func:`libra.tap.tiles.make_tiles` made for these ``sequences`` (:class:`PoolTiles`) already lie
+    inside one holder range of their Q-home, so only the scalar arguments, the workers and the
+    holders are checked for them (the per-tile checks were about a fifth of ``libra``'s whole TAP
+    time)."""
     check_tau(tau)
     w = np.asarray(list(workers), dtype=np.int64)
     if w.ndim != 1 or len(w) == 0:
@@ -84,10 +80,9 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     if len(np.unique(w)) != len(w):
         raise ValueError(f"pool workers must be distinct, got {w.tolist()}")
     w = np.sort(w)
-    if tiles_checked and index is None:
-        raise ValueError("tiles_checked=True needs the index the tiles were made with")
-    idx = index
-    if len(tiles) and not tiles_checked:
+    made = isinstance(tiles, PoolTiles) and tiles.made_for(sequences)
+    idx = tiles.index if made else None
+    if len(tiles) and not made:
         if not 0 <= int(tiles.seq.min()) <= int(tiles.seq.max()) < len(sequences):
             raise ValueError(f"tile sequence index out of range for {len(sequences)} sequences")
         home = sorted_unique(tiles.q_home)
@@ -96,7 +91,7 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
             raise ValueError(f"Q-home worker {int(missing[0])} is not a pool worker {w.tolist()}")
         if not (np.isfinite(tiles.flops).all() and tiles.flops.min() >= 0):
             raise ValueError("tile FLOPs must be finite and >= 0")
-        idx = pool_index(sequences) if index is None else _check_index(index, sequences)
+        idx = pool_index(sequences)
         lengths = np.diff(idx.base)[tiles.seq]
         bad = np.nonzero((tiles.q_start < 0) | (tiles.q_end <= tiles.q_start) | (tiles.q_end > lengths))[0]
         if len(bad):
@@ -117,15 +112,6 @@ def _check_inputs(tiles: TileTable, sequences, workers, tau, index: PoolIndex | 
     return w, idx
 
 
-def _check_index(index: PoolIndex, sequences) -> PoolIndex:
-    """``index`` if its sequence offsets match ``sequences`` (ValueError otherwise)."""
-    base = np.asarray(index.base)
-    lengths = [s.num_tokens for s in sequences]
-    if base.shape != (len(lengths) + 1,) or base[0] != 0 or not np.array_equal(np.diff(base), lengths):
-        raise ValueError("index does not match the sequences (build it with pool_index(sequences))")
-    return index
-
-
 def _place_flops_only(flops, order, reserved, cap):
     """Least-loaded placement with a (load, worker) heap from the ``(W,)`` starting loads
     ``reserved``; returns pool-index dests and fallbacks."""
@@ -143,10 +129,42 @@ def _place_flops_only(flops, order, reserved, cap):
     return dest, fallback
 
 
+@dataclass(frozen=True, eq=False)
+class PlacementPolicy:
+    """How Algorithm 2 orders tiles and prices a move, beside its slack ``tau`` and load estimate:
+    the one seam through which an extension changes placement (:func:`place_tiles`).
+
+    Attributes:
+        comm_aware: score by incremental communication first (the paper); False: FLOPs only
+            (least-loaded placement, DistCA's emulation).
+        order: the order tiles are placed in, a permutation of ``range(T)`` (None: Alg. 2's,
+            heaviest first, ties by tile index).
+        link_cost: optional ``link_cost(src, dst)``, vectorised over broadcastable arrays of global
+            worker ids, giving the non-negative integer cost of one byte from ``src`` to ``dst``
+            (e.g. :meth:`libra.sim.topology.Topology.byte_cost`: relative time per byte of the link
+            class between them). Incremental communication is then priced in link time, each byte
+            weighted by the link it crosses (Q and O: Q-home <-> destination; KV: the token's
+            holder -> destination), and the dense placer runs (the grouped one relies on every
+            non-holder costing the same). None: every byte that moves costs 1, as in the paper.
+        reserved: optional ``(W,)`` load each worker (in ``workers`` order) carries before any
+            tile, in the units of the tile loads (e.g. its predicted exposed communication).
+            Placement starts from these loads and ``C = (1 + tau) * (sum(loads) + sum(reserved)) / W``.
+            None: all 0, as in the paper.
+    """
+
+    comm_aware: bool = TapConfig.comm_aware
+    order: np.ndarray | None = None
+    link_cost: object = None
+    reserved: np.ndarray | None = None
+
+
+PAPER_POLICY = PlacementPolicy()
+"""Algorithm 2 as in the paper: heaviest first, every moved byte costs 1, nothing reserved."""
+
+
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
-                shape: AttentionShape, tau: float = TapConfig.tau, comm_aware: bool = TapConfig.comm_aware,
-                weights=None, index: PoolIndex | None = None, placer: str = "auto",
-                order=None, link_cost=None, reserved=None, *, tiles_checked: bool = False) -> tuple[TileTable, int]:
+                shape: AttentionShape, tau: float = TapConfig.tau, weights=None,
+                policy: PlacementPolicy = PAPER_POLICY, placer: str = "auto") -> tuple[TileTable, int]:
     """Algorithm 2: assign every tile a destination worker.
 
     Args:
@@ -155,34 +173,19 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         workers: the pool's global worker ids (any order; ties break on the lowest id).
         shape: head geometry; bytes come from :mod:`libra.workload`.
         tau: soft-target slack, ``C = (1 + tau) * mean``.
-        comm_aware: score by incremental communication first (False: FLOPs only).
         weights: optional ``(T,)`` float per-tile load estimates used instead of ``tiles.flops``
             for the heaviest-first order, the worker loads and ``C = (1 + tau) * sum(weights) / W``
             (e.g. :func:`libra.tap.weights.kernel_time_weights`: estimated kernel ms, an
             extension beyond the paper). ``None`` (default) balances FLOPs as Algorithm 2 does.
-        index: optional :func:`libra.tap.tiles.pool_index` of ``sequences``, when the caller
-            already has it (built once per call otherwise).
         placer: ``"auto"`` (default: the compiled kernels when numba imports, else Python; see
             :func:`default_placer`), ``"numba"`` or ``"python"``. All make identical choices.
-        order: the order tiles are placed in, a permutation of ``range(T)`` (default: Alg. 2's,
-            heaviest first, ties by tile index; :func:`libra.tap.adaptive.retention_order` is
-            another).
-        link_cost: optional ``link_cost(src, dst)``, vectorised over broadcastable arrays of global
-            worker ids, giving the non-negative integer cost of one byte from ``src`` to ``dst``
-            (e.g. :meth:`libra.sim.topology.Topology.byte_cost`: relative time per byte of the link
-            class between them). Incremental communication is then priced in link time, each byte
-            weighted by the link it crosses (Q and O: Q-home <-> destination; KV: the token's
-            holder -> destination), and the dense placer runs (the grouped one relies on every
-            non-holder costing the same). ``None`` (default): every byte that moves costs 1,
-            Algorithm 2 as in the paper. An extension beyond the paper (``libra-adaptive``).
-        reserved: optional ``(W,)`` load each worker (in ``workers`` order) carries before any tile,
-            in the units of the tile loads, e.g. its predicted exposed communication
-            (:func:`libra.tap.adaptive.rebalance_exposed`). Placement starts from these loads and
-            ``C = (1 + tau) * (sum(loads) + sum(reserved)) / W``. ``None`` (default): all 0, the paper.
-        tiles_checked: the caller made ``tiles`` from ``sequences`` with ``index`` (``make_tiles``,
-            or pieces of its tiles, as :func:`libra.tap.planner.plan_pool` and ``libra-adaptive``
-            do), so the per-tile checks against the sequences are skipped (``index`` required).
-            False (default): every tile is checked, as for tiles from anywhere else.
+        policy: the order, byte cost and reserved load to place with (:class:`PlacementPolicy`;
+            default :data:`PAPER_POLICY`, Algorithm 2 as in the paper).
+
+        The tiles of :func:`libra.tap.tiles.make_tiles` (a :class:`~libra.tap.tiles.PoolTiles` made
+        for these very ``sequences``) lie inside one holder range of their Q-home by construction
+        and carry the pool's index, so only the scalar arguments, the workers and the holders are
+        checked for them; any other tiles are checked one by one against the sequences.
 
     Returns:
         ``(placed, fallback_count)``: the tiles with ``dest`` set (same row order) and the number of
@@ -192,22 +195,25 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
         ValueError: ``tau < 0`` (or not a number), no/duplicate workers, a Q-home or holder outside
             the pool, a sequence index out of range, negative or non-finite FLOPs, a tile whose
             token range is not inside one holder range of its Q-home, ``weights`` that are not
-            ``(T,)`` finite numbers >= 0, an ``index`` of other sequences, an unknown placer, or
-            an ``order`` that is not a permutation of the tiles, a ``link_cost`` that does not
+            ``(T,)`` finite numbers >= 0, an unknown placer, or a policy's ``order`` that is not a permutation of the tiles, a ``link_cost`` that does not
             give a non-negative integer per worker pair, or ``reserved`` that is not ``(W,)``
             finite numbers >= 0.
         ImportError: ``placer="numba"`` without numba (``pip install -e '.[fast]'``).
     """
     jit = placer_module(placer)
-    wsorted, idx = _check_inputs(tiles, sequences, workers, tau, index, tiles_checked)
+    if not isinstance(policy, PlacementPolicy):
+        raise ValueError(f"policy must be a PlacementPolicy, got {type(policy).__name__}")
+    wsorted, idx = _check_inputs(tiles, sequences, workers, tau)
     load = tiles.flops if weights is None else _check_weights(weights, len(tiles))
     n_tiles = len(tiles)
-    base = reserved_loads(reserved, workers, wsorted)
+    base = reserved_loads(policy.reserved, workers, wsorted)
     if n_tiles == 0:
         return tiles, 0
     cap = soft_target(load, base, tau)
-    order = np.argsort(-load, kind="stable") if order is None else _check_order(order, n_tiles)  # heaviest first
-    lw = None if link_cost is None else link_matrix(link_cost, wsorted)
+    order = (np.argsort(-load, kind="stable") if policy.order is None  # heaviest first
+             else _check_order(policy.order, n_tiles))
+    lw = None if policy.link_cost is None else link_matrix(policy.link_cost, wsorted)
+    comm_aware = policy.comm_aware
     if jit is not None:
         dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
                                              comm_aware, lw, base)
@@ -228,12 +234,12 @@ PLACERS = ("auto", "numba", "python")
 
 def available_placers() -> tuple[str, ...]:
     """The concrete placers this process can run: ``("numba", "python")`` or ``("python",)``."""
-    return ("numba", "python") if jit_modules.impl_name("placement_jit", "python") == "numba" else ("python",)
+    return ("numba", "python") if jit_modules.impl_name("placement", "python") == "numba" else ("python",)
 
 
 def default_placer() -> str:
     """The placer ``place_tiles(placer="auto")`` runs here: ``"numba"`` when numba imports (the
-    compiled kernels of :mod:`libra.tap.placement_jit`), else ``"python"``. Record it with timings."""
+    compiled kernels of :mod:`libra.jit.placement`), else ``"python"``. Record it with timings."""
     return available_placers()[0]
 
 
@@ -248,7 +254,7 @@ def placer_module(placer: str):
     """The compiled-kernel module for ``placer``, or None for the Python loops."""
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {PLACERS}, got {placer!r}")
-    return jit_modules.select("placement_jit", placer, "placer")
+    return jit_modules.select("placement", placer, "placer")
 
 
 def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw, base):
@@ -475,7 +481,7 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None,
 
 def _grouped_base(tiles, idx, wsorted, shape) -> dict[str, np.ndarray]:
     """The grouped placers' inputs other than token positions (shared by :func:`_grouped_columns`
-    and the compiled kernel of :mod:`libra.tap.placement_jit`, which derives the positions itself
+    and the compiled kernel of :mod:`libra.jit.placement`, which derives the positions itself
     from ``seq``, ``q_start``, ``q_end`` and the pool index ``base``, ``offs``).
 
     Keys: per tile ``a0``, ``a1`` its KV-atom span, ``qo`` its Q + O bytes, ``home`` the pool

@@ -12,7 +12,7 @@ head shards may read the same KV heads (``H > hkv``) or partly overlapping ones,
 works on *KV atoms*: the finest KV-head ranges induced by all tiles' KV ranges (one atom per head
 shard in the usual configurations).
 
-:func:`make_tiles` runs the compiled kernel :mod:`libra.tap.tiles_jit` when numba imports and the
+:func:`make_tiles` runs the compiled kernel :mod:`libra.jit.tiles` when numba imports and the
 numpy implementation otherwise; both build the same table (the tests compare them).
 """
 
@@ -40,21 +40,50 @@ def _check_positive(name: str, value) -> None:
 
 def tiles_impl() -> str:
     """The implementation ``make_tiles(impl="auto")`` runs here: ``"numba"`` or ``"numpy"``."""
-    return jit_modules.impl_name("tiles_jit")
+    return jit_modules.impl_name("tiles")
 
 
 def warmup() -> float:
     """Compile the tile kernel now (numba only; once per process) on a one-sequence pool so that
     timed calls exclude compilation; returns the seconds spent (0.0 without numba)."""
-    if jit_modules.compiled("tiles_jit") is None:
+    if jit_modules.compiled("tiles") is None:
         return 0.0
     t0 = time.perf_counter()
     make_tiles([SequenceLayout.contiguous(0, 0, [3, 1], 2)], 2, 1, AttentionShape(1, 1, 1, 2), impl="numba")
     return time.perf_counter() - t0
 
 
+class PoolTiles(TileTable):
+    """The SH-tiles :func:`make_tiles` made for one pool, or token pieces of them, with the pool's
+    sequences and :class:`~libra.plan.layout.PoolIndex` they were made from.
+
+    Each tile lies inside one holder range of its Q-home by construction, so placement
+    (:func:`libra.tap.placement.place_tiles`) skips its per-tile checks for a PoolTiles
+    :meth:`made_for` the sequences it places on, and reuses the index. Any other TileTable is
+    checked tile by tile.
+    """
+
+    def __init__(self, sequences: Sequence[SequenceLayout], index: PoolIndex, **columns):
+        super().__init__(**columns)
+        self.__dict__["sequences"] = tuple(sequences)
+        self.__dict__["index"] = index
+
+    def made_for(self, sequences: Sequence[SequenceLayout]) -> bool:
+        """Whether these tiles were made for exactly ``sequences`` (the same layout objects)."""
+        sequences = tuple(sequences)
+        return len(sequences) == len(self.sequences) and all(a is b for a, b in zip(sequences, self.sequences))
+
+    def pieces(self, **columns) -> PoolTiles:
+        """Tiles cut from these (each a token range of one of them, same Q-home and heads): the
+        same pool, so still a PoolTiles."""
+        return PoolTiles(self.sequences, self.index, **columns)
+
+    def select(self, mask_or_index) -> PoolTiles:
+        return self.pieces(**{k: getattr(self, k)[mask_or_index] for k in self.FIELDS})
+
+
 def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split: int,
-               shape: AttentionShape, index: PoolIndex | None = None, *, impl: str = "auto") -> TileTable:
+               shape: AttentionShape, index: PoolIndex | None = None, *, impl: str = "auto") -> PoolTiles:
     """Decompose every packed sequence into SH-tiles (Libra sec. 4.3.1); all unplaced.
 
     Block ``b`` of a sequence covers tokens ``[b*B, min((b+1)*B, S))``; each block is split into
@@ -71,7 +100,7 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
             or ``"numpy"``; both give the same table.
 
     Returns:
-        A :class:`TileTable` of ``sum_s ceil(S_s / B) * H`` rows with ``dest = -1``.
+        A :class:`PoolTiles` of ``sum_s ceil(S_s / B) * H`` rows with ``dest = -1``.
 
     Raises:
         ValueError: non-positive ``B`` or ``H``, ``H`` not dividing ``hq``, holder ranges that do not
@@ -81,26 +110,28 @@ def make_tiles(sequences: Sequence[SequenceLayout], block_size: int, head_split:
     """
     if impl not in ("auto", "numba", "numpy"):
         raise ValueError(f"impl must be 'auto', 'numba' or 'numpy', got {impl!r}")
-    jit = jit_modules.select("tiles_jit", impl)
+    jit = jit_modules.select("tiles", impl)
     _check_positive("block size B", block_size)
     _check_positive("head split H", head_split)
     if shape.num_q_heads % head_split:
         raise ValueError(f"head split H={head_split} must divide num_q_heads={shape.num_q_heads}")
-    if not len(sequences):
-        return TileTable.empty()
-    width = shape.num_q_heads // head_split
+    sequences = tuple(sequences)
     idx = index if index is not None else pool_index(sequences)
+    if not len(sequences):
+        return PoolTiles(sequences, idx, **{k: np.zeros(0, v) for k, v in TileTable.FIELDS.items()})
+    width = shape.num_q_heads // head_split
     if jit is not None:
         bad, seq, q_start, q_end, head_start, head_end, q_home, dest, area = jit.tile_rows(
             idx.base, idx.offs, idx.h_start, idx.h_end, idx.h_worker, block_size, head_split, width)
         if bad < 0:  # else the numpy path names the offending block
-            return TileTable(seq=seq, q_start=q_start, q_end=q_end, head_start=head_start, head_end=head_end,
+            return PoolTiles(sequences, idx, seq=seq, q_start=q_start, q_end=q_end, head_start=head_start,
+                             head_end=head_end,
                              q_home=q_home, dest=dest, flops=attention_flops(area, width, shape.head_dim))
     return _tiles_numpy(sequences, block_size, head_split, width, shape, idx)
 
 
 def _tiles_numpy(sequences, block_size: int, head_split: int, width: int, shape: AttentionShape,
-                 idx: PoolIndex) -> TileTable:
+                 idx: PoolIndex) -> PoolTiles:
     """:func:`make_tiles` with numpy (after its argument checks)."""
     base = idx.base
     lengths = base[1:] - base[:-1]
@@ -126,7 +157,7 @@ def _tiles_numpy(sequences, block_size: int, head_split: int, width: int, shape:
     heads = np.empty((2, len(seq), head_split), dtype=np.int32)
     heads[0] = np.arange(0, shape.num_q_heads, width, dtype=np.int32)
     np.add(heads[0], width, out=heads[1])
-    return TileTable(seq=seq.repeat(head_split), q_start=(g_start - g_base).repeat(head_split),
+    return PoolTiles(sequences, idx, seq=seq.repeat(head_split), q_start=(g_start - g_base).repeat(head_split),
                      q_end=(g_end - g_base).repeat(head_split), head_start=heads[0].reshape(-1),
                      head_end=heads[1].reshape(-1), q_home=idx.h_worker[pos].repeat(head_split),
                      dest=np.full(len(flops), -1, dtype=np.int32), flops=flops)

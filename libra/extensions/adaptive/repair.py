@@ -2,7 +2,7 @@
 
 Algorithm 2 puts each tile on the cheapest worker within the soft target ``C = (1 + tau) * mean``
 and, when no worker has room, on the least-loaded one, which then ends above ``C``. Under Q-home
-retention (:func:`libra.tap.adaptive.place_retaining`) that is common on real corpora at 1M: every
+retention (:func:`libra.extensions.adaptive.retention.place_retaining`) that is common on real corpora at 1M: every
 Q-home first keeps its own light tiles, so when a long sample's late tiles (up to 0.97 of a
 worker's mean load after the heavy-tile cut) come to be placed, no worker has room left for them.
 On a Wikipedia 1M pool (4104 tiles on 128 workers) 32 tiles fell back; the workers that took
@@ -17,7 +17,7 @@ within ``C`` never leave it, so one pass suffices. Measured on 4 windows (``stra
 on): ``libra-adaptive``'s mean speedup over Ulysses went up 3.9% on Wikipedia 1M and 4.7% on
 ProLong 1M, 0.3-0.4% at 256K; libra-prod's placements never leave a worker above ``C``.
 
-The Python loop below is the oracle and the fallback; :func:`libra.tap.placement_jit.repair_overload`
+The Python loop below is the oracle and the fallback; :func:`libra.jit.placement.repair_overload`
 makes the same moves (numba). Deterministic: a pure function of its inputs.
 """
 

@@ -11,7 +11,7 @@ rows in row order; the port sums go in link-class order from 0), every max and d
 same IEEE operation, and ties pick the first index as ``np.argmax`` does. The numpy code in
 :mod:`libra.sim.cost` stays the oracle and the fallback; the tests compare the two exactly.
 
-Kernels compile lazily on first call and are cached on disk (as :mod:`libra.tap.placement_jit`);
+Kernels compile lazily on first call and are cached on disk (as :mod:`libra.jit.placement`);
 :func:`libra.sim.cost.warmup` compiles them on a tiny plan.
 """
 

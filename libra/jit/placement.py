@@ -17,7 +17,7 @@ Each kernel makes exactly the choices of its Python counterpart in :mod:`libra.t
   fetches one): a tile scores a worker in O(1) per atom, and placing it rewrites only the
   destination's rows, so a 1M pool of 4096 tiles on 128 workers places in a few ms.
 * :func:`place_flops_only` is the least-loaded placement (``comm_aware=False``).
-* :func:`repair_overload` is :mod:`libra.tap.repair`'s loop (``libra-adaptive``'s overload repair).
+* :func:`repair_overload` is :mod:`libra.extensions.adaptive.repair`'s loop (``libra-adaptive``'s overload repair).
 
 Hot loops are written out in few functions (helpers that take arrays are inlined at numba's IR
 level, ``_inline``); every function stays within the project's 80-line limit.
@@ -549,7 +549,7 @@ def place_flops_only(order, load, cap: float, reserved) -> tuple[np.ndarray, int
 
 @_njit
 def _repair_kernel(dest, load, loads, cap, over, by_worker, starts, home, lw):
-    """``libra.tap.repair._repair_python``'s loop: the same moves, ties on (cost, load, lowest id)."""
+    """``libra.extensions.adaptive.repair._repair_python``'s loop: the same moves, ties on (cost, load, lowest id)."""
     moved = 0
     for w in over:
         for i in range(starts[w], starts[w + 1]):
@@ -574,7 +574,7 @@ def _repair_kernel(dest, load, loads, cap, over, by_worker, starts, home, lw):
 
 
 def repair_overload(dest, load, loads, cap: float, over, by_worker, starts, home, lw) -> int:
-    """Compiled :func:`libra.tap.repair._repair_python` (``dest`` and ``loads`` updated in place,
+    """Compiled :func:`libra.extensions.adaptive.repair._repair_python` (``dest`` and ``loads`` updated in place,
     both as the caller's arrays: int64 and float64); returns the tiles moved."""
     return int(_repair_kernel(dest, _f64(load), loads, float(cap), _i64(over), _i64(by_worker), _i64(starts),
                               _i64(home), _i64(lw)))

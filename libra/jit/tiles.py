@@ -6,7 +6,7 @@ holder ranges and one into the samples, and fills the TileTable columns in tile 
 each tile's causal area, which :func:`libra.workload.attention_flops` turns into FLOPs (one
 formula, one place). Same rows as the numpy implementation in :mod:`libra.tap.tiles`, which stays
 the fallback (the tests compare them). Compiles lazily on first call and is cached on
-disk (see :mod:`libra.tap.placement_jit`); :func:`libra.tap.tiles.warmup` compiles it on a tiny pool.
+disk (see :mod:`libra.jit.placement`); :func:`libra.tap.tiles.warmup` compiles it on a tiny pool.
 """
 
 from __future__ import annotations

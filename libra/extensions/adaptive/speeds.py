@@ -4,7 +4,7 @@ Libra sec. 3.2 (Fig. 3) measures a per-step spread of 7% across the GPUs of a po
 persists (silicon and thermal lottery, a throttled card), part is each step's own. TAP balances
 FLOPs, so the pool waits for its slowest GPU. :func:`measure_device_speeds` times the same causal
 attention forward + backward on every rank and agrees on one speed per rank, which a speed-aware
-planner takes (``libra-adaptive``'s ``device_speeds``; :func:`libra.tap.adaptive.speed_reserve`).
+planner takes (``libra-adaptive``'s ``device_speeds``; :func:`libra.extensions.adaptive.retention.speed_reserve`).
 Run it once at start-up, or between steps to follow a GPU that slows down; the planner's plans stay
 pure functions of (metadata, speeds), identical on every rank, since every rank gets the same tuple.
 """

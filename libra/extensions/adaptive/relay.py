@@ -1,5 +1,5 @@
 """KV relays: a sample's KV fan-out sent as a scatter and an all-gather (an extension beyond Libra
-sec. 4.3.3; issue 11).
+sec. 4.3.3, ``libra-adaptive``).
 
 Under the Plan contract a tile reads its whole causal KV prefix where it runs. When a long sample's
 work is spread over many workers, every destination fetches its own copy of the prefix from the
@@ -27,10 +27,10 @@ over Ulysses at 256K and 2.98x -> 3.20x at 1M, ProLong 5.78x -> 5.95x and 2.78x 
 (ProLong 1M). The price is rows: a group of ``n`` gives up to ``n**2`` (Wikipedia pools grew from
 ~850 to ~4,900 transfer rows).
 
-Where (:func:`relay_heads`): only KV heads that travel with chunk 0 and return after chunk
+Where (:meth:`libra.tap.pipeline.ChunkSchedule.hop_heads`): only KV heads that travel with chunk 0 and return after chunk
 ``M - 1`` of the paper's head-sliced Pipeliner -- the two transfers it never hides -- so the hops
 run inside them in order (hop 0, 1 forward; 1, 0 backward) without delaying a chunk that would
-otherwise overlap compute. Tile-grouped chunks (:mod:`libra.tap.tile_chunks`) spread each
+otherwise overlap compute. Tile-grouped chunks (:mod:`libra.extensions.adaptive.tile_chunks`) spread each
 destination's KV over its chunks and take no relays.
 """
 
@@ -41,14 +41,8 @@ from dataclasses import replace
 import numpy as np
 
 from libra.arrays import expand_counts, lexsort, row_ids
-from libra.plan import HEADS, KV, PlanValidationError, PoolPlan, TransferTable
+from libra.plan import HEADS, KV, PoolPlan, TransferTable
 from libra.tap.pipeline import ChunkSchedule
-
-
-def relay_heads(sched: ChunkSchedule) -> np.ndarray:
-    """bool ``(hkv,)``: the KV heads whose fetch may be relayed under ``sched`` (first read in
-    chunk 0 and last read in chunk ``M - 1``)."""
-    return (sched.kv_first == 0) & (sched.kv_last == sched.chunks - 1)
 
 
 def _within(eligible: np.ndarray, head_start: np.ndarray, head_end: np.ndarray) -> np.ndarray:
@@ -57,35 +51,13 @@ def _within(eligible: np.ndarray, head_start: np.ndarray, head_end: np.ndarray) 
     return outside[head_end] == outside[head_start]
 
 
-def check_relays(pool: PoolPlan, sched) -> None:
-    """The runtime's and the cost model's rule for relay rows: a pool with any row of hop > 0 runs
-    under head chunks, and every relay row's KV heads are :func:`relay_heads`.
-
-    Raises:
-        PlanValidationError: naming the pool and the first offending row.
-    """
-    x = pool.transfers
-    relays = np.nonzero(x.hop > 0)[0]
-    if not len(relays):
-        return
-    if pool.chunking != HEADS or not isinstance(sched, ChunkSchedule) or sched.chunking != HEADS:
-        raise PlanValidationError(f"pool {pool.pool_index}: KV relay rows need the Pipeliner's head chunks, "
-                                  f"the pool runs {pool.chunking!r}")
-    bad = relays[~_within(relay_heads(sched), x.head_start[relays], x.head_end[relays])]
-    if len(bad):
-        i = int(bad[0])
-        raise PlanValidationError(
-            f"pool {pool.pool_index}: KV relay transfer {i} carries KV heads [{x.head_start[i]}, {x.head_end[i]}) "
-            f"with M={sched.chunks}, but only heads read from chunk 0 through chunk {sched.chunks - 1} may relay")
-
-
 def relay_transfers(transfers: TransferTable, eligible: np.ndarray) -> TransferTable:
     """``transfers`` with the KV rows of ``eligible`` KV heads sent as a scatter and an all-gather
     per payload group of two or more destinations (module doc).
 
     Args:
         transfers: a pool's direct transfers (every hop 0).
-        eligible: bool ``(hkv,)`` (:func:`relay_heads`).
+        eligible: bool ``(hkv,)`` (:meth:`ChunkSchedule.hop_heads`).
 
     Returns:
         The rows that stay direct (same order), then per group (in order of its first row) its hop-0
@@ -148,4 +120,4 @@ def relay_pool(pool: PoolPlan, sched: ChunkSchedule) -> PoolPlan:
     """``pool`` (head-chunked, direct transfers) with its eligible KV fan-out relayed."""
     if pool.chunking != HEADS:
         raise ValueError(f"pool {pool.pool_index}: KV relays need head chunks, got {pool.chunking!r}")
-    return replace(pool, transfers=relay_transfers(pool.transfers, relay_heads(sched)))
+    return replace(pool, transfers=relay_transfers(pool.transfers, sched.hop_heads()))

@@ -1,5 +1,5 @@
 """Tile-grouped Pipeliner chunks: spread a worker's KV over the chunks (an extension of Libra
-sec. 4.4 for fine SH-tiles; issue 11).
+sec. 4.4 for fine SH-tiles, ``libra-adaptive``).
 
 The paper's Pipeliner (:class:`libra.tap.pipeline.ChunkSchedule`, ``chunking="heads"``) cuts every
 tile's query heads into ``M`` slices. A tile that reads one KV head (``libra-adaptive``'s fine
@@ -28,15 +28,17 @@ from __future__ import annotations
 import numpy as np
 
 from libra.arrays import expand_counts, lexsort, row_ids, sorted_unique
-from libra.plan import KV, TILES, Q, TransferTable, kv_need_start
+from libra.plan import KV, PlanValidationError, Q, TransferTable, kv_need_start
 from libra.tap.pipeline import (
-    ChunkSchedule,
     Routes,
     check_chunks,
     phase_routes,
     pipeline_events,
 )
 from libra.workload import AttentionShape
+
+TILES = "tiles"
+"""The chunking this module registers (``pyproject.toml``'s ``libra.chunkings`` entry points)."""
 
 
 def _kv_local(pool) -> np.ndarray:
@@ -159,6 +161,22 @@ class TileChunkSchedule:
         self.tile_chunk = assign_tile_chunks(pool, shape, self.chunks)
         self._pool, self._cache = pool, {}
 
+    @classmethod
+    def for_pool(cls, pool, shape: AttentionShape, chunks: int) -> TileChunkSchedule:
+        """The schedule of a pool plan (the registry's constructor, :mod:`libra.plan.chunkings`)."""
+        return cls(pool, shape, chunks)
+
+    def check_hops(self, pool) -> None:
+        """Tile-grouped chunks spread each destination's KV over its chunks, so no KV row may take
+        more than one hop (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`).
+
+        Raises:
+            PlanValidationError: a row of hop > 0.
+        """
+        if len(pool.transfers) and pool.transfers.hop.any():
+            raise PlanValidationError(f"pool {pool.pool_index}: KV relay rows need the Pipeliner's head chunks, "
+                                      f"the pool runs {self.chunking!r}")
+
     def segment_calls(self, seg: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per kernel segment: its chunk, query heads per call and calls -- one whole-width call
         in its tile's chunk."""
@@ -248,11 +266,3 @@ class TileChunkSchedule:
         share = np.bincount(row * self.chunks + c, weights=(t1 - t0) * (h1 - h0) / np.maximum(area, 1.0),
                             minlength=len(table) * self.chunks).reshape(len(table), self.chunks)
         return table.nbytes[rows].astype(np.float64)[:, None] * share[rows]
-
-
-def schedule_for_pool(pool, shape: AttentionShape, chunks: int):
-    """The Pipeliner of ``pool`` by its ``chunking`` (checked by :class:`~libra.plan.PoolPlan`):
-    :class:`ChunkSchedule` (Libra sec. 4.4, ``"heads"``) or :class:`TileChunkSchedule` (``"tiles"``)."""
-    if pool.chunking == TILES:
-        return TileChunkSchedule(pool, shape, chunks)
-    return ChunkSchedule.for_pool(pool, shape, chunks)

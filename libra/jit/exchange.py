@@ -9,7 +9,7 @@ merged. Each merge orders its rows with two stable counting sorts on the leading
 atoms) and an insertion sort of each short run on the remaining key packed into one int64 (a
 stable merge sort for long runs), then makes one pass; :func:`_radix` checks that the keys fit.
 
-Kernels compile lazily on first call and are cached on disk (see :mod:`libra.tap.placement_jit`);
+Kernels compile lazily on first call and are cached on disk (see :mod:`libra.jit.placement`);
 :func:`libra.tap.exchange.warmup` compiles them on a tiny pool. Nothing is memoised across calls.
 """
 
