@@ -18,6 +18,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from libra.jit.search import right
+
 _njit = numba.njit(cache=True, nogil=True)
 
 _SMALL_BUCKET = 32
@@ -26,19 +28,6 @@ _KEY_LIMIT = 2.0**62
 """Packed keys (and a key plus an interval length) stay below this (as in :mod:`libra.tap.exchange`)."""
 _MAX_ID = 1 << 16
 """Worker ids and head indices above this take the numpy path (counting sorts allocate per id)."""
-
-
-@_njit
-def _bisect_right(a, x):
-    """``np.searchsorted(a, x, side="right")`` (sorted ``a``)."""
-    lo, hi = 0, a.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 @_njit
@@ -217,7 +206,7 @@ def _kv_union(dest, seq, q_start, q_end, head_start, head_end, at_start, at_end,
             while s + 1 < offs.shape[0] and offs[s + 1] <= x:
                 s += 1
         else:
-            s = _bisect_right(offs, x) - 1
+            s = right(offs, x, 0) - 1
         for a in range(at_start[head_start[i]], at_end[head_end[i]]):
             bucket[k], atom[k], lo[k], hi[k] = dest[i], a, offs[s], q_end[i] + shift
             k += 1
@@ -246,7 +235,7 @@ def _kv_rows(u_dst, u_atom, u_lo, u_hi, h_start, h_end, h_worker, w, span, n_ato
     first = np.empty(nu, dtype=np.int64)
     m = 0
     for u in range(nu):
-        first[u] = _bisect_right(h_start, u_lo[u]) - 1
+        first[u] = right(h_start, u_lo[u], 0) - 1
         j = first[u]
         while j < nh and h_start[j] < u_hi[u]:
             m += 1

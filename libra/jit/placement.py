@@ -39,6 +39,8 @@ import time
 import numba
 import numpy as np
 
+from libra.jit.search import right as _right
+
 _njit = numba.njit(cache=True, nogil=True)
 _inline = numba.njit(cache=True, nogil=True, inline="always")
 
@@ -122,40 +124,6 @@ def _choose(cost, loads, f, cap):
 
 
 # ----------------------------------------------------------------------------- grouped (SH-tiles)
-
-
-@_njit
-def _right(a, x, hint):
-    """``np.searchsorted(a, x, side="right")``, galloping from ``hint`` (any hint gives the right
-    answer; tiles come in token order, so the previous tile's answer makes it O(1))."""
-    n = a.shape[0]
-    h = min(max(hint, 0), n)
-    step = 1
-    if h < n and a[h] <= x:  # the answer lies above h
-        lo, hi = h + 1, n
-        while lo + step - 1 < n:
-            p = lo + step - 1
-            if a[p] > x:
-                hi = p
-                break
-            lo = p + 1
-            step *= 2
-    else:  # the answer is at most h
-        lo, hi = 0, h
-        while hi - step >= 0:
-            p = hi - step
-            if a[p] <= x:
-                lo = p + 1
-                break
-            hi = p
-            step *= 2
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] <= x:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
 
 
 @_njit
