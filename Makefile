@@ -11,7 +11,7 @@ RESULTS := --overwrite
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test test-all check-results lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
+.PHONY: help setup test test-all check-results lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-synthetic tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
         plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke fig12-h200 clean
 
 help:  ## list the targets
@@ -61,7 +61,7 @@ fig12-real: $(STAMP)  ## Figure 12 on the two public length corpora (FlexSP Wiki
 	$(BENCH) straggler --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --methods all --out results/straggler-wikipedia $(RESULTS)
 	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_prolong.json --methods all --out results/straggler-prolong $(RESULTS)
 
-fig12-heldout: $(STAMP)  ## Figure 12 on a corpus no libra-adaptive choice was tuned on (DistCA's synthetic WLB-LLM lengths)
+fig12-synthetic: $(STAMP)  ## Figure 12 on DistCA's synthetic WLB-LLM lengths (a synthetic corpus, used in tuning libra-adaptive)
 	$(BENCH) straggler --workload $(WORKLOADS)/distca_dist_wlbllm_synthetic.json --methods all --out results/straggler-wlbllm-synthetic $(RESULTS)
 
 tune-real: $(STAMP)  ## tune's layout search at 1M on the two public corpora (the paper's P=8 is not their best)
@@ -113,7 +113,7 @@ extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive;
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from results/ (after make figures: it reads the per-step CSVs that are not committed)
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-heldout tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions fig12-h200 reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-synthetic tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions fig12-h200 reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh

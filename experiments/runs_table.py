@@ -18,7 +18,8 @@ API, which only reads (no cache, no file written anywhere)::
 * ``tune``: each method's best-ranked candidate and the recommended one (``recommended``), its
   (P, H, B, M) in the layout, the same columns;
 * ``microbench`` (measured): per method, the mean measured straggler, its speedup over Ulysses, and
-  the measured ideal (each rank's sequence as whole-sequence attention / CP) as the bound.
+  the measured reference (each rank's sequence as whole-sequence attention / CP): a reference, not a
+  bound -- timed apart from the steps on a shared host, a method can beat it.
 
 Every other experiment's folder is listed in ``runs`` with its figures. The layout is the run
 folder's tag (``dp32-cp8-s256k-gbs128-p8-b4k-h2-m4``, :func:`experiments.runner.layout_tag`).
@@ -40,10 +41,10 @@ from experiments.runner import LAYOUT_TAG_FIELDS, layout_tag
 
 METHOD_COLUMNS = ("folder", "experiment", "workload", "layout", "profile", "method", "straggler_ms", "speedup",
                   "speedup_min", "speedup_max", "bound_ms", "bound_ratio", "bound", "recommended")
-"""Columns of :attr:`RunsTables.methods` (``bound`` says what the bound is: simulated or measured ideal)."""
+"""Columns of :attr:`RunsTables.methods` (``bound`` says what the bound is: the simulated bound or the measured reference)."""
 RUN_COLUMNS = ("folder", "experiment", "workload", "layout", "profile", "windows", "finished_utc", "figures", "path")
 SIMULATED_BOUND = "perfect balance"
-MEASURED_BOUND = "measured ideal"
+MEASURED_BOUND = "measured reference"
 
 
 @dataclass(frozen=True)
@@ -235,8 +236,8 @@ def markdown_table(frame: pd.DataFrame) -> str:
 INTRO = ("Each method's core-attention straggler (the slowest worker's forward + backward time of one layer per "
          "step, mean over steps), its speedup over Ulysses on the same windows with the per-window [min, max], and "
          "its bound: the perfect-balance bound of the simulated runs (all attention compute spread evenly at the "
-         "kernel's best rate) or the measured ideal of `microbench` (each rank's sequence as whole-sequence "
-         "attention / CP); `*` marks `tune`'s recommended configuration.")
+         "kernel's best rate) or the measured reference of `microbench` (each rank's sequence as whole-sequence "
+         "attention / CP; a reference, not a bound: a method can beat it on a shared host); `*` marks `tune`'s recommended configuration.")
 
 
 def runs_markdown(tables: RunsTables, root: str) -> str:

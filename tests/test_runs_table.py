@@ -64,7 +64,7 @@ def test_every_method_of_every_run_side_by_side(runs):
     row = tables.methods[(tables.methods["folder"] == "runs/t") & tables.methods["recommended"]].iloc[0]
     assert row["straggler_ms"] == rec["mean_ms"] and f"-p{rec['pool_size']}-" in row["layout"]
     mb = m.loc[("runs/m", "libra")]
-    assert (mb["speedup"], mb["bound_ms"], mb["bound"]) == (1.25, 6.0, "measured ideal")
+    assert (mb["speedup"], mb["bound_ms"], mb["bound"]) == (1.25, 6.0, "measured reference")
     assert set(tables.runs["experiment"]) == {"straggler", "tune", "lln", "microbench"}
     assert tables.runs.set_index("folder").loc["runs/g", "figures"] == "lln.png"
     assert len(tables.problems) == 1 and "runs/broken" in tables.problems[0] and "config object" in tables.problems[0]

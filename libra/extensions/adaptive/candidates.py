@@ -101,7 +101,7 @@ class Candidate:
             (:meth:`libra.tap.pipeline.ChunkSchedule.check_hops`).
         price_rank: its place among the candidates ``libra-adaptive`` prices first, most often
             fastest first (None: after those, as given): of 640 pools (8 windows of libra-prod,
-            Wikipedia, ProLong and the held-out WLB-LLM synthetic corpus, 256K and 1M, each priced
+            Wikipedia, ProLong and the WLB-LLM synthetic corpus, 256K and 1M, each priced
             alone without jitter), the relayed plan won 410 (11 of them cut at the finer heavy-tile
             limit), the plain link-priced one 229 and the paper's plan 1. Pricing the likely winner
             first lets the bound drop the others
@@ -202,7 +202,7 @@ above its pool's mean. Measured with ``straggler``'s pricing (4 windows, jitter 
 profile), ``libra-adaptive``'s mean straggler (ms) and ``pool_balanced_ratio`` with every
 candidate at tau = 0.03 / 0.02 / 0.01 / 0.005 -- 256K: libra-prod 350.15 / 348.20 / 346.55 /
 347.07 (1.108 / 1.101 / 1.093 / 1.091), Wikipedia 55.00 / 54.50 / 54.51 / 54.51, ProLong 54.87 /
-55.18 / 54.72 / 55.01, the held-out WLB-LLM synthetic corpus 76.92 / 76.27 / 76.07 / 76.27; 1M:
+55.18 / 54.72 / 55.01, the WLB-LLM synthetic corpus 76.92 / 76.27 / 76.07 / 76.27; 1M:
 libra-prod 1184.8 / 1174.4 / 1164.6 / 1164.4 (1.117 / 1.104 / 1.098 / 1.097), Wikipedia 94.55 /
 93.77 / 94.09 / 95.73, ProLong 104.69 / 103.05 / 103.88 / 103.64, synthetic 150.23 / 148.30 /
 148.17 / 148.14. 0.01 is faster than 0.03 on all eight; 0.005 and 0.02 each lose somewhere."""

@@ -321,7 +321,7 @@ exposed communication; a deeper Pipeliner shortens them for a few more chunk lat
 calls. Measured with ``straggler``'s pricing (4 windows, jitter on; every Plan at one depth),
 ``libra-adaptive``'s mean speedup over Ulysses at M = 4 / 8: Wikipedia 4.744 / 4.766 (256K) and
 2.929 / 2.985 (1M), ProLong 7.183 / 7.178 and 3.812 / 3.899, libra-prod 2.341 / 2.369 and
-2.502 / 2.519, the held-out WLB-LLM synthetic corpus 3.167 / 3.215 and 2.063 / 2.110. M = 16 cuts
+2.502 / 2.519, the WLB-LLM synthetic corpus 3.167 / 3.215 and 2.063 / 2.110. M = 16 cuts
 the paper shape's one-KV-head tiles (8 query heads) to two KV heads, which head chunks of one query
 head per chunk need (:func:`libra.extensions.adaptive.candidates.fine_head_split`), and lost up to 45%. Choosing per
 Plan between M = 4 and 8 by pricing the plan built for M = 4 at both gained less than planning at
