@@ -12,7 +12,7 @@ repetitions of the per-repetition maximum). Every call's process CPU time is rec
 (``cpu_ms``: forward + backward, per rank, mean over ranks): for the same attention work it is
 the runtime's overhead beyond the kernels.
 
-**The ideal** (issue 13): for each DP rank, its packed sequence's whole-sequence attention (every
+**The ideal**: for each DP rank, its packed sequence's whole-sequence attention (every
 sample one causal segment of one backend call -- the CPU flash backend runs consecutive
 equal-length samples as one batched call --, forward + backward, same backend, dtype and threads
 as the ranks) timed alone on one process, divided by CP; a step's ``ideal_ms`` is the mean over its DP ranks, and
@@ -777,6 +777,6 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
                         "cpu_vs_ulysses",
                         "comm_exposed_ms", "peak_transient_mib", "mean_speedup") if c in summary]
     click.echo(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    for line in filter(None, (t.line(summary) for t in targets)):  # issue 13's reference cases
+    for line in filter(None, (t.line(summary) for t in targets)):  # the CPU microbench's reference cases
         click.echo(line)
     click.echo(f"backend {extra['kernel_backend']} on {extra['device']}; wrote {paths['csv']}")

@@ -1,4 +1,4 @@
-"""Issue 13 item 5: `libra-bench calibrate --device cpu` sizes its sweep for a CPU profile."""
+"""`libra-bench calibrate --device cpu` sizes its sweep for a CPU profile."""
 
 from __future__ import annotations
 

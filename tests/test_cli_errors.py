@@ -1,4 +1,4 @@
-"""Issue 14 item 6: clean errors before any process starts, grid-search without a valid cell,
+"""Clean errors before any process starts, grid-search without a valid cell,
 and a warning when a length file is repeated to fill the windows."""
 
 from __future__ import annotations

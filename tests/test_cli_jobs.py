@@ -1,4 +1,4 @@
-"""`--jobs N` (issue 14 item 9): a sweep's points computed in N processes give identical results."""
+"""`--jobs N`: a sweep's points computed in N processes give identical results."""
 
 import json
 

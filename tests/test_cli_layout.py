@@ -1,4 +1,4 @@
-"""Your layout (issue 14 item 1): `straggler` on --dp --cp --seq-len --gbs instead of the paper's settings."""
+"""Your layout: `straggler` on --dp --cp --seq-len --gbs instead of the paper's settings."""
 
 import json
 

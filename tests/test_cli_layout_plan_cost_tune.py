@@ -1,4 +1,4 @@
-"""Your layout on `plan-cost` and `tune` (issue 14 item 1), and tune's spread over windows (item 8)."""
+"""Your layout on `plan-cost` and `tune`, and tune's spread over windows."""
 
 import json
 
@@ -36,7 +36,7 @@ def test_plan_cost_on_a_users_layout(tmp_path, monkeypatch):
     stage_lines = [line for line in r.output.splitlines() if " median " in line]
     assert len(stage_lines) == 4  # vrsp, tap, compile, prepare: medians only, no target or paper column
     assert not any("target" in line or "paper" in line for line in stage_lines)
-    assert "targets: issue 12" not in r.output
+    assert "targets: goals" not in r.output
     assert "no targets or paper numbers for dp4-cp2-s32k-gbs8" in r.output
     assert "16q/4kv heads d=64" in r.output
     assert not (tmp_path / "results").exists()
@@ -182,7 +182,7 @@ def test_plan_cost_times_another_planner_and_its_parts(tmp_path):
     assert set(parts) <= set(df.index) and (df.loc[parts, "median_ms"] > 0).all()
     assert (df.loc[parts, "repeats"] == df.loc["tap", "repeats"]).all()  # every pool, every repeat
     assert "TAP per pool, libra-adaptive" in r.output and "x libra's" in r.output
-    ratio = df.loc["tap@libra-adaptive", "median_ms"] / df.loc["tap", "median_ms"]  # issue 11's target, printed
+    ratio = df.loc["tap@libra-adaptive", "median_ms"] / df.loc["tap", "median_ms"]  # the extension's planning-time target, printed
     assert f"x libra's  target <= 2x ({'met' if ratio <= 2 else 'NOT met'})" in r.output
     assert "parts (median ms, x libra's TAP): candidates" in r.output and "pricing" in r.output
     assert "rebalance" in r.output

@@ -1,4 +1,4 @@
-"""Your layout on the simulated end-to-end commands (issue 14 items 1 and 7): `dp-scaling`,
+"""Your layout on the simulated end-to-end commands: `dp-scaling`,
 `pp-balance` and `e2e` take --dp --cp --seq-len --gbs (+ TAP and head options), `--dps` sweeps DP,
 paper numbers only on the paper's presets, `--config` files, and e2e's printed statistic is the
 plotted one."""

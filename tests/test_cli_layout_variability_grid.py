@@ -1,4 +1,4 @@
-"""A layout everywhere (issue 14 item 1): `variability` and `grid-search` on the paper's settings or
+"""A layout everywhere: `variability` and `grid-search` on the paper's settings or
 your own layout (--dp --cp --seq-len --gbs), with the paper's numbers only on a paper run."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14 item 3: results are never stale (input contents key the points) and never clobbered
+"""Results are never stale (input contents key the points) and never clobbered
 (ad-hoc runs default to runs/, a folder holding a different run is refused unless --overwrite)."""
 
 from __future__ import annotations

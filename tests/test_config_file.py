@@ -1,5 +1,5 @@
 """`--config FILE.toml` on every command: keys are the long options, flags override the file, an
-unknown key is a one-line error naming it (issue 14 item 1)."""
+unknown key is a one-line error naming it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 13 items 3 and 5: `libra-bench microbench` measures honestly by default.
+"""`libra-bench microbench` measures honestly by default.
 
 * on CPU it refuses more single-thread ranks than usable cores (one line, before any process
   starts) unless ``--oversubscribe``, which run.json records;

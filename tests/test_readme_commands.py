@@ -1,4 +1,4 @@
-"""Every `libra-bench` and `torchrun` line in the README parses as written (issue 14).
+"""Every `libra-bench` and `torchrun` line in the README parses as written.
 
 Running them all would take hours, so each line is parsed the way its launcher parses it: the
 `libra-bench` part by click (``make_context``: unknown options, bad choices and missing values

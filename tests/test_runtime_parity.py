@@ -205,7 +205,7 @@ CASES_4 = [
     # GQA groups of 3 straddling chunks of 2 heads unevenly: the per-query-head KV expansion path
     {"hq": 12, "hkv": 4, "d": 8, "B": 32, "H": 3, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64", "float32", "bfloat16"]},
-    # libra-adaptive (issue 11): one KV head's query heads per tile, placed in the Q-home retention
+    # libra-adaptive: one KV head's query heads per tile, placed in the Q-home retention
     # order (pinned candidate: the cost model would often pick the paper's plan at this size)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",)},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
@@ -244,7 +244,7 @@ CASES_8 = [
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("alg2-flops",), "chunkings": ("tiles",)},
      "B": 32, "H": 2, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64"]},
-    # link-priced retention (issue 11) on 2-GPU 'nodes', so NVLink and RoCE bytes are priced apart
+    # link-priced retention on 2-GPU 'nodes', so NVLink and RoCE bytes are priced apart
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link",), "profile": TWO_GPU_NODES},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
@@ -299,7 +299,7 @@ def test_parity_larger_grids_more_cases(tmp_path):
     _assert_results(results)
 
 
-# Ulysses head shards that cut a GQA group (issue 13): rank 0 of hq=12, hkv=3, CP=2 holds query
+# Ulysses head shards that cut a GQA group: rank 0 of hq=12, hkv=3, CP=2 holds query
 # heads 0-5, which read KV heads 0,0,0,0,1,1 (not the kernels' contiguous grouping); hq=6, hkv=3,
 # CP=2 gives 3 query heads over 2 KV heads. (grid, case) pairs: each shape only where CP | hq.
 GQA_CUT = {"method": "ulysses", "d": 8}

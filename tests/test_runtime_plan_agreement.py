@@ -1,4 +1,4 @@
-"""Issue 13 item 2: execution options are part of the pool's plan agreement.
+"""Execution options are part of the pool's plan agreement.
 
 Ranks that ``prepare`` one plan with different Pipeliner chunks, comm mode, kernel backend, scale or
 finite check would deadlock, abort gloo or compute differently; ``prepare`` must instead raise

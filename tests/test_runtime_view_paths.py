@@ -1,4 +1,4 @@
-"""Issue 13 item 4: the lower-overhead Libra runtime stays exact (gloo, float64 vs reference).
+"""The lower-overhead Libra runtime stays exact (gloo, float64 vs reference).
 
 The paths it added, each checked against a single-process float64 reference over the full packed
 sequences, forward and q/k/v gradients:

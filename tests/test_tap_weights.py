@@ -229,7 +229,7 @@ def test_straggler_cli_accepts_libra_kt_and_stays_the_straggler_experiment(tmp_p
     res = CliRunner().invoke(main, ["straggler", "--workload", "libra-prod", "--settings", "256k", "--quick",
                                     "--methods", "libra,libra-kt", "--no-progress", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    assert "libra-kt" in res.output and (out / "straggler.csv").exists()  # issue 11: no renaming
+    assert "libra-kt" in res.output and (out / "straggler.csv").exists()  # an extension keeps the experiment's name
     assert not (out / "straggler-extension.csv").exists()
     res = CliRunner().invoke(main, ["straggler", "--quick", "--methods", "libra-kt2", "--out", str(tmp_path / "x")])
     assert res.exit_code != 0 and "unknown method 'libra-kt2'" in res.output

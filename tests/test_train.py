@@ -173,7 +173,7 @@ def test_tau_is_part_of_the_tap_layout_and_the_run_record(tmp_path):
 
 
 def test_printed_table_and_png_bars_are_the_same_median_with_its_unit():
-    """Issue 14 item 7: `train` printed a median while its PNG plotted seaborn's default mean."""
+    """`train` prints the statistic its PNG plots (a median, not seaborn's default mean)."""
     import matplotlib.pyplot as plt
     import pandas as pd
 

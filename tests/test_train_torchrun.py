@@ -1,4 +1,4 @@
-"""Issue 14 item 5: `train` under torchrun takes the world size from the environment, so the
+"""`train` under torchrun takes the world size from the environment, so the
 README's line runs as written (no `--nproc`, which torchrun's own parser would take as a prefix
 of its `--nproc-per-node`)."""
 

@@ -1,4 +1,4 @@
-"""Issue 11 item 2: the ``ulysses-sorted`` baseline is a Ulysses plan with VRSP's P = 1 schedule.
+"""The ``ulysses-sorted`` baseline is a Ulysses plan with VRSP's P = 1 schedule.
 
 Same tiles and transfers as ``ulysses`` for every sequence; only which GA index trains which
 sequence differs, and that grouping is :func:`libra.vrsp.vrsp_schedule` at ``P = 1``. Its plans pass
