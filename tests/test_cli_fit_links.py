@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
@@ -74,3 +75,12 @@ def test_a_profile_file_holding_another_fit_is_replaced_only_with_overwrite(tmp_
     assert out.read_text() == first
     assert CliRunner().invoke(main, args + ["--target", "0.6", "--overwrite"]).exit_code == 0
     assert load_profile(out).links["inter_supernode"].bandwidth_gbps == 10.0
+
+
+@pytest.mark.parametrize("name", ["x/../../../escaped", "..", ".hidden", "a\\b", ""])
+def test_a_name_that_is_a_path_is_refused(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["fit-links", "--quick", "--name", name])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "--name" in res.output and "not a plain name" in res.output
+    assert list(tmp_path.iterdir()) == []

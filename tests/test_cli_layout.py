@@ -27,11 +27,6 @@ def test_straggler_on_a_users_layout(tmp_path, monkeypatch):
     assert not (tmp_path / "results").exists()
 
 
-def test_a_partial_layout_is_one_error_naming_what_is_missing():
-    r = CliRunner().invoke(main, ["straggler", "--quick", "--dp", "4", "--cp", "2"])
-    assert r.exit_code == 2 and "missing --seq-len, --gbs" in r.output
-
-
 def test_settings_are_case_insensitive_and_setting_is_an_alias(tmp_path):
     r = CliRunner().invoke(main, ["straggler", "--quick", "--no-progress", "--setting", "256K", "--windows", "1",
                                   "--methods", "ulysses", "--out", str(tmp_path)])

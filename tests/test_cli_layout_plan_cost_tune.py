@@ -44,17 +44,6 @@ def test_plan_cost_on_a_users_layout(tmp_path, monkeypatch):
     assert set(quality["method"]) == {"ulysses", "wlb-llm", "libra", "distca-paper", "distca"}
 
 
-def test_plan_cost_partial_layout_and_bad_layout_are_usage_errors(tmp_path):
-    partial = invoke(["plan-cost", "--quick", "--dp", "4", "--cp", "2", "--out", str(tmp_path)])
-    assert partial.exit_code == 2 and "missing --seq-len, --gbs" in partial.output
-    bad = invoke(["plan-cost", "--quick", "--dp", "4", "--cp", "2", "--seq-len", "32K", "--gbs", "8",
-                  "--block-size", "3000", "--out", str(tmp_path / "b")])
-    assert bad.exit_code == 2 and "3000" in bad.output
-    assert not (tmp_path / "b").exists()  # refused before any folder is made
-    unknown = invoke(["plan-cost", "--quick", "--settings", "2m", "--out", str(tmp_path / "c")])
-    assert unknown.exit_code == 2 and "unknown setting '2m'" in unknown.output
-
-
 def test_plan_cost_settings_are_a_comma_list_and_repeatable():
     cmd = main.get_command(None, "plan-cost")
 
@@ -88,9 +77,7 @@ def test_tune_setting_preset_fills_the_layout_and_flags_override(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     ([], "tune needs a layout"),
-    (["--dp", "4", "--cp", "2"], "missing --seq-len, --gbs"),
     (["--settings", "256k,1m"], "tune tunes one layout"),
-    (["--settings", "2m"], "unknown setting '2m'"),
 ])
 def test_tune_layout_errors(tmp_path, args, needle):
     r = invoke(TUNE_SMALL + ["--quick"] + args + ["--out", str(tmp_path)])

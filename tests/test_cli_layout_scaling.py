@@ -100,14 +100,6 @@ def test_paper_columns_only_on_the_papers_layout_and_corpus(tmp_path, monkeypatc
     assert e2e.exit_code == 0 and "(paper 1.58x-3.24x)" in e2e.output  # the paper's grid: DP 2, 4, 8
 
 
-@pytest.mark.parametrize("name", ["dp-scaling", "pp-balance", "e2e"])
-def test_a_partial_layout_is_one_line_error(name):
-    r = CliRunner().invoke(main, [name, "--dp", "4", "--cp", "2", "--no-progress"])
-    assert r.exit_code == 2
-    assert "missing --seq-len, --gbs" in r.output and "Traceback" not in r.output
-    assert len([line for line in r.output.splitlines() if line.startswith("Error")]) == 1
-
-
 CONFIG = """dp = 4
 cp = 2
 seq-len = "32K"

@@ -11,6 +11,9 @@ import sys
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
+
+from experiments.cli import main
 
 
 @pytest.mark.distributed  # ~9 s on an idle 2-core machine (torchrun + two ranks importing torch)
@@ -30,3 +33,15 @@ def test_train_runs_under_torchrun_with_two_gloo_processes(tmp_path):
     ranks = json.loads((out / "run.json").read_text())["ranks"]  # one node: local rank = rank
     assert [(r["rank"], r["local_rank"], r["node"], r["cp_group"]) for r in ranks] == [(0, 0, 0, [0, 1]),
                                                                                      (1, 1, 0, [0, 1])]
+
+
+def test_train_under_torchrun_takes_world_size_and_rejects_a_differing_nproc(tmp_path):
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    res = CliRunner().invoke(main, ["train", "--nproc", "4", "--cp", "2", "--out", str(tmp_path)], env=env)
+    assert res.exit_code == 2 and "--nproc 4" in res.output and "world size 2" in res.output, res.output
+    # the world size is WORLD_SIZE: CP=3 must divide it (the error names nproc=2, not the default 4)
+    res = CliRunner().invoke(main, ["train", "--cp", "3", "--out", str(tmp_path)], env=env)
+    assert res.exit_code == 2 and "nproc=2" in res.output and "Traceback" not in res.output, res.output
+    from experiments.train import train  # noqa: PLC0415  (imported by the invocations above)
+
+    assert "--overwrite" in [o for p in train.params for o in p.opts]
