@@ -226,6 +226,7 @@ def test_calibrate_on_cuda(tmp_path):
     assert prof.kernel.rate_inf_tflops > 1.0 and prof.source["device_copy"]["gbps"] > 10
 
 
+@pytest.mark.slow
 def test_links_fit_the_intra_node_class_to_a_two_rank_probe(tmp_path):
     """``--links`` spawns two gloo ranks, times a ping-pong per size and replaces the ``nvlink`` class
     (the only one local ranks use) with the fitted latency and bandwidth; the others stay the base's."""

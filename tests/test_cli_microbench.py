@@ -16,6 +16,7 @@ TINY = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "
         "--timeout", "60"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_tiny_spawned_run_and_resume(tmp_path):
     out = tmp_path / "mb"

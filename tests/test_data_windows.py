@@ -109,6 +109,7 @@ def test_repeated_length_file_warns_how_many_times(tmp_path, caplog):
     assert not caplog.records
 
 
+@pytest.mark.slow
 def test_repeated_length_file_warning_is_one_stderr_line(tmp_path):
     tiny = tmp_path / "three.txt"
     tiny.write_text("100\n200\n300\n")

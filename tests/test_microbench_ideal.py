@@ -62,6 +62,7 @@ def test_add_ideal_and_summary_columns():
     assert summary.loc["libra", "cpu_vs_ulysses"] == pytest.approx(1.05)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
     out = tmp_path / "mb"

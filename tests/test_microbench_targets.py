@@ -62,6 +62,7 @@ def test_verdicts():
     assert Target("libra", "cpu_vs_ulysses", 1.03, "case").line(summary) is None  # no such column
 
 
+@pytest.mark.slow
 def test_microbench_prints_and_records_its_targets(tmp_path, monkeypatch):
     """The wiring, on a quick run made to carry a target (a reference case takes minutes)."""
     import json  # noqa: PLC0415

@@ -99,6 +99,7 @@ def test_torchrun_line_parses(line):
     _check_cli(parsed.training_script_args)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_hugging_face_snippet_runs_as_written_under_torchrun(tmp_path):
     """The README's Hugging Face code block, saved as a file, trains under torchrun with 4 processes."""

@@ -82,6 +82,7 @@ def _rank(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_view_closed_and_packed_paths_match_reference(tmp_path):
     results = run_ranks(_rank, 2, tmp_path, deadline_s=180)

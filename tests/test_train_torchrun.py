@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from experiments.cli import main
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # ~9 s on an idle 2-core machine (torchrun + two ranks importing torch)
 def test_train_runs_under_torchrun_with_two_gloo_processes(tmp_path):
     out = tmp_path / "train"

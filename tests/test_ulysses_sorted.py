@@ -103,6 +103,7 @@ def _sorted_rank(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_libra_attention_runs_ulysses_sorted_plans_on_gloo(tmp_path):
     """4 gloo ranks (DP 2, CP 2, P 1), both GA steps: float64 forward and q/k/v gradients match."""
