@@ -9,6 +9,7 @@ from experiments.cli import main
 from libra.sim.profiles import load_profile
 
 
+@pytest.mark.slow
 def test_fit_writes_a_profile_that_hits_the_target(tmp_path):
     out = tmp_path / "p.json"
     res = CliRunner().invoke(main, ["fit-links", "--windows", "1", "--target", "0.5", "--name", "test-fit",

@@ -16,7 +16,7 @@ RUNS = {
 }
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", [pytest.param("straggler", marks=pytest.mark.slow), "tune"])
 def test_jobs_give_identical_results(tmp_path, name):
     outs = []
     for jobs in (1, 2):

@@ -77,6 +77,7 @@ def test_e2e_dps_and_pp_on_a_users_layout(tmp_path):
     assert config["heads"] == {"q_heads": 16} and config["pp"] == {"dp4-cp2-s32k-gbs8": 2}
 
 
+@pytest.mark.slow  # five runs at the paper's 1M layout
 def test_paper_columns_only_on_the_papers_layout_and_corpus(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     paper = _invoke(["dp-scaling", "--settings", "1m", "--dps", "1,16", *QUIET, "--out", str(tmp_path / "p")])

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from experiments.cli import main
 
 
+@pytest.mark.slow
 def test_plan_cost_quick_writes_and_prints(tmp_path):
     out = tmp_path / "pc"
     runner = CliRunner()

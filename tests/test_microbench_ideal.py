@@ -176,6 +176,7 @@ def _warmups_of_bench_rank(rank, world, cfg, keys):
     return seen
 
 
+@pytest.mark.slow
 def test_each_methods_first_step_is_warmed_up_whatever_warmup(tmp_path):
     # one-time costs of a process's first call (autograd threads, gloo pair connections) made the
     # first method of a --warmup 0 run (--quick) 11x its ideal, so its speedups followed --methods' order

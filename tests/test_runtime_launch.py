@@ -26,6 +26,7 @@ def _rank_hangs(rank, world):
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_results_and_errors_come_back_per_rank():
     out = run_local_ranks(_rank_fails_on_one, 2, deadline_s=60)
     assert out[0] == {"ok": 0}
