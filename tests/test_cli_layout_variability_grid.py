@@ -52,6 +52,7 @@ def test_variability_on_a_users_layout_goes_to_runs_without_paper_numbers(tmp_pa
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # four runs at the paper's layouts
 def test_variability_paper_numbers_only_on_a_paper_run(tmp_path, plotted):
     paper = invoke(["variability", "--quick", "--settings", "256K,1m", "--pool-sizes", "1,8", "--no-progress",
                     "--out", str(tmp_path / "paper")])
@@ -89,6 +90,7 @@ def test_grid_search_on_a_users_layout_goes_to_runs_without_paper_numbers(tmp_pa
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # four runs at the paper's layouts
 def test_grid_search_paper_columns_and_outlines_only_on_a_paper_run(tmp_path, plotted):
     base = ["grid-search", "--quick", "--no-progress", "--setting", "256K", "--head-splits", "1,4",
             "--block-sizes", "8K"]
