@@ -54,6 +54,7 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[str, int]:
     return out, proc.returncode
 
 
+@pytest.mark.slow  # waits for the heartbeat thread's one-second ticks
 def test_a_log_gets_a_heartbeat_while_nothing_finishes(monkeypatch):
     monkeypatch.setattr(progress_mod, "HEARTBEAT_S", 1.0)
     buf = io.StringIO()

@@ -93,7 +93,8 @@ def test_no_command_writes_into_results_by_default(tmp_path, monkeypatch):
     from experiments.cli import main
 
     monkeypatch.chdir(tmp_path)
-    for args in (["lln", "--quick"], ["vrsp", "--windows", "1"], ["pool-sweep", "--quick", "--settings", "256k"]):
+    for args in (["lln", "--quick"], ["vrsp", "--windows", "1"],
+                 ["pool-sweep", "--quick", "--dp", "4", "--cp", "2", "--seq-len", "32K", "--gbs", "8", "--pool-sizes", "1,2"]):
         res = CliRunner().invoke(main, [*args, "--no-progress"])
         assert res.exit_code == 0, (args, res.output)
     assert not (tmp_path / "results").exists()
