@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)  ## create .venv and install the project (CPU torch 2.13.0) with dev tools
 
-test: $(STAMP)  ## the fast tier: every test not marked slow (CPU only, GPU tests skip), at most 2 minutes on 2 cores
+test: $(STAMP)  ## the fast tier: every test not marked slow (CPU only, GPU tests skip), about 2 minutes on 2 cores
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 test-all: $(STAMP)  ## every test: the fast tier plus the slow one (multi-process gloo, multi-node, measured runs)
