@@ -25,10 +25,10 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)  ## create .venv and install the project (CPU torch 2.13.0) with dev tools
 
-test: $(STAMP)  ## run the default test suite (CPU only, GPU tests skip)
+test: $(STAMP)  ## the fast tier: every test not marked slow (CPU only, GPU tests skip), about 2 minutes on 2 cores
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-test-all: $(STAMP)  ## the default suite plus the slow tests
+test-all: $(STAMP)  ## every test: the fast tier plus the slow one (multi-process gloo, multi-node, measured runs)
 	$(BIN)/pytest -q -m "slow or not slow" $(PYTEST_ARGS)
 
 WORKLOADS := ../shared/workloads

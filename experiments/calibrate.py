@@ -98,7 +98,7 @@ CPU_DEFAULTS = {"lengths": [128, 256, 512, 1024, 2048, 4096, 8192], "heads": [1,
                 "repeats": 5, "rotate": 2}
 """``--device cpu``: the sizes of a CPU profile (each unless given): the CPU microbench's head
 geometry (8 q / 2 kv heads, head_dim 64) and the sample lengths it runs (128 to 8K), where a CPU
-kernel is far from its long-segment rate (issue 13 item 5: ``libra-kt`` with this profile balances
+kernel is far from its long-segment rate (``libra-kt`` with this profile balances
 measured time, not FLOPs). The GPU defaults' 64K, 32-head calls would take hours on one core."""
 
 

@@ -267,7 +267,7 @@ def time_whole_sequence(backend: AttentionBackend, sample_lengths, qh: int, kvh:
                         device: torch.device, warmup: int, repeats: int, seed: int, backward: bool = True) -> dict:
     """Median time of one packed sequence's whole-sequence attention on this process alone.
 
-    The measured *ideal* of a balanced runtime (issue 13): every sample is one causal segment of
+    The measured *ideal* of a balanced runtime: every sample is one causal segment of
     one ``backend`` call (no tiles, no communication, no runtime around it), forward and, with
     ``backward``, the backward of the same call; the caller sets threads and dtype as its ranks do.
 

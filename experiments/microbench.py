@@ -779,6 +779,6 @@ def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
                         "cpu_vs_ulysses",
                         "comm_exposed_ms", "peak_transient_mib", "mean_speedup") if c in summary]
     click.echo(summary[cols].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    for line in filter(None, (t.line(summary) for t in targets)):  # issue 13's reference cases
+    for line in filter(None, (t.line(summary) for t in targets)):  # the CPU microbench's reference cases
         click.echo(line)
     click.echo(f"backend {extra['kernel_backend']} on {extra['device']}; wrote {paths['csv']}")

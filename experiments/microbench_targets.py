@@ -1,5 +1,5 @@
-"""Issue 13's targets for the CPU microbench, printed by ``libra-bench microbench`` (and recorded in
-its ``run.json``) when a run measures one of the issue's reference cases: the target lives in the
+"""The targets for the CPU microbench, printed by ``libra-bench microbench`` (and recorded in
+its ``run.json``) when a run measures one of their reference cases: the target lives in the
 command that measures it, as ``plan-cost`` prints its own.
 
 The reference command: 2 single-thread ranks, DP = 2, CP = 1, P = 2, GBS 2, H = 2, 8 query / 2 KV
@@ -12,7 +12,7 @@ heads, head_dim 64, fp32, forward + backward, the microbench's default Pipeliner
   (``workloads/uniform-1024.txt``): ``libra``'s ``cpu_vs_ulysses`` at most 1.03 (the same attention
   work on every rank, so any excess is the runtime's overhead).
 
-The issue's figure is the median of at least three runs; one run's verdict says so.
+A target's figure is the median of at least three runs; one run's verdict says so.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class Target:
             return None
         value = float(rows[self.column].iloc[0])
         met = "met" if value <= self.bound else "NOT met"
-        return (f"issue 13 target ({self.case}): {self.method} {self.column} {value:.3f} <= {self.bound} ({met}; "
-                f"one run -- the issue's figure is the median of >= 3 runs)")
+        return (f"target ({self.case}): {self.method} {self.column} {value:.3f} <= {self.bound} ({met}; "
+                f"one run -- the target's figure is the median of >= 3 runs)")
 
 
 def _is_reference(cfg: dict) -> bool:
@@ -73,7 +73,7 @@ def _uniform(windows, length: int) -> bool:
 
 
 def reference_targets(cfg: dict, windows) -> list[Target]:
-    """Issue 13's targets that a run of configuration ``cfg`` (``microbench``'s) over ``windows``
+    """The targets that a run of configuration ``cfg`` (``microbench``'s) over ``windows``
     (:func:`libra.data.windows.gbs_windows`' GBS windows) measures; [] for any other run."""
     if not _is_reference(cfg):
         return []

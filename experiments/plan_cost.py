@@ -37,7 +37,7 @@ printed and recorded in ``run.json``.
 
 Each timing sample is one call (``time.perf_counter``); the CSV gives per (setting, stage) the
 median, the inter-quartile range, the sample count and the paper's number; the printout puts each
-median next to its target (issue 12's goals for this 2-core machine class). The paper's numbers and
+median next to its target (goals for this 2-core machine class). The paper's numbers and
 the targets belong to the paper's runs only (``libra-prod``, a paper layout with its TAP layout, the
 paper's head shape; :func:`experiments.paper.paper_settings`): any other run has ``paper_ms``
 NaN and prints no targets. Runs write to ``runs/plan-cost/<workload>-<layout>/``
@@ -112,10 +112,10 @@ STAGES = ("vrsp", "tap", "compile", "prepare")
 """Main stages (one CSV row each per setting); ``tap.*`` and ``prepare.*`` rows are their parts."""
 TARGETS_MS = {"256k": {"vrsp": 2.2, "tap": 1.2, "compile": 50.0, "prepare": 5.0},
               "1m": {"vrsp": 0.6, "tap": 5.4, "compile": 50.0, "prepare": 5.0}}
-"""Targets (issue 12; medians on a 2-core machine) of the paper's settings only: TAP at half the
+"""Targets (medians on a 2-core machine) of the paper's settings only: TAP at half the
 paper's time, compile per worker, prepare on the step's path (CPU), VRSP at or below the paper's."""
 TAP_RATIO_TARGETS = {"libra-adaptive": 2.0}
-"""Targets (issue 11) of another planner's per-pool TAP time as a multiple of ``libra``'s, same placer,
+"""Targets of another planner's per-pool TAP time as a multiple of ``libra``'s, same placer,
 on any run: printed next to the measured ratio."""
 WARMUP = {"libra.tap.placement": _placement.warmup, "libra.tap.tiles": _tiles.warmup,
           "libra.tap.exchange": _exchange.warmup, "libra.plan.layout": partial(jit_modules.warmup, "layout"),
@@ -579,7 +579,7 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
         echo_timings(s, df[df["setting"] == s.name].set_index("stage"), s.name in paper, placer, method_list)
         echo_quality(quality[quality["setting"] == s.name])
     if paper:
-        click.echo("targets: issue 12's goals for a 2-core machine (tap half the paper's; vrsp the paper's), "
+        click.echo("targets: goals for a 2-core machine (tap half the paper's; vrsp the paper's), "
                    "not the paper's figures")
     others = [s.name for s in chosen if s.name not in paper]
     if others:

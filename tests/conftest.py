@@ -9,6 +9,15 @@ import pytest
 WORKLOADS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "workloads"
 
 
+def pytest_configure(config):
+    """One intra-op torch thread: the tests' tensors are tiny, and two threads that synchronise on
+    every small op spin against each other on a 2-core machine (the suite ran 2-3x slower). Spawned
+    ranks and measuring commands set their own thread count."""
+    import torch  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     """A ``gpu`` test on a machine without CUDA is skipped with that reason (listed by ``-ra``),
     never deselected silently."""

@@ -1,4 +1,4 @@
-"""``libra-adaptive`` (issue 11): the finer head split, Q-home retention order, per-pool choice.
+"""``libra-adaptive`` (beyond the paper): the finer head split, Q-home retention order, per-pool choice.
 
 Properties on random windows and pools: the retention order is a permutation that keeps each home within ``C``; the
 compiled and Python placers agree in that order; and the planner's plans validate, are

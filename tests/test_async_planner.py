@@ -51,7 +51,7 @@ def _same_program(got: WorkerProgram, want: WorkerProgram) -> None:
         assert getattr(got, attr) == getattr(want, attr), attr
 
 
-@pytest.mark.parametrize("mode", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_planner_returns_this_ranks_compiled_programs(mode):
     plans = plan_window(META)
     with AsyncPlanner(plan_window, mode=mode, compile_for=3) as ap:
@@ -211,6 +211,7 @@ def _gloo_rank(rank, world):
     return diff, mismatch
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_prepare_program_checks_the_digest_on_a_gloo_group():
     from libra.runtime.launch import run_local_ranks

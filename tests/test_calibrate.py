@@ -1,4 +1,5 @@
-"""`libra-bench calibrate` on CPU (tiny sizes), its fits, the written profile, bad input; GPU run marked."""
+"""`libra-bench calibrate` on CPU (tiny sizes), its fits, the written profile, its CPU-sized sweep, bad input;
+GPU run marked."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from experiments.calibrate import CalibrateConfig, calibrate, fit_heads_half, fit_profile, piece_points
+from experiments.calibrate import (
+    CPU_DEFAULTS,
+    CalibrateConfig,
+    _cpu_sized,
+    calibrate,
+    fit_heads_half,
+    fit_profile,
+    piece_points,
+)
 from experiments.gpu_common import (
     device_info,
     kv_heads_per_call,
@@ -226,6 +235,7 @@ def test_calibrate_on_cuda(tmp_path):
     assert prof.kernel.rate_inf_tflops > 1.0 and prof.source["device_copy"]["gbps"] > 10
 
 
+@pytest.mark.slow
 def test_links_fit_the_intra_node_class_to_a_two_rank_probe(tmp_path):
     """``--links`` spawns two gloo ranks, times a ping-pong per size and replaces the ``nvlink`` class
     (the only one local ranks use) with the fitted latency and bandwidth; the others stay the base's."""
@@ -344,3 +354,26 @@ def test_heads_sweep_packs_documents_into_each_call(tmp_path):
     assert rows[0]["flops"] == pytest.approx(4 * one[0]["flops"])  # four documents' work in one call
     with pytest.raises(ValueError, match="heads_tokens must be a positive integer"):
         CalibrateConfig(heads_tokens=0)
+
+
+# --device cpu sizes its sweep for a CPU profile
+
+CPU_ORDER = list(CPU_DEFAULTS)
+GPU_VALUES = ([1024, 2048, 4096], [1, 2, 4, 8, 16, 32], 32, 4, 128, 16384, 65536, 1024, 3, 10, 4)
+
+
+def _sized(args, device):
+    ctx = calibrate.make_context("calibrate", list(args))
+    with ctx:
+        return dict(zip(CPU_ORDER, _cpu_sized(ctx, device, *GPU_VALUES)))
+
+
+def test_cpu_device_gets_cpu_sizes_unless_given():
+    got = _sized(["--device", "cpu"], "cpu")
+    assert got == CPU_DEFAULTS
+    got = _sized(["--device", "cpu", "--head-dim", "128", "--repeats", "10"], "cpu")
+    assert got["head_dim"] == 128 and got["repeats"] == 10 and got["q_heads"] == 8
+
+
+def test_gpu_device_keeps_its_sizes():
+    assert tuple(_sized(["--device", "cuda"], "cuda").values()) == GPU_VALUES

@@ -2,12 +2,14 @@
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
 from libra.sim.profiles import load_profile
 
 
+@pytest.mark.slow
 def test_fit_writes_a_profile_that_hits_the_target(tmp_path):
     out = tmp_path / "p.json"
     res = CliRunner().invoke(main, ["fit-links", "--windows", "1", "--target", "0.5", "--name", "test-fit",
@@ -74,3 +76,12 @@ def test_a_profile_file_holding_another_fit_is_replaced_only_with_overwrite(tmp_
     assert out.read_text() == first
     assert CliRunner().invoke(main, args + ["--target", "0.6", "--overwrite"]).exit_code == 0
     assert load_profile(out).links["inter_supernode"].bandwidth_gbps == 10.0
+
+
+@pytest.mark.parametrize("name", ["x/../../../escaped", "..", ".hidden", "a\\b", ""])
+def test_a_name_that_is_a_path_is_refused(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["fit-links", "--quick", "--name", name])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "--name" in res.output and "not a plain name" in res.output
+    assert list(tmp_path.iterdir()) == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pandas as pd
-import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
@@ -57,25 +56,3 @@ def test_file_workloads(tmp_path, workloads_dir):
         res = invoke("vrsp", "--workload", str(workloads_dir / name), *SMALL, "--out", str(out))
         assert res.exit_code == 0, res.output
         assert pd.read_csv(out / "vrsp.csv")["workload"].eq(name).all()
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--pool-sizes", "3"], "pool size(s) [3] must divide GBS=16"),
-    (["--gbs", "0"], "must be >= 1, got '0'"),
-    (["--seq-len", "0"], "must be >= 1"),
-    (["--seq-len", "12x"], "not an integer size: '12x'"),
-    (["--workload", "no-such-preset"], "unknown workload 'no-such-preset'"),
-    (["--windows", "0"], "0 is not in the range x>=1"),
-    (["--pool-sizes", "2,a"], "'a' in '2,a' is not an integer"),
-])
-def test_bad_options(tmp_path, args, message):
-    res = CliRunner().invoke(main, ["vrsp", "--gbs", "16", *args, "--out", str(tmp_path)])
-    assert res.exit_code == 2
-    assert message in res.output
-
-
-def test_bad_file_type(tmp_path):
-    bad = tmp_path / "lengths.xlsx"
-    bad.write_text("1")
-    res = CliRunner().invoke(main, ["lln", "--workload", str(bad), "--out", str(tmp_path)])
-    assert res.exit_code == 2 and "unknown type" in res.output

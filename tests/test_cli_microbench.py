@@ -16,6 +16,7 @@ TINY = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "
         "--timeout", "60"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_tiny_spawned_run_and_resume(tmp_path):
     out = tmp_path / "mb"
@@ -46,10 +47,8 @@ def test_tiny_spawned_run_and_resume(tmp_path):
     (["--nproc", "3"], "must equal DP*CP=2"),
     (["--methods", "ulysses,ring"], "unknown method 'ring'"),
     (["--dtype", "fp8"], "unknown dtype 'fp8'"),
-    (["--block-size", "100"], "block size B=100 must divide S/CP=256"),
     (["--comm", "nccl"], "unknown comm mode 'nccl'"),
     (["--repeats", "0"], "0 is not in the range x>=1"),
-    (["--tau", "-0.5"], "--tau"),
     (["--device", "cuda"], "torchrun"),
 ])
 def test_bad_input_is_rejected_before_spawning(tmp_path, args, message):

@@ -1,4 +1,4 @@
-"""One CLI vocabulary (issue 14 item 4): help text on every option of every command, and the common
+"""One CLI vocabulary: help text on every option of every command, and the common
 options on every command that computes something."""
 
 from __future__ import annotations

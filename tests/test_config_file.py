@@ -1,5 +1,5 @@
 """`--config FILE.toml` on every command: keys are the long options, flags override the file, an
-unknown key is a one-line error naming it (issue 14 item 1)."""
+unknown key is a one-line error naming it."""
 
 from __future__ import annotations
 
@@ -77,3 +77,30 @@ def test_settings_option_is_a_repeatable_comma_list(tmp_path):
     assert runner.invoke(show, ["--settings", "1m"]).output.strip() == "1m"
     cfg = _write(tmp_path, 'setting = ["1m", "256k"]\n')
     assert runner.invoke(show, ["--config", str(cfg)]).output.strip() == "1m,256k"
+
+
+def test_a_toml_array_for_a_one_value_option_is_refused(tmp_path):
+    cfg = _write(tmp_path, "dp = 8\ncp = [4]\nseq-len = \"128K\"\ngbs = 32\n")
+    res = CliRunner().invoke(main, ["straggler", "--config", str(cfg), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "cp = [4]" in res.output and "takes one value, not a list" in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_relative_paths_in_a_toml_resolve_from_its_folder(tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "lengths.txt").write_text("3000\n500\n12000\n800\n" * 40)
+    (project / "c.toml").write_text('workload = "lengths.txt"\nout = "my-run"\nprofile = "h100-roce-v1"\n'
+                                    "dp = 4\ncp = 2\nseq-len = \"8K\"\ngbs = 8\npool-size = 2\nblock-size = 1024\n"
+                                    'methods = ["ulysses", "libra"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = CliRunner().invoke(main, ["straggler", "--config", str(project / "c.toml"), "--windows", "1",
+                                    "--no-progress"])
+    assert res.exit_code == 0, res.output
+    record = json.loads((project / "my-run" / "run.json").read_text())
+    assert record["inputs"]["workload"]["path"] == str(project / "lengths.txt")
+    assert record["config"]["profile"]["name"] == "h100-roce-v1"  # a built-in name stays a name
+    assert list(elsewhere.iterdir()) == []

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -87,3 +91,32 @@ def test_stream_requests_past_2_62_tokens_are_an_error_not_a_loop():
         gbs_windows(Stingy(), 64, 2, 1)
     assert Stingy.calls < 64  # the request doubles each round
     assert PackedSequence  # imported for the type of what gbs_windows returns
+
+
+def test_repeated_length_file_warns_how_many_times(tmp_path, caplog):
+    tiny = tmp_path / "three.txt"
+    tiny.write_text("100\n200\n300\n")
+    with caplog.at_level(logging.WARNING, logger="libra.data.windows"):
+        gbs_windows(str(tiny), 1024, 2, 3, seed=0)  # 6144 tokens from a 600-token file
+    assert [r.getMessage() for r in caplog.records] == [
+        "warning: length file three.txt (3 samples, 600 tokens) is repeated 10.2 times to fill "
+        "3 window(s) of GBS 2 x S 1024 tokens"]
+    caplog.clear()
+    long = tmp_path / "long.txt"
+    long.write_text("1000\n" * 10)
+    with caplog.at_level(logging.WARNING, logger="libra.data.windows"):
+        gbs_windows(str(long), 1024, 2, 3, seed=0)  # 6144 of 10000 tokens: no repetition
+    assert not caplog.records
+
+
+@pytest.mark.slow
+def test_repeated_length_file_warning_is_one_stderr_line(tmp_path):
+    tiny = tmp_path / "three.txt"
+    tiny.write_text("100\n200\n300\n")
+    proc = subprocess.run([sys.executable, "-m", "experiments.cli", "lln", "--workload", str(tiny), "--seq-len", "8192",
+                           "--gbs", "8", "--quick", "--pool-sizes", "1,2", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "repeated" in ln]
+    assert lines == ["warning: length file three.txt (3 samples, 600 tokens) is repeated 436.9 times to fill "
+                     "4 window(s) of GBS 8 x S 8192 tokens"], proc.stderr

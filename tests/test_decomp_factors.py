@@ -1,4 +1,4 @@
-"""Issue 11 item 1: the per-step loss decomposition and the FLOPs-only stragglers.
+"""The per-step loss decomposition and the FLOPs-only stragglers.
 
 ``comm x placement x pooling x kernel`` must equal ``straggler / balance_bound`` exactly on every
 step of every method (with and without device jitter), each factor must be the ratio its name

@@ -90,6 +90,7 @@ def _measure(rank, world):
     return measure_device_speeds(SHAPE, tokens=256, repeats=2), dist.get_world_size()
 
 
+@pytest.mark.slow
 def test_measure_device_speeds_agrees_on_every_rank(tmp_path):
     out = run_ranks(_measure, 2, tmp_path)
     (s0, w0), (s1, _) = out

@@ -35,6 +35,7 @@ def test_script_syntax():
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal when CUDA is absent")
 def test_script_refuses_without_cuda(tmp_path):
     out = tmp_path / "gpu"
@@ -138,6 +139,7 @@ def test_cpu_smoke_pipeline(tmp_path):
         assert (tmp_path / step / "run.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks what the default suite says without CUDA")
 def test_the_default_suite_skips_gpu_tests_with_their_reason_not_silently():
     root = Path(__file__).resolve().parents[1]

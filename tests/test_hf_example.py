@@ -32,6 +32,7 @@ def test_example_matches_the_stock_model_and_ends_with_the_result_line(nproc, pl
     assert float(m.group(1)) < 1e-9 and float(m.group(2)) < 1e-9, last
 
 
+@pytest.mark.slow
 def test_the_example_says_what_it_is_doing_while_nothing_finishes(capsys):
     import importlib.util  # noqa: PLC0415
     import time  # noqa: PLC0415

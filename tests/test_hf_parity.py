@@ -20,7 +20,7 @@ from dist_utils import run_ranks
 
 pytest.importorskip("transformers", reason="the Hugging Face integration needs the [hf] extra (pip install -e '.[hf]')")
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 QWEN3 = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              intermediate_size=128, vocab_size=256)

@@ -1,4 +1,4 @@
-"""The kernel model's optional backward length curve (issue 13 item 5): one definition that the cost
+"""The kernel model's optional backward length curve: one definition that the cost
 model prices backward with and that libra-kt's tile weights add, absent = the old ratio model."""
 
 from __future__ import annotations

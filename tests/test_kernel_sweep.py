@@ -115,6 +115,7 @@ def test_budget_skips_points_and_never_caches_them(tmp_path, monkeypatch):
     assert all(run.cached(k) is not None for k in cfg.keys() if k not in skipped)
 
 
+@pytest.mark.slow
 def test_cli_quick_run_on_cpu(tmp_path):
     out = tmp_path / "ks"
     res = CliRunner().invoke(main, ["kernel-sweep", "--quick", "--device", "cpu", "--out", str(out)])

@@ -54,6 +54,7 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[str, int]:
     return out, proc.returncode
 
 
+@pytest.mark.slow  # waits for the heartbeat thread's one-second ticks
 def test_a_log_gets_a_heartbeat_while_nothing_finishes(monkeypatch):
     monkeypatch.setattr(progress_mod, "HEARTBEAT_S", 1.0)
     buf = io.StringIO()
@@ -66,6 +67,7 @@ def test_a_log_gets_a_heartbeat_while_nothing_finishes(monkeypatch):
     assert progress_mod.HEARTBEAT_S < 10 and progress_mod.LOG_EVERY_S < 10
 
 
+@pytest.mark.slow
 def test_train_ctrl_c_keeps_the_finished_steps_and_a_rerun_resumes_them(tmp_path, cli):
     args = [*TRAIN, "--steps", "6", "--out", str(tmp_path / "t")]
     proc = cli(args)
@@ -121,6 +123,7 @@ def _rank_pids(pid: int, world: int) -> list[int]:
     raise AssertionError("the ranks did not start")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank processes in /proc")
 def test_a_rank_killed_before_the_rendezvous_ends_train_within_30_s_naming_it(tmp_path, cli):
     proc = cli([*TRAIN, "--steps", "3", "--out", str(tmp_path / "t")])
@@ -135,6 +138,7 @@ def test_a_rank_killed_before_the_rendezvous_ends_train_within_30_s_naming_it(tm
     assert "no step finished; rerun the same command to start again" in errors[0]
 
 
+@pytest.mark.slow
 def test_microbench_ctrl_c_keeps_each_finished_point_and_a_rerun_resumes(tmp_path, cli):
     out_dir = tmp_path / "m"
     proc = cli([*MICROBENCH, "--out", str(out_dir)])

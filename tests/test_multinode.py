@@ -1,4 +1,4 @@
-"""Issue 14 item 5: the multi-node path, on one machine.
+"""The multi-node path, on one machine.
 
 Two ``torchrun`` invocations (``--nnodes 2 --nproc-per-node 2 --node-rank {0,1}``, static
 rendezvous on 127.0.0.1) form one world of 4 gloo ranks on two "nodes", exactly as two real nodes

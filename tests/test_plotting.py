@@ -1,4 +1,4 @@
-"""Figures are deterministic: the same data gives the same PNG bytes (issue-agnostic rule: same
+"""Figures are deterministic: the same data gives the same PNG bytes (the project's rule: same
 config and seed, same outputs)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docs/profile.md documents every field of the profile JSON schema (issue 14 item 10)."""
+"""docs/profile.md documents every field of the profile JSON schema."""
 
 import re
 from pathlib import Path

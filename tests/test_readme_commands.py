@@ -1,4 +1,4 @@
-"""Every `libra-bench` and `torchrun` line in the README parses as written (issue 14).
+"""Every `libra-bench` and `torchrun` line in the README parses as written.
 
 Running them all would take hours, so each line is parsed the way its launcher parses it: the
 `libra-bench` part by click (``make_context``: unknown options, bad choices and missing values
@@ -99,6 +99,7 @@ def test_torchrun_line_parses(line):
     _check_cli(parsed.training_script_args)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_hugging_face_snippet_runs_as_written_under_torchrun(tmp_path):
     """The README's Hugging Face code block, saved as a file, trains under torchrun with 4 processes."""

@@ -1,4 +1,4 @@
-"""Issue 11 item 5: the report's Figure 12 rows are honest about what stands behind them.
+"""The report's Figure 12 rows are honest about what stands behind them.
 
 Every Figure 12 row carries the FLOPs-only limit, the ulysses-sorted speedup, Libra's per-window
 spread, the packing policy and the jitter model's share (from a jitter-off rerun); the VRSP-trim

@@ -71,6 +71,7 @@ def _record(folder: Path) -> dict:
     return json.loads((folder / "run.json").read_text())
 
 
+@pytest.mark.slow
 def test_a_kill_while_the_run_writes_leaves_the_previous_folder(tmp_path):
     out = tmp_path / "o"
     assert _run(out, 1) == 0
@@ -87,6 +88,7 @@ def test_a_kill_while_the_run_writes_leaves_the_previous_folder(tmp_path):
     assert _record(out)["config"] == {"v": 3} and pd.read_csv(out / "demo.csv")["x"].tolist() == [3]
 
 
+@pytest.mark.slow
 def test_a_kill_after_the_exchange_leaves_the_new_folder_and_its_point_cache(tmp_path):
     out = tmp_path / "o"
     assert _run(out, 1) == 0
@@ -97,6 +99,7 @@ def test_a_kill_after_the_exchange_leaves_the_new_folder_and_its_point_cache(tmp
     assert _run(out, 2) == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["o"]
 
 
+@pytest.mark.slow
 def test_where_folders_cannot_be_exchanged_a_killed_write_leaves_no_record(tmp_path):
     out = tmp_path / "o"
     assert _run(out, 1) == 0
@@ -162,6 +165,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_concurrent_commands_into_one_out_one_is_refused(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], env=env, cwd=ROOT, text=True,

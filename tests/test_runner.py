@@ -93,16 +93,28 @@ def test_no_command_writes_into_results_by_default(tmp_path, monkeypatch):
     from experiments.cli import main
 
     monkeypatch.chdir(tmp_path)
-    for args in (["lln", "--quick"], ["vrsp", "--windows", "1"], ["pool-sweep", "--quick", "--settings", "256k"],
-                 ["calibrate", "--device", "cpu", "--quick"]):
+    for args in (["lln", "--quick"], ["vrsp", "--windows", "1"],
+                 ["pool-sweep", "--quick", "--dp", "4", "--cp", "2", "--seq-len", "32K", "--gbs", "8", "--pool-sizes", "1,2"]):
         res = CliRunner().invoke(main, [*args, "--no-progress"])
         assert res.exit_code == 0, (args, res.output)
     assert not (tmp_path / "results").exists()
     assert (tmp_path / "runs/lln/libra-prod-s256k-gbs128/lln.csv").is_file()
     assert (tmp_path / "runs/vrsp/libra-prod-s256k-gbs128/vrsp.csv").is_file()
-    assert (tmp_path / "runs/pool-sweep").is_dir() and (tmp_path / "runs/gpu").is_dir()
+    assert (tmp_path / "runs/pool-sweep").is_dir()
     res = CliRunner().invoke(main, ["lln", "--no-progress", "--windows", "2"])
     assert res.exit_code == 1 and "runs/lln/libra-prod-s256k-gbs128 holds a different run (quick, windows differ)" in res.output
+
+
+@pytest.mark.slow
+def test_a_measured_calibration_writes_under_runs_by_default(tmp_path, monkeypatch):
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from experiments.cli import main  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(main, ["calibrate", "--device", "cpu", "--quick", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "runs/gpu").is_dir() and not (tmp_path / "results").exists()
 
 
 def _finish(folder, value, png=b"png", config=None):

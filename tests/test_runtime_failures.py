@@ -11,7 +11,7 @@ import pytest
 import torch
 from dist_utils import long_tail_lengths, run_ranks
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 TIMEOUT_S = 3.0
 

@@ -26,12 +26,14 @@ def _rank_hangs(rank, world):
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_results_and_errors_come_back_per_rank():
     out = run_local_ranks(_rank_fails_on_one, 2, deadline_s=60)
     assert out[0] == {"ok": 0}
     assert "ValueError: boom on rank 1" in out[1]["error"] and "Traceback" in out[1]["traceback"]
 
 
+@pytest.mark.slow
 def test_a_hang_is_killed_at_the_deadline():
     t0 = time.monotonic()
     with pytest.raises(RankDeadlineError, match="still running after 4 s"):
@@ -64,6 +66,7 @@ def _rank_raises_while_the_other_waits(rank, world):
     return "unreachable"
 
 
+@pytest.mark.slow
 def test_a_dead_rank_ends_the_run_within_seconds_naming_it():
     t0 = time.monotonic()
     out = run_local_ranks(_rank_dies_while_the_other_waits, 2, deadline_s=110, pg_timeout_s=120)
@@ -75,6 +78,7 @@ def test_a_dead_rank_ends_the_run_within_seconds_naming_it():
     assert info.value.rank == 1
 
 
+@pytest.mark.slow
 def test_the_rank_that_raised_is_named_not_the_peer_whose_collective_then_failed():
     t0 = time.monotonic()
     out = run_local_ranks(_rank_raises_while_the_other_waits, 2, deadline_s=110, pg_timeout_s=120)
@@ -99,6 +103,7 @@ def _rank_sends(rank, world, messages):
     return rank
 
 
+@pytest.mark.slow
 def test_rank_messages_reach_the_parent_in_order_while_the_ranks_run(tmp_path):
     messages, got = RankMessages(tmp_path), []
     out = run_local_ranks(_rank_sends, 2, messages, deadline_s=60, poll=lambda: got.extend(messages.receive()))

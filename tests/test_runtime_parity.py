@@ -205,7 +205,7 @@ CASES_4 = [
     # GQA groups of 3 straddling chunks of 2 heads unevenly: the per-query-head KV expansion path
     {"hq": 12, "hkv": 4, "d": 8, "B": 32, "H": 3, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64", "float32", "bfloat16"]},
-    # libra-adaptive (issue 11): one KV head's query heads per tile, placed in the Q-home retention
+    # libra-adaptive: one KV head's query heads per tile, placed in the Q-home retention
     # order (pinned candidate: the cost model would often pick the paper's plan at this size)
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",)},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
@@ -232,6 +232,16 @@ CASES_4 = [
 ]
 
 
+def test_parity_smoke_two_ranks(tmp_path):
+    """The fast tier's one multi-process check: libra_attention on one pool of two gloo ranks (DP 2,
+    CP 1), output and q/k/v gradients, float64 against the reference and bf16 within FlashAttention's
+    rule; the grids and cases below run in the slow tier."""
+    case = {**BASE, "B": 32, "H": 2, "M": 2, "comm": "p2p", "dtypes": ["float64", "bfloat16"]}
+    results = run_ranks(_parity_rank, 2, tmp_path, [(2, 1, 2)], [case], 256, 7, deadline_s=120)
+    _assert_results(results)
+
+
+@pytest.mark.slow
 def test_parity_pool2_cp2(tmp_path):
     """(P 2, CP 2): libra over several B/H/M, GQA and MHA, p2p and a2a, three dtypes; Ulysses."""
     results = run_ranks(_parity_rank, 4, tmp_path, [(2, 2, 2)], CASES_4, 256, 7, deadline_s=150)
@@ -244,7 +254,7 @@ CASES_8 = [
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("alg2-flops",), "chunkings": ("tiles",)},
      "B": 32, "H": 2, "M": 2, "comm": "a2a", "dtypes": ["float64"]},
     {**BASE, "method": "ulysses", "dtypes": ["float64"]},
-    # link-priced retention (issue 11) on 2-GPU 'nodes', so NVLink and RoCE bytes are priced apart
+    # link-priced retention on 2-GPU 'nodes', so NVLink and RoCE bytes are priced apart
     {**BASE, "planner": "libra-adaptive",
      "options": {"candidates": ("fine-retain-link",), "profile": TWO_GPU_NODES},
      "B": 32, "H": 1, "M": 2, "comm": "p2p", "dtypes": ["float64"]},
@@ -267,6 +277,7 @@ CASES_8 = [
 ]
 
 
+@pytest.mark.slow
 def test_parity_pool4_cp2_and_pool2_cp4(tmp_path):
     """(P 4, CP 2) and (P 2, CP 4) on one 8-rank world."""
     results = run_ranks(_parity_rank, 8, tmp_path, [(4, 2, 4), (2, 4, 2)], CASES_8, 256, 11, deadline_s=170)
@@ -299,7 +310,7 @@ def test_parity_larger_grids_more_cases(tmp_path):
     _assert_results(results)
 
 
-# Ulysses head shards that cut a GQA group (issue 13): rank 0 of hq=12, hkv=3, CP=2 holds query
+# Ulysses head shards that cut a GQA group: rank 0 of hq=12, hkv=3, CP=2 holds query
 # heads 0-5, which read KV heads 0,0,0,0,1,1 (not the kernels' contiguous grouping); hq=6, hkv=3,
 # CP=2 gives 3 query heads over 2 KV heads. (grid, case) pairs: each shape only where CP | hq.
 GQA_CUT = {"method": "ulysses", "d": 8}
@@ -325,6 +336,7 @@ def _ulysses_gqa_rank(rank, world, items, seq_len, seed):
     return out
 
 
+@pytest.mark.slow
 def test_parity_ulysses_gqa_groups_cut_by_head_shards(tmp_path):
     """Ulysses where a rank's query-head shard starts or ends inside a GQA group, CP 2 and CP 4."""
     results = run_ranks(_ulysses_gqa_rank, 4, tmp_path, ULYSSES_GQA_ITEMS, 128, 17, deadline_s=150)

@@ -175,6 +175,7 @@ def test_async_planner_errors():
             ap.submit(-1, 0)
 
 
+@pytest.mark.slow
 def test_async_planner_process_mode_is_deterministic():
     with AsyncPlanner(_slow_plan, mode="process") as ap:
         ap.submit(0, 21)

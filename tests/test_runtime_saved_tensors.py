@@ -15,7 +15,7 @@ import pytest
 import torch
 from dist_utils import full_tensors, long_tail_lengths, max_err, reference_grads, run_ranks
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 F64_TOL = 1e-10
 SHAPE = {"hq": 8, "hkv": 2, "d": 8}

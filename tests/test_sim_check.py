@@ -151,8 +151,6 @@ def test_chunks_is_an_alias_of_pipeline_chunks():
 
 @pytest.mark.parametrize("args, match", [
     (["--backend", "nope"], "unknown attention backend 'nope'"),
-    (["--profile", "no-such-profile"], "unknown hardware profile"),
-    (["--workload", "no-such-preset"], "no-such-preset"),
     (["--block-size", "100"], "block size B=100"),
 ])
 def test_cli_bad_input(args, match, tmp_path):

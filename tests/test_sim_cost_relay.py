@@ -1,4 +1,4 @@
-"""Cost model on KV relays (issue 11, :mod:`libra.extensions.adaptive.relay`): hop rounds priced as per-worker dataflow
+"""Cost model on KV relays (:mod:`libra.extensions.adaptive.relay`): hop rounds priced as per-worker dataflow
 in chunk 0's forward dispatch and chunk M-1's backward return, on a hand-built fan-out and a real plan."""
 
 from dataclasses import replace

@@ -1,4 +1,4 @@
-"""Issue 11 items 1, 2 and 5 at the `libra-bench straggler` level: the decomposition columns, the
+"""The straggler decomposition at the `libra-bench straggler` level: the decomposition columns, the
 summary's geometric means and FLOPs-only limit, ``--no-jitter`` in the record, ``ulysses-sorted``
 in the default list, and one experiment name (``straggler``) whatever the method list."""
 

@@ -1,4 +1,4 @@
-"""The paper's Figure 12 numbers appear only beside runs they describe (issue 14 item 1)."""
+"""The paper's Figure 12 numbers appear only beside runs they describe."""
 
 import numpy as np
 import pandas as pd

@@ -1,4 +1,5 @@
-"""Algorithm 2 (Libra sec. 4.3.2): hand-computed cases, the oracle, C and the fallback, bad input."""
+"""Algorithm 2 (Libra sec. 4.3.2): hand-computed cases, the oracle, C and the fallback, bad input, and
+placement by caller weights (``place_tiles(weights=...)``, which ``libra-kt`` uses)."""
 
 from __future__ import annotations
 
@@ -251,3 +252,63 @@ def test_bad_link_cost(bad, match):
     tiles = make_tiles(seqs, 4, 1, UNIT)
     with pytest.raises(ValueError, match=match):
         place_tiles(tiles, seqs, [0, 1], UNIT, policy=PlacementPolicy(link_cost=bad))
+
+
+# --------------------------------------------------------------------------------------------
+# place_tiles(weights=...)
+# --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(pool=pools(), tau=st.sampled_from([0.0, 0.03, 0.2]), comm_aware=st.booleans())
+def test_weights_equal_to_flops_place_identically(pool, tau, comm_aware):
+    sequences, workers, block, head_split, shape = pool
+    tiles = make_tiles(sequences, block, head_split, shape)
+    ref, fb_ref = place_tiles(tiles, sequences, workers, shape, tau=tau, policy=PlacementPolicy(comm_aware=comm_aware))
+    got, fb = place_tiles(tiles, sequences, workers, shape, tau=tau, weights=tiles.flops.copy(), policy=PlacementPolicy(comm_aware=comm_aware))
+    assert got.dest.tolist() == ref.dest.tolist() and fb == fb_ref
+
+
+@settings(max_examples=25, deadline=None)
+@given(pool=pools(), tau=st.sampled_from([0.0, 0.03, 0.2]), seed=st.integers(0, 1000))
+def test_grouped_and_dense_agree_under_weights(pool, tau, seed):
+    """The two implementations make the same choices for arbitrary weights, not only FLOPs."""
+    sequences, workers, block, head_split, shape = pool
+    tiles = make_tiles(sequences, block, head_split, shape)
+    w = np.random.default_rng(seed).uniform(0.1, 5.0, len(tiles))
+    wsorted = np.sort(np.asarray(workers))
+    order = np.argsort(-w, kind="stable")
+    cap = (1.0 + tau) * w.sum() / len(wsorted)
+    d1, f1 = _place_grouped(tiles, sequences, wsorted, shape, order, cap, w)
+    d2, f2 = _place_dense(tiles, sequences, wsorted, shape, order, cap, w)
+    assert d1.tolist() == d2.tolist() and f1 == f2
+
+
+@pytest.mark.parametrize("comm_aware", [True, False])
+def test_unequal_weights_place_by_weight(comm_aware):
+    """16 one-token samples, blocks of 4: four tiles of equal FLOPs (area 4), tiles 0-1 held by
+    worker 0, tiles 2-3 by worker 1. By FLOPs (tau 0, C = 2 tiles) each worker keeps its own two.
+    With weights (3, 1, 1, 1), C = 3: tile 0 fills worker 0, so tile 1 must go to worker 1
+    (1 + 1 + 1 = 3 <= C there) and worker 1 ends with three tiles."""
+    seqs = [_seq(0, [1] * 16, [0, 1], 8)]
+    tiles = make_tiles(seqs, 4, 1, UNIT)
+    assert tiles.flops.tolist() == [16.0] * 4
+    by_flops, fb0 = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, policy=PlacementPolicy(comm_aware=comm_aware))
+    by_weight, fb1 = place_tiles(tiles, seqs, [0, 1], UNIT, tau=0.0, weights=[3.0, 1.0, 1.0, 1.0], policy=PlacementPolicy(comm_aware=comm_aware))
+    assert fb0 == 0 and fb1 == 0
+    assert sorted(np.bincount(by_flops.dest, minlength=2).tolist()) == [2, 2]
+    assert by_weight.dest.tolist()[0] == 0 and np.bincount(by_weight.dest, minlength=2).tolist() == [1, 3]
+    assert by_weight.flops.tolist() == tiles.flops.tolist()  # FLOPs stay FLOPs; only the load differs
+
+
+@pytest.mark.parametrize("weights,match", [
+    ([1.0, 1.0, 1.0], r"shape \(4,\)"),
+    ([1.0, float("nan"), 1.0, 1.0], "tile 1 has nan"),
+    ([1.0, 1.0, -2.0, 1.0], "tile 2 has -2.0"),
+    (["a", "b", "c", "d"], "must be numbers"),
+])
+def test_bad_weights_are_value_errors(weights, match):
+    seqs = [_seq(0, [1] * 16, [0, 1], 8)]
+    tiles = make_tiles(seqs, 4, 1, UNIT)
+    with pytest.raises(ValueError, match=match):
+        place_tiles(tiles, seqs, [0, 1], UNIT, weights=weights)

@@ -179,7 +179,7 @@ def test_kinds_cover_q_and_o_symmetrically():
 
 @pytest.mark.parametrize("seq_len, cp, gbs, block", [(262144, 8, 128, 4096), (1048576, 16, 32, 8192)])
 def test_libra_prod_vrsp_pools_meet_target(seq_len, cp, gbs, block):
-    """The issue's check on every VRSP pool of one ``libra-prod`` window (Libra sec. 6.3 layouts):
+    """The balance check on every VRSP pool of one ``libra-prod`` window (Libra sec. 6.3 layouts):
     max/mean worker FLOPs <= 1 + tau unless a fallback fired, plans validate, and TAP moves fewer
     bytes than FLOPs-only placement (the DistCA emulation)."""
     from libra.data.windows import gbs_windows, window_workloads

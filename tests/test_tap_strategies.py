@@ -2,7 +2,7 @@
 
 The oracle restates Algorithm 2 (Libra sec. 4.3.2) as plainly as possible -- per worker, per sample,
 per KV head, one Python dict of fetched prefix ends -- so the optimised placer in
-``libra.tap.placement`` is checked against a second, independent reading of the issue text.
+``libra.tap.placement`` is checked against a second, independent reading of the paper's text.
 """
 
 from __future__ import annotations

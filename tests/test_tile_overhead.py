@@ -82,6 +82,7 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
     assert not (tmp_path / "y").exists()
 
 
+@pytest.mark.slow
 def test_cli_quick_run_on_cpu(tmp_path):
     out = tmp_path / "to"
     res = CliRunner().invoke(main, ["tile-overhead", "--quick", "--device", "cpu", "--out", str(out)])

@@ -35,6 +35,7 @@ def _cfg(attention, nproc, cp, dtype="float64", **kw):
                        timeout_s=60.0, **kw)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_reference_ulysses_and_libra_train_identically():
     ref64 = run_training(_cfg("reference", 1, 1))[0]
@@ -56,6 +57,7 @@ def test_reference_ulysses_and_libra_train_identically():
     assert abs(other["steps"][0]["loss"] - ref_loss[0]) > 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_libra_kt_and_adaptive_planners_train_as_the_reference():
     """``--planner``: the same model trained with libra-kt's and libra-adaptive's plans (its tile
@@ -173,7 +175,7 @@ def test_tau_is_part_of_the_tap_layout_and_the_run_record(tmp_path):
 
 
 def test_printed_table_and_png_bars_are_the_same_median_with_its_unit():
-    """Issue 14 item 7: `train` printed a median while its PNG plotted seaborn's default mean."""
+    """`train` prints the statistic its PNG plots (a median, not seaborn's default mean)."""
     import matplotlib.pyplot as plt
     import pandas as pd
 

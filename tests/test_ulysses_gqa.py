@@ -1,4 +1,4 @@
-"""Ulysses runtime with head shards that cut GQA groups (issue 13), single process.
+"""Ulysses runtime with head shards that cut GQA groups, single process.
 
 The gloo parity of these shapes is in tests/test_runtime_parity.py; here, without spawning: the
 local query-head -> KV-head map, each rank's kernel step (expand, kernel, reduce) against the

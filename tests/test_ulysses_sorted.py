@@ -1,4 +1,4 @@
-"""Issue 11 item 2: the ``ulysses-sorted`` baseline is a Ulysses plan with VRSP's P = 1 schedule.
+"""The ``ulysses-sorted`` baseline is a Ulysses plan with VRSP's P = 1 schedule.
 
 Same tiles and transfers as ``ulysses`` for every sequence; only which GA index trains which
 sequence differs, and that grouping is :func:`libra.vrsp.vrsp_schedule` at ``P = 1``. Its plans pass
@@ -103,6 +103,7 @@ def _sorted_rank(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_libra_attention_runs_ulysses_sorted_plans_on_gloo(tmp_path):
     """4 gloo ranks (DP 2, CP 2, P 1), both GA steps: float64 forward and q/k/v gradients match."""

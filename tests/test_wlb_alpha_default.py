@@ -1,4 +1,4 @@
-"""Issue 11 item 4: WLB-LLM's token cap defaults to 1x the average tokens per bucket.
+"""WLB-LLM's token cap defaults to 1x the average tokens per bucket.
 
 DistCA's public WLB-LLM planner caps a bucket at ``2 * S * batch / DP * alpha_factor`` tokens for the
 ``2 * batch`` sequences it draws per step, i.e. ``alpha_factor`` times the average, and its run

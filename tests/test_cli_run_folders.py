@@ -1,4 +1,4 @@
-"""Issue 14 item 3: results are never stale (input contents key the points) and never clobbered
+"""Results are never stale (input contents key the points) and never clobbered
 (ad-hoc runs default to runs/, a folder holding a different run is refused unless --overwrite)."""
 
 from __future__ import annotations
@@ -169,3 +169,13 @@ def test_profile_file_contents_key_the_points(tmp_path):
     assert second.points_dir != first.points_dir
     named = ExperimentRun("demo", {"profile": "h100-roce-v1"}, out_dir=tmp_path / "p", quiet=True)
     assert named.inputs == {}  # a built-in profile name is no file
+
+
+@pytest.mark.parametrize("config", ['"abc"', "[1, 2]", "7"])
+def test_a_run_json_whose_config_is_not_an_object_is_named_as_such(tmp_path, config):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "run.json").write_text(f'{{"experiment": "lln", "config": {config}}}')
+    res = CliRunner().invoke(main, ["lln", "--quick", "--out", str(out)])
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    assert "holds a run.json that is not a run record (no config object)" in res.output

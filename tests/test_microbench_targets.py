@@ -1,4 +1,4 @@
-"""Issue 13's targets live in the command: `microbench` recognises the issue's reference cases (the
+"""The CPU microbench's targets live in the command: `microbench` recognises their reference cases (the
 layout of its reference command and the skewed / uniform length files) and prints each target's
 verdict; any other run gets none."""
 
@@ -62,6 +62,7 @@ def test_verdicts():
     assert Target("libra", "cpu_vs_ulysses", 1.03, "case").line(summary) is None  # no such column
 
 
+@pytest.mark.slow
 def test_microbench_prints_and_records_its_targets(tmp_path, monkeypatch):
     """The wiring, on a quick run made to carry a target (a reference case takes minutes)."""
     import json  # noqa: PLC0415
@@ -81,6 +82,6 @@ def test_microbench_prints_and_records_its_targets(tmp_path, monkeypatch):
                                     "ulysses,libra", "--oversubscribe", "--no-progress", "--out", str(tmp_path)])
     assert res.exit_code == 0, res.output
     assert seen == [(1024, 1)]
-    assert "issue 13 target (a quick run): libra cpu_vs_ulysses" in res.output and "<= 99.0 (met;" in res.output
+    assert "target (a quick run): libra cpu_vs_ulysses" in res.output and "<= 99.0 (met;" in res.output
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["targets"] == [{"method": "libra", "column": "cpu_vs_ulysses", "bound": 99.0, "case": "a quick run"}]

@@ -1,4 +1,4 @@
-"""Issue 13 item 4: the lower-overhead Libra runtime stays exact (gloo, float64 vs reference).
+"""The lower-overhead Libra runtime stays exact (gloo, float64 vs reference).
 
 The paths it added, each checked against a single-process float64 reference over the full packed
 sequences, forward and q/k/v gradients:
@@ -82,6 +82,7 @@ def _rank(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_view_closed_and_packed_paths_match_reference(tmp_path):
     results = run_ranks(_rank, 2, tmp_path, deadline_s=180)

@@ -1,4 +1,4 @@
-"""Issue 14 item 8: progress records in logs (no TTY), and Ctrl-C during a sweep says how many
+"""Progress records in logs (no TTY), and Ctrl-C during a sweep says how many
 points are cached, that a rerun resumes, and exits 130."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`libra-bench compare` (issue 14 item 2): two or more result folders of one experiment side by side."""
+"""`libra-bench compare`: two or more result folders of one experiment side by side."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Issue 13 item 4: the CPU flash backend batches runs of equal segments into one call (views of
+"""The CPU flash backend batches runs of equal segments into one call (views of
 the packed rows, no zero-filled gradients) and stays exact against the plain-PyTorch backend."""
 
 from __future__ import annotations

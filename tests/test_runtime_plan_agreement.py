@@ -1,4 +1,4 @@
-"""Issue 13 item 2: execution options are part of the pool's plan agreement.
+"""Execution options are part of the pool's plan agreement.
 
 Ranks that ``prepare`` one plan with different Pipeliner chunks, comm mode, kernel backend, scale or
 finite check would deadlock, abort gloo or compute differently; ``prepare`` must instead raise
@@ -73,6 +73,7 @@ def _options_rank(rank, world):
     return out
 
 
+@pytest.mark.slow
 def test_option_mismatch_raises_on_every_rank_quickly(tmp_path):
     res = run_ranks(_options_rank, 2, tmp_path, deadline_s=120, pg_timeout_s=20.0)
     option = {"program_chunks": "chunks"}

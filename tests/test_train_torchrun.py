@@ -1,4 +1,4 @@
-"""Issue 14 item 5: `train` under torchrun takes the world size from the environment, so the
+"""`train` under torchrun takes the world size from the environment, so the
 README's line runs as written (no `--nproc`, which torchrun's own parser would take as a prefix
 of its `--nproc-per-node`)."""
 
@@ -11,8 +11,12 @@ import sys
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
+
+from experiments.cli import main
 
 
+@pytest.mark.slow
 @pytest.mark.distributed  # ~9 s on an idle 2-core machine (torchrun + two ranks importing torch)
 def test_train_runs_under_torchrun_with_two_gloo_processes(tmp_path):
     out = tmp_path / "train"
@@ -30,3 +34,15 @@ def test_train_runs_under_torchrun_with_two_gloo_processes(tmp_path):
     ranks = json.loads((out / "run.json").read_text())["ranks"]  # one node: local rank = rank
     assert [(r["rank"], r["local_rank"], r["node"], r["cp_group"]) for r in ranks] == [(0, 0, 0, [0, 1]),
                                                                                      (1, 1, 0, [0, 1])]
+
+
+def test_train_under_torchrun_takes_world_size_and_rejects_a_differing_nproc(tmp_path):
+    env = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    res = CliRunner().invoke(main, ["train", "--nproc", "4", "--cp", "2", "--out", str(tmp_path)], env=env)
+    assert res.exit_code == 2 and "--nproc 4" in res.output and "world size 2" in res.output, res.output
+    # the world size is WORLD_SIZE: CP=3 must divide it (the error names nproc=2, not the default 4)
+    res = CliRunner().invoke(main, ["train", "--cp", "3", "--out", str(tmp_path)], env=env)
+    assert res.exit_code == 2 and "nproc=2" in res.output and "Traceback" not in res.output, res.output
+    from experiments.train import train  # noqa: PLC0415  (imported by the invocations above)
+
+    assert "--overwrite" in [o for p in train.params for o in p.opts]
