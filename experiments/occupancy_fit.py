@@ -58,6 +58,29 @@ def calibrate_calls(df: pd.DataFrame, head_dim: int) -> list[tuple]:
     return calls
 
 
+def calibrate_occupancy_fit(df: pd.DataFrame, info: dict, head_dim: int) -> dict | None:
+    """The occupancy model fitted to ``libra-bench calibrate``'s kernel rows, for the measured
+    profile's ``source`` (the profile keeps the length-curve model); None without a device SM count
+    (a CPU run: the CPU profile keeps its own fit) or with fewer than 3 measured calls per pass."""
+    sms = info.get("multiprocessors")
+    if not sms:
+        return None
+    rows = df[df["sweep"].isin(["length", "heads", "piece", "launch"]) & np.isfinite(df["ms"])]
+    calls, times = {}, {}
+    for p in PASSES:
+        sub = rows[rows["pass"] == p]
+        if len(sub) < 3:
+            return None
+        calls[p], times[p] = calibrate_calls(sub, head_dim), sub["ms"].to_numpy(dtype=np.float64)
+    model, errors = fit_occupancy(calls, times, int(sms), head_dim=head_dim)
+    return {"occupancy": model.to_dict(),
+            "median_abs_err": {p: float(np.median(np.abs(e))) for p, e in errors.items()},
+            "worst_abs_err": {p: float(np.max(np.abs(e))) for p, e in errors.items()},
+            "meaning": "experiments.occupancy_fit.fit_occupancy on the length, heads, piece and launch sweeps; "
+                       "block sizes are FlashAttention-2's sm90 head_dim-128 forward blocks; to use it, copy "
+                       "`occupancy` into kernel with model = 'occupancy'"}
+
+
 def length_curve_ms(kernel: KernelModel, calls: list[tuple], backward: bool) -> np.ndarray:
     """Each call's time under the length-curve model: launch (x ``backward_time_ratio`` backward) plus
     every segment priced per segment, as the cost model prices one call."""
