@@ -73,6 +73,7 @@ from experiments.gpu_common import (
     synchronize,
     time_calls,
 )
+from experiments.occupancy_fit import calibrate_occupancy_fit
 from experiments.options import IntListType, SizeType, quick_option
 from experiments.runner import RUNS_ROOT, ExperimentRun, git_sha
 from experiments.runs_table import run_caption
@@ -440,6 +441,9 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                  f"{base.source.get('links', 'see base profile')}",
         "base_profile": base.name,
     }
+    occupancy = calibrate_occupancy_fit(df, info, cfg.head_dim)  # GPU only; the profile keeps its model
+    if occupancy is not None:
+        source["occupancy_fit"] = occupancy
     profile = replace(base, name=f"{slug}-{info.get('kernel_backend')}-measured", version=1,
                       description=(f"measured by libra-bench calibrate on {info.get('name')} "
                                    f"({info.get('kernel_backend')}, {dtype_label}); links and cluster shape "

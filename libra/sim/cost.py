@@ -52,6 +52,7 @@ import numpy as np
 from libra import jit as jit_modules
 from libra.arrays import sorted_unique
 from libra.plan import HEADS, Plan
+from libra.sim.occupancy import occupancy_terms
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.topology import Topology
 from libra.sim.variability import check_speeds
@@ -357,6 +358,8 @@ class CostModel:
 
         Times are ``(N,)`` when every pool cuts by heads (each chunk a ``1/M`` slice of every
         segment), else ``(N, M)`` per chunk (:meth:`ChunkSchedule.segment_calls`)."""
+        if self.kernel.occupancy is not None:
+            return self._occupancy_compute(plan, schedules)
         n, M = self.topology.num_workers, schedules[0].chunks if schedules else 1
         per_chunk = any(s.chunking != HEADS for s in schedules)
         fwd, bwd = np.zeros((n, M) if per_chunk else n), np.zeros((n, M) if per_chunk else n)
@@ -381,6 +384,37 @@ class CostModel:
         fwd += launch
         # without a curve backward is the ratio x forward, applied in price() after the speed division
         return flops, fwd, (bwd + launch * k.backward_time_ratio if k.has_backward_curve else None)
+
+    def _occupancy_compute(self, plan: Plan, schedules: list[ChunkSchedule]):
+        """:meth:`_compute` under the occupancy kernel model (:mod:`libra.sim.occupancy`): each
+        worker's call costs its pass's launch plus the larger of its segments' summed block work
+        over the SMs and its longest block; the same shapes as :meth:`_compute`, backward always
+        priced (the model has its own backward constants)."""
+        n, M = self.topology.num_workers, schedules[0].chunks if schedules else 1
+        occ, d = self.kernel.occupancy, plan.shape.head_dim
+        work, floor = np.zeros((2, n, M)), np.zeros((2, n, M))
+        flops, calls = np.zeros(n), np.zeros(n)
+        for pool, sched in zip(plan.pools, schedules):
+            seg, _ = pool.kernel_segments(sched, ordered=False)  # as the runtime runs them (merged)
+            if not len(seg["dest"]):
+                continue
+            dest = self.topology.check_ids(seg["dest"])
+            chunk, heads, ncalls = sched.segment_calls(seg)
+            every = chunk < 0  # a slice of the segment in every call
+            for p in range(2):
+                w, f = occupancy_terms(occ, seg, heads, ncalls, d, backward=p == 1)
+                work[p] += _by_chunk(dest, chunk, w, n, M)
+                np.maximum.at(floor[p], (dest[~every], chunk[~every]), f[~every])
+                top = np.zeros(n)
+                np.maximum.at(top, dest[every], f[every])
+                floor[p] = np.maximum(floor[p], top[:, None])
+            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
+            calls[sorted_unique(dest)] = sched.chunks
+        launch = np.array([occ.forward.launch_ms, occ.backward.launch_ms])[:, None, None] * (calls > 0)[None, :, None]
+        fwd, bwd = np.maximum(work, floor) + launch
+        if not any(s.chunking != HEADS for s in schedules):
+            fwd, bwd = fwd.sum(axis=1), bwd.sum(axis=1)
+        return flops, fwd, bwd
 
     # -- communication ---------------------------------------------------------------------
     def _link_codes(self, src, dst) -> np.ndarray:

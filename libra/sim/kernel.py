@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from libra.sim.occupancy import KERNEL_MODELS, OCCUPANCY, OccupancyModel
 from libra.workload import attention_flops, sample_area
 
 _BACKWARD_CURVE = ("backward_rate_inf_tflops", "backward_half_length", "backward_exponent")
@@ -67,10 +68,17 @@ class KernelModel:
             when there is no backward curve; the backward launch cost is ``launch_ms`` x it).
         backward_rate_inf_tflops, backward_half_length, backward_exponent: the backward pass's own
             length curve (rate in forward FLOPs per second of backward time); all three or none.
+        model: ``"length-curve"`` (the default: this module's per-segment model) or
+            ``"occupancy"``: the cost model prices kernel calls with :attr:`occupancy`
+            (:mod:`libra.sim.occupancy`); the length curve then still sets the best rate (the
+            balance bound's unit).
+        occupancy: the :class:`~libra.sim.occupancy.OccupancyModel` (a dict is accepted); needed by
+            and only allowed with ``model = "occupancy"``.
 
     Raises:
         ValueError: a non-positive rate/length/exponent/ratio, negative launch or heads_half, or
-            only some of the backward curve's fields, or an unknown ``piece_pricing``.
+            only some of the backward curve's fields, or an unknown ``piece_pricing`` or ``model``,
+            or ``occupancy`` given without ``model = "occupancy"`` or missing with it.
     """
 
     rate_inf_tflops: float
@@ -84,8 +92,19 @@ class KernelModel:
     backward_half_length: float | None = None
     backward_exponent: float | None = None
     piece_pricing: str = PIECE_PRICINGS[0]
+    model: str = KERNEL_MODELS[0]
+    occupancy: OccupancyModel | None = None
 
     def __post_init__(self) -> None:
+        if self.model not in KERNEL_MODELS:
+            raise ValueError(f"kernel.model must be one of {', '.join(KERNEL_MODELS)}, got {self.model!r}")
+        if (self.occupancy is None) != (self.model != OCCUPANCY):
+            raise ValueError("kernel.occupancy is needed by, and only allowed with, kernel.model = 'occupancy'")
+        if isinstance(self.occupancy, dict):
+            try:
+                object.__setattr__(self, "occupancy", OccupancyModel(**self.occupancy))
+            except TypeError as exc:
+                raise ValueError(f"kernel.occupancy: {exc}") from None
         if self.piece_pricing not in PIECE_PRICINGS:
             raise ValueError(f"kernel.piece_pricing must be one of {', '.join(PIECE_PRICINGS)}, "
                              f"got {self.piece_pricing!r}")
@@ -198,11 +217,15 @@ class KernelModel:
 
     def to_dict(self) -> dict:
         """The profile JSON's ``kernel`` object (the backward curve only where there is one, and
-        ``piece_pricing`` only where it is not the default, so a profile without them records
-        exactly what it did before they existed)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__
-                if not (k in _BACKWARD_CURVE and getattr(self, k) is None)
-                and not (k == "piece_pricing" and self.piece_pricing == PIECE_PRICINGS[0])}
+        ``piece_pricing``, ``model`` and ``occupancy`` only where they are not the default, so a
+        profile without them records exactly what it did before they existed)."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__
+               if not (k in _BACKWARD_CURVE and getattr(self, k) is None)
+               and not (k == "piece_pricing" and self.piece_pricing == PIECE_PRICINGS[0])
+               and k not in ("model", "occupancy")}
+        if self.occupancy is not None:
+            out.update(model=self.model, occupancy=self.occupancy.to_dict())
+        return out
 
 
 def fit_length_efficiency(lengths, times_ms, heads: int, head_dim: int, launch_ms: float = 0.0):

@@ -13,7 +13,9 @@ worker per call, not per tile, so it does not move the balance. Without a backwa
 time is ``backward_time_ratio`` x forward for every segment, so forward time alone orders and
 balances the tiles the same way and is what the weights hold; with one (a calibrated profile:
 :meth:`KernelModel.segment_backward_ms`), backward grows differently with length than forward, and
-the weights are forward + backward time, the work the step actually waits for.
+the weights are forward + backward time, the work the step actually waits for. Under the
+occupancy kernel model (:mod:`libra.sim.occupancy`) a tile weighs its blocks' forward + backward
+work over the SMs; the longest-block floor is paid once per call, like the launch, and left out.
 
 numpy only (no torch): data-loader workers can plan with it.
 """
@@ -26,6 +28,7 @@ import numpy as np
 
 from libra.plan import PoolIndex, SequenceLayout, TileTable, segments
 from libra.sim.kernel import KernelModel
+from libra.sim.occupancy import occupancy_terms
 from libra.tap.pipeline import ChunkSchedule, check_chunks
 from libra.workload import AttentionShape
 
@@ -75,6 +78,10 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
     sched = ChunkSchedule(shape, tiles.head_start, tiles.head_end, pipeline_chunks)  # checks M | widths
     seg = segments(sequences, tiles, index)
     heads = sched.heads_per_call(seg["heads"])
+    if kernel.occupancy is not None:  # the calls' summed block work, forward + backward
+        t = sum(occupancy_terms(kernel.occupancy, seg, heads, sched.chunks, shape.head_dim, backward)[0]
+                for backward in (False, True))
+        return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
     t = kernel.chunked_forward_ms(seg["area"], heads, shape.head_dim, sched.chunks, seg["kv_len"])
     if kernel.has_backward_curve:
         t = t + kernel.chunked_backward_ms(seg["area"], heads, shape.head_dim, sched.chunks, seg["kv_len"])
