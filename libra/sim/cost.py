@@ -365,25 +365,32 @@ class CostModel:
         fwd, bwd = np.zeros((n, M) if per_chunk else n), np.zeros((n, M) if per_chunk else n)
         flops, calls = np.zeros(n), np.zeros(n)
         d, k = plan.shape.head_dim, self.kernel
-        for pool, sched in zip(plan.pools, schedules):
-            seg, _ = pool.kernel_segments(sched, ordered=False)  # as the runtime runs them (merged)
-            if not len(seg["dest"]):
-                continue
-            dest = self.topology.check_ids(seg["dest"])
-            chunk, heads, ncalls = sched.segment_calls(seg)
+        for seg, dest, chunk, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
             times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls, seg["kv_len"])]
             if k.has_backward_curve:
                 times.append(k.chunked_backward_ms(seg["area"], heads, d, ncalls, seg["kv_len"]))
             for acc, t in zip((fwd, bwd), times):
                 acc += _by_chunk(dest, chunk, t, n, M) if per_chunk else np.bincount(dest, weights=t, minlength=n)
-            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
-            calls[sorted_unique(dest)] = sched.chunks
         launch = calls * k.launch_ms
         if per_chunk:
             launch = launch[:, None] / M  # one launch per chunk
         fwd += launch
         # without a curve backward is the ratio x forward, applied in price() after the speed division
         return flops, fwd, (bwd + launch * k.backward_time_ratio if k.has_backward_curve else None)
+
+    def _worker_segments(self, plan: Plan, schedules: list[ChunkSchedule], flops, calls):
+        """Each pool's kernel segments as the runtime runs them (merged), with their workers and
+        :meth:`ChunkSchedule.segment_calls`; adds each pool's FLOPs into ``flops`` and its kernel
+        calls into ``calls`` (per worker) on the way."""
+        d = plan.shape.head_dim
+        for pool, sched in zip(plan.pools, schedules):
+            seg, _ = pool.kernel_segments(sched, ordered=False)
+            if not len(seg["dest"]):
+                continue
+            dest = self.topology.check_ids(seg["dest"])
+            yield (seg, dest, *sched.segment_calls(seg))
+            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=len(flops))
+            calls[sorted_unique(dest)] = sched.chunks
 
     def _occupancy_compute(self, plan: Plan, schedules: list[ChunkSchedule]):
         """:meth:`_compute` under the occupancy kernel model (:mod:`libra.sim.occupancy`): each
@@ -394,12 +401,7 @@ class CostModel:
         occ, d = self.kernel.occupancy, plan.shape.head_dim
         work, floor = np.zeros((2, n, M)), np.zeros((2, n, M))
         flops, calls = np.zeros(n), np.zeros(n)
-        for pool, sched in zip(plan.pools, schedules):
-            seg, _ = pool.kernel_segments(sched, ordered=False)  # as the runtime runs them (merged)
-            if not len(seg["dest"]):
-                continue
-            dest = self.topology.check_ids(seg["dest"])
-            chunk, heads, ncalls = sched.segment_calls(seg)
+        for seg, dest, chunk, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
             every = chunk < 0  # a slice of the segment in every call
             for p in range(2):
                 w, f = occupancy_terms(occ, seg, heads, ncalls, d, backward=p == 1)
@@ -408,8 +410,6 @@ class CostModel:
                 top = np.zeros(n)
                 np.maximum.at(top, dest[every], f[every])
                 floor[p] = np.maximum(floor[p], top[:, None])
-            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=n)
-            calls[sorted_unique(dest)] = sched.chunks
         launch = np.array([occ.forward.launch_ms, occ.backward.launch_ms])[:, None, None] * (calls > 0)[None, :, None]
         fwd, bwd = np.maximum(work, floor) + launch
         if not any(s.chunking != HEADS for s in schedules):
