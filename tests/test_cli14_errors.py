@@ -49,7 +49,7 @@ def test_train_under_torchrun_takes_world_size_and_rejects_a_differing_nproc(tmp
     # the world size is WORLD_SIZE: CP=3 must divide it (the error names nproc=2, not the default 4)
     res = CliRunner().invoke(main, ["train", "--cp", "3", "--out", str(tmp_path)], env=env)
     _single_error(res, "nproc=2")
-    from experiments.train import train  # noqa: PLC0415  (imported by the invocations above)
+    from experiments.measured.train import train  # noqa: PLC0415  (imported by the invocations above)
 
     assert "--overwrite" in [o for p in train.params for o in p.opts]
 
@@ -92,7 +92,7 @@ def test_repeated_length_file_warning_is_one_stderr_line(tmp_path):
 def test_dtype_accepts_both_spellings():
     import click  # noqa: PLC0415
 
-    from experiments.options import DtypeType  # noqa: PLC0415
+    from experiments.common.options import DtypeType  # noqa: PLC0415
 
     short, long = DtypeType(("fp32", "bf16", "fp64")), DtypeType(("float32", "bfloat16"))
     assert short.convert("bfloat16", None, None) == "bf16" and short.convert("FP32", None, None) == "fp32"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.calibrate import CPU_DEFAULTS, _cpu_sized, calibrate
+from experiments.measured.calibrate import CPU_DEFAULTS, _cpu_sized, calibrate
 
 ORDER = list(CPU_DEFAULTS)
 GPU_VALUES = ([1024, 2048, 4096], [1, 2, 4, 8, 16, 32], 32, 4, 128, 16384, 65536, 1024, 3, 10, 4)
