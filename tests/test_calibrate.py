@@ -20,7 +20,6 @@ from experiments.measured.calibrate import (
 )
 from experiments.measured.gpu_common import (
     device_info,
-    kv_heads_per_call,
     resolve_backend,
     resolve_device,
     resolve_dtype,
@@ -28,7 +27,7 @@ from experiments.measured.gpu_common import (
 )
 from libra.sim.kernel import KernelModel
 from libra.sim.profiles import load_profile
-from libra.workload import attention_flops, sample_area
+from libra.workload import attention_flops, kv_heads_per_call, sample_area
 
 TINY = ["--device", "cpu", "--lengths", "64,128,256", "--heads", "1,2", "--q-heads", "2", "--kv-heads", "1",
         "--head-dim", "16", "--heads-length", "128", "--warmup", "0", "--repeats", "2", "--rotate", "2",

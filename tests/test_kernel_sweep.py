@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from experiments.measured import kernel_sweep as ks
 from experiments.cli import main
 from experiments.common.runner import ExperimentRun
+from experiments.measured import kernel_sweep as ks
 from experiments.measured.calibrate import fit_heads_ratio
 from experiments.measured.gpu_common import time_calls_within
 

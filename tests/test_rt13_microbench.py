@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from experiments.measured import microbench as mb
 from experiments.cli import main
+from experiments.measured import microbench as mb
 
 BASE = ["microbench", "--dp", "2", "--cp", "1", "--pool-size", "2", "--gbs", "2", "--head-split", "2",
         "--q-heads", "4", "--kv-heads", "2", "--no-progress", "--timeout", "60"]

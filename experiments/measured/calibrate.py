@@ -67,7 +67,6 @@ from experiments.measured.gpu_common import (
     device_options,
     device_slug,
     dtype_name,
-    kv_heads_per_call,
     make_inputs,
     resolve_backend,
     resolve_device,
@@ -86,7 +85,7 @@ from libra.sim.kernel import (
     piece_pricing_errors,
 )
 from libra.sim.profiles import DEFAULT_PROFILE, LINK_CLASSES, HardwareProfile, load_profile
-from libra.workload import attention_flops, sample_area
+from libra.workload import attention_flops, kv_heads_per_call, sample_area
 
 LAUNCH_PROBE_TOKENS = 128
 PIECE_BLOCKS = 8

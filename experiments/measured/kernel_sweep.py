@@ -50,7 +50,6 @@ from experiments.measured.gpu_common import (
     device_options,
     device_slug,
     dtype_name,
-    kv_heads_per_call,
     make_inputs,
     resolve_backend,
     resolve_device,
@@ -61,7 +60,7 @@ from experiments.measured.gpu_common import (
     time_calls_within,
 )
 from libra.runtime.kernels import Segments
-from libra.workload import attention_flops, sample_area
+from libra.workload import attention_flops, kv_heads_per_call, sample_area
 
 LAYOUTS = ("single", "packed", "mixed", "short-batch")
 ESTIMATE_FLOPS = 1e13

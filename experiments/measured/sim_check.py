@@ -49,7 +49,6 @@ from experiments.measured.gpu_common import (
     device_options,
     device_slug,
     dtype_name,
-    kv_heads_per_call,
     make_inputs,
     other_device_profile,
     resolve_backend,
@@ -68,7 +67,7 @@ from libra.sim.kernel import PIECE_PRICINGS
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import ChunkSchedule, schedule_for_pool
-from libra.workload import AttentionShape, attention_flops
+from libra.workload import AttentionShape, attention_flops, kv_heads_per_call
 
 METHODS = ("libra", "libra-tap", "libra-tap-vrsp", "ulysses")
 TARGET_MEDIAN_ERR = 0.10

@@ -53,7 +53,6 @@ from experiments.measured.gpu_common import (
     device_options,
     device_slug,
     dtype_name,
-    kv_heads_per_call,
     resolve_backend,
     resolve_device,
     resolve_dtype,
@@ -64,7 +63,7 @@ from experiments.measured.gpu_common import (
 from libra.runtime.kernels import Segments
 from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.tap.pipeline import schedule_for_pool
-from libra.workload import attention_flops, sample_area
+from libra.workload import attention_flops, kv_heads_per_call, sample_area
 
 VARIANTS = ("runtime", "calls", "one-call")
 TARGET_RATIO = 1.05
