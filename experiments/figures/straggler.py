@@ -52,6 +52,8 @@ uses the curve the cost model prices with.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -67,6 +69,7 @@ from experiments.common.sim_common import (
     METHODS,
     OPTIONAL_METHODS,
     WLB_REJOIN_DEFAULT,
+    Setting,
     build_cost_model,
     check_counts,
     check_settings,
@@ -84,8 +87,10 @@ from experiments.common.sim_common import (
     workload_record,
 )
 from libra.data.source import resolve_workload
+from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
 from libra.sim.variability import DeviceJitter
+from libra.workload import AttentionShape
 
 # Speedups over Ulysses that Libra sec. 6.3 states or implies (mean = mean straggler, max = worst step)
 PAPER_SPEEDUP = fig12_speedups()
@@ -104,10 +109,27 @@ def run_options(method: str, setting, profile, wlb_rejoin: str) -> dict:
     return planner_options(method, setting, wlb_rejoin=wlb_rejoin, profile=profile)
 
 
-def run_straggler(workload: str, profile, settings, methods, windows: int, seed: int, shape,
-                  out: str | None = None, force: bool = False, quiet: bool = False,
-                  wlb_rejoin: str = WLB_REJOIN_DEFAULT, tap_overrides: dict | None = None,
-                  jitter: bool = True, known_speeds: bool = False) -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
+@dataclass(frozen=True, kw_only=True)
+class StragglerConfig:
+    """What one `libra-bench straggler` run simulates and where it writes (the command builds it once)."""
+
+    workload: str
+    profile: HardwareProfile
+    settings: Sequence[str | Setting]
+    methods: Sequence[str]
+    windows: int
+    seed: int
+    shape: AttentionShape
+    out: str | None = None
+    force: bool = False
+    quiet: bool = False
+    wlb_rejoin: str = WLB_REJOIN_DEFAULT
+    tap_overrides: dict | None = None
+    jitter: bool = True
+    known_speeds: bool = False
+
+
+def run_straggler(cfg: StragglerConfig) -> tuple[pd.DataFrame, pd.DataFrame, ExperimentRun, dict]:
     """Simulate every (setting, method, window); returns (steps, summary, run, timings).
 
     Args:
@@ -122,60 +144,64 @@ def run_straggler(workload: str, profile, settings, methods, windows: int, seed:
         ValueError: unknown setting/method, a bad workload, a layout the planners reject, or
             ``known_speeds`` without ``jitter`` or without a method that takes device speeds.
     """
+    settings = cfg.settings
     from baselines.registry import PLANNERS, get_planner, planner_class  # noqa: PLC0415
 
     def takes_speeds(method: str) -> bool:  # the one rule: a planner with a device_speeds option
         return "device_speeds" in planner_class(method).option_names()
 
-    if known_speeds and not jitter:
+    if cfg.known_speeds and not cfg.jitter:
         raise ValueError("--known-speeds tells planners the jitter model's per-GPU speeds: drop --no-jitter")
-    if known_speeds and not any(map(takes_speeds, methods)):
-        raise ValueError(f"--known-speeds informs planners that take device speeds, and none of {', '.join(methods)} "
-                         f"does: add {' or '.join(filter(takes_speeds, PLANNERS))} to --methods")
+    if cfg.known_speeds and not any(map(takes_speeds, cfg.methods)):
+        raise ValueError(f"--known-speeds informs planners that take device speeds, and none of "
+                         f"{', '.join(cfg.methods)} does: add {' or '.join(filter(takes_speeds, PLANNERS))} to --methods")
 
-    chosen = chosen_settings(settings, tap_overrides)
+    chosen = chosen_settings(settings, cfg.tap_overrides)
     settings = list(chosen)
-    check_settings(chosen, shape)
+    check_settings(chosen, cfg.shape)
     options = {s: {m: {k: (v.name if k == "profile" else v)
-                       for k, v in run_options(m, chosen[s], profile, wlb_rejoin).items()} for m in methods}
+                       for k, v in run_options(m, chosen[s], cfg.profile, cfg.wlb_rejoin).items()}
+                   for m in cfg.methods}
                for s in settings}
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
-              "settings": [setting_record(chosen[s]) for s in settings], "methods": list(methods),
-              "windows": windows, "seed": seed, "wlb_rejoin": wlb_rejoin, "jitter": bool(jitter),
-              **({"known_speeds": True} if known_speeds else {}),
-              "shape": {"num_q_heads": shape.num_q_heads, "num_kv_heads": shape.num_kv_heads,
-                        "head_dim": shape.head_dim, "dtype_bytes": shape.dtype_bytes},
+    config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload),
+              "profile": cfg.profile.to_dict(),
+              "settings": [setting_record(chosen[s]) for s in settings], "methods": list(cfg.methods),
+              "windows": cfg.windows, "seed": cfg.seed, "wlb_rejoin": cfg.wlb_rejoin, "jitter": bool(cfg.jitter),
+              **({"known_speeds": True} if cfg.known_speeds else {}),
+              "shape": {"num_q_heads": cfg.shape.num_q_heads, "num_kv_heads": cfg.shape.num_kv_heads,
+                        "head_dim": cfg.shape.head_dim, "dtype_bytes": cfg.shape.dtype_bytes},
               "planner_options": options}
-    run = ExperimentRun("straggler", config, out_dir=out, force=force, quiet=quiet)
+    run = ExperimentRun("straggler", config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet)
     cache: dict = {}
-    label = resolve_workload(workload).name  # the file name (#column), or the preset
+    label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
 
     def context(setting_name):
         if setting_name not in cache:
             st = chosen[setting_name]
-            cache[setting_name] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
+            cache[setting_name] = (st, load_windows(cfg.workload, st, cfg.windows, cfg.seed),
+                                   build_cost_model(cfg.profile, st.par()))
         return cache[setting_name]
 
     def point(key):
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
-        opts = run_options(method, st, profile, wlb_rejoin)
-        if known_speeds and takes_speeds(method):
-            dev = DeviceJitter(profile.variability, st.par().workers, jitter_seed(seed, w))
+        opts = run_options(method, st, cfg.profile, cfg.wlb_rejoin)
+        if cfg.known_speeds and takes_speeds(method):
+            dev = DeviceJitter(cfg.profile.variability, st.par().workers, jitter_seed(cfg.seed, w))
             opts["device_speeds"] = tuple(dev.persistent_speeds().tolist())
         planner = get_planner(method, **opts)
-        steps = simulate_window(planner, wins[w], st.par(), shape, cost_model, seed=jitter_seed(seed, w),
-                                jitter=jitter, flops_pool_size=st.tap.pool_size)
+        steps = simulate_window(planner, wins[w], st.par(), cfg.shape, cost_model, seed=jitter_seed(cfg.seed, w),
+                                jitter=cfg.jitter, flops_pool_size=st.tap.pool_size)
         return [step_row(r, label, setting_name, w) for r in steps]
 
-    keys = [[s, m, w] for s in settings for m in methods for w in range(windows)]
+    keys = [[s, m, w] for s in settings for m in cfg.methods for w in range(cfg.windows)]
     df = pd.DataFrame(run.map(keys, point, desc="straggler"))
     lead = ["workload", "setting", "method", "window", "step", "straggler_ms", "compute_ms", "comm_exposed_ms"]
     df = df[lead + [c for c in df.columns if c not in lead]]
     timings: dict = {}  # computed points' seconds (timed where they ran, --jobs workers included)
     for (setting_name, method, _), seconds in run.point_seconds:
         timings[(setting_name, method)] = timings.get((setting_name, method), 0.0) + seconds
-    return df, summarize(df, paper_settings(workload, chosen, shape)), run, timings
+    return df, summarize(df, paper_settings(cfg.workload, chosen, cfg.shape)), run, timings
 
 
 def step_row(r, workload: str, setting: str, window: int) -> dict:
@@ -390,13 +416,14 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
         if "ulysses" not in method_list:
             method_list = ("ulysses",) + method_list  # the normalisation needs it
         t0 = time.perf_counter()
-        df, summary, run, timings = run_straggler(workload, prof, settings, method_list, 1 if quick else windows,
-                                                  seed, shape, out=out, force=force, quiet=no_progress,
-                                                  wlb_rejoin=wlb_rejoin, jitter=not no_jitter,
-                                                  known_speeds=known_speeds,
-                                                  tap_overrides={"pool_size": pool_size, "block_size": block_size,
-                                                                 "head_split": head_split,
-                                                                 "tau": tau, "pipeline_chunks": pipeline_chunks})
+        cfg = StragglerConfig(workload=workload, profile=prof, settings=settings, methods=method_list,
+                              windows=1 if quick else windows, seed=seed, shape=shape, out=out, force=force,
+                              quiet=no_progress, wlb_rejoin=wlb_rejoin, jitter=not no_jitter,
+                              known_speeds=known_speeds,
+                              tap_overrides={"pool_size": pool_size, "block_size": block_size,
+                                             "head_split": head_split, "tau": tau,
+                                             "pipeline_chunks": pipeline_chunks})
+        df, summary, run, timings = run_straggler(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     wall = time.perf_counter() - t0
