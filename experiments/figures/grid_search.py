@@ -29,6 +29,8 @@ shape); other runs have no such columns.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -59,6 +61,7 @@ from experiments.common.sim_common import (
 )
 from libra.config import TapConfig, check_layout
 from libra.data.source import resolve_workload
+from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
 
 GRID_METHOD = "libra-tap-vrsp"
@@ -164,9 +167,27 @@ def grid_layouts(chosen: dict) -> list[dict]:
              if k not in ("block_size", "head_split", "pipeline_chunks")} for st in chosen.values()]
 
 
-def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: int, shapes: dict,
-             block_sizes=None, out=None, force=False, quiet=False, name: str = "grid-search",
-             tap_overrides: dict | None = None, profile_file: str | None = None):
+@dataclass(frozen=True, kw_only=True)
+class GridConfig:
+    """What one `libra-bench grid-search` run simulates and where it writes (the command builds it once)."""
+
+    workload: str
+    profile: HardwareProfile
+    settings: Sequence[str | Setting]
+    head_splits: Sequence[int]
+    windows: int
+    seed: int
+    shapes: dict
+    block_sizes: Sequence[int] | None = None
+    out: str | None = None
+    force: bool = False
+    quiet: bool = False
+    name: str = 'grid-search'
+    tap_overrides: dict | None = None
+    profile_file: str | None = None
+
+
+def run_grid(cfg: GridConfig):
     """Simulate Ulysses and every valid (B, H) cell per setting; returns (steps, summary, run).
 
     Args:
@@ -182,39 +203,40 @@ def run_grid(workload: str, profile, settings, head_splits, windows: int, seed: 
         ValueError: unknown setting, bad workload, a setting without any valid cell, or a planner
             rejecting a layout.
     """
-    chosen = grid_settings(settings, tap_overrides)
+    settings = cfg.settings
+    chosen = grid_settings(settings, cfg.tap_overrides)
     settings = list(chosen)
-    axes = {s: tuple(block_sizes) if block_sizes else default_block_sizes(chosen[s]) for s in settings}
-    keys, skipped = grid_keys(chosen, shapes, head_splits, axes, windows)
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
+    axes = {s: tuple(cfg.block_sizes) if cfg.block_sizes else default_block_sizes(chosen[s]) for s in settings}
+    keys, skipped = grid_keys(chosen, cfg.shapes, cfg.head_splits, axes, cfg.windows)
+    config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload), "profile": cfg.profile.to_dict(),
               "method": GRID_METHOD, "settings": [setting_record(chosen[s]) for s in settings],
-              "block_sizes": {s: list(axes[s]) for s in settings}, "head_splits": list(head_splits),
-              "windows": windows, "seed": seed,
-              "shapes": {s: [shapes[s].num_q_heads, shapes[s].num_kv_heads, shapes[s].head_dim,
-                             shapes[s].dtype_bytes] for s in settings}}
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, files={"profile": profile_file},
+              "block_sizes": {s: list(axes[s]) for s in settings}, "head_splits": list(cfg.head_splits),
+              "windows": cfg.windows, "seed": cfg.seed,
+              "shapes": {s: [cfg.shapes[s].num_q_heads, cfg.shapes[s].num_kv_heads, cfg.shapes[s].head_dim,
+                             cfg.shapes[s].dtype_bytes] for s in settings}}
+    run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet, files={"profile": cfg.profile_file},
                         layouts=grid_layouts(chosen))
     cache: dict = {}
-    label = resolve_workload(workload).name  # the file name (#column), or the preset
+    label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
 
     def context(s):
         if s not in cache:
             st = chosen[s]
-            cache[s] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
+            cache[s] = (st, load_windows(cfg.workload, st, cfg.windows, cfg.seed), build_cost_model(cfg.profile, st.par()))
         return cache[s]
 
     def point(key):
         s, method, b, h, w = key
         st, wins, cm = context(s)
         cell = with_tap(st, block_size=b, head_split=h) if method == GRID_METHOD else st
-        steps = simulate_window(make_planner(method, cell), wins[w], st.par(), shapes[s], cm,
-                                seed=jitter_seed(seed, w))
+        steps = simulate_window(make_planner(method, cell), wins[w], st.par(), cfg.shapes[s], cm,
+                                seed=jitter_seed(cfg.seed, w))
         return [{"workload": label, "setting": s, "method": method, "block_size": b, "head_split": h,
                  "window": w, **r.to_row()} for r in steps]
 
     df = pd.DataFrame(run.map(keys, point, desc="grid-search"))
-    paper = paper_grid(workload, chosen, shapes)
-    return df, summarize(df, chosen, shapes, skipped, head_splits, axes, paper), run
+    paper = paper_grid(cfg.workload, chosen, cfg.shapes)
+    return df, summarize(df, chosen, cfg.shapes, skipped, cfg.head_splits, axes, paper), run
 
 
 def grid_keys(chosen: dict, shapes: dict, head_splits, block_sizes: dict, windows: int) -> tuple[list, list[dict]]:
@@ -375,9 +397,11 @@ def grid_search(profile, windows, seed, out, quick, force, no_progress, workload
         settings = settings_from_options(settings_, layout)
         shapes = {n: grid_shape(n, q_heads, kv_heads, head_dim) for n in (getattr(s, "name", s) for s in settings)}
         t0 = time.perf_counter()
-        df, summary, run = run_grid(workload, prof, settings, head_splits, 1 if quick else windows, seed, shapes,
-                                    block_sizes=block_sizes, out=out, force=force, quiet=no_progress,
-                                    tap_overrides={"pool_size": pool_size, "tau": tau}, profile_file=profile)
+        cfg = GridConfig(workload=workload, profile=prof, settings=settings, head_splits=head_splits,
+                         windows=1 if quick else windows, seed=seed, shapes=shapes, block_sizes=block_sizes,
+                         out=out, force=force, quiet=no_progress,
+                         tap_overrides={"pool_size": pool_size, "tau": tau}, profile_file=profile)
+        df, summary, run = run_grid(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     paths = run.finish(df, plot=lambda _d, p: plot_grid(summary, p, run_caption(run.config)),

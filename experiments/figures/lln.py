@@ -13,14 +13,15 @@ from __future__ import annotations
 import click
 
 from experiments.common.options import grouping_sweep_options
-from experiments.figures.vrsp_sweep import print_summary, run_grouping_sweep
+from experiments.figures.vrsp_sweep import GroupingSweepConfig, print_summary, run_grouping_sweep
 
 
 @click.command("lln")
 @grouping_sweep_options()
 def lln(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force):
     """Figure 4: production-order R - 1 vs pool size P (1, 2, 4, ..., 64)."""
-    df, paths = run_grouping_sweep("lln", ["production"], workload, seq_len, gbs, pool_sizes, windows, seed,
-                                   out, quick, force)
+    df, paths = run_grouping_sweep(GroupingSweepConfig(
+        name="lln", strategies=["production"], workload=workload, seq_len=seq_len, gbs=gbs,
+        pool_sizes=pool_sizes, windows=windows, seed=seed, out=out, quick=quick, force=force))
     print_summary(df)
     click.echo(f"wrote {paths['csv']}, {paths['png']}, {paths['run']}")

@@ -19,6 +19,8 @@ Outputs: ``pool_sweep.csv`` (one row per setting, P, method, window, step), ``po
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -32,6 +34,7 @@ from experiments.common.runs_table import run_caption
 from experiments.common.sim_common import (
     LABELS,
     TAP_METHODS,
+    Setting,
     build_cost_model,
     check_counts,
     check_settings,
@@ -49,50 +52,71 @@ from experiments.common.sim_common import (
     workload_record,
 )
 from libra.data.source import resolve_workload
+from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
+from libra.workload import AttentionShape
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
 
 PAPER_FIG15 = fig15_marks()  # Libra sec. 6.5: TAP+VRSP compute / comm over Ulysses mean, per (setting, P)
 
 
-def run_pool_sweep(workload: str, profile, settings, pool_sizes, methods, windows: int, seed: int, shape,
-                   out=None, force=False, quiet=False, name: str = "pool_sweep", tap_overrides: dict | None = None):
+@dataclass(frozen=True, kw_only=True)
+class PoolSweepConfig:
+    """What one `libra-bench pool-sweep` run simulates and where it writes (the command builds it once)."""
+
+    workload: str
+    profile: HardwareProfile
+    settings: Sequence[str | Setting]
+    pool_sizes: Sequence[int] | None
+    methods: Sequence[str]
+    windows: int
+    seed: int
+    shape: AttentionShape
+    out: str | None = None
+    force: bool = False
+    quiet: bool = False
+    name: str = 'pool_sweep'
+    tap_overrides: dict | None = None
+
+
+def run_pool_sweep(cfg: PoolSweepConfig):
     """Simulate Ulysses once and each Libra variant at every P dividing DP; returns (steps, summary, run).
 
     ``tap_overrides``: TapConfig fields replacing every setting's (None values keep the setting's).
     """
-    chosen = chosen_settings(settings, tap_overrides)
+    settings = cfg.settings
+    chosen = chosen_settings(settings, cfg.tap_overrides)
     settings = list(chosen)
-    check_settings(chosen, shape, pool_sizes)
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
-              "pool_sizes": list(pool_sizes), "methods": list(methods), "windows": windows, "seed": seed,
-              "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
+    check_settings(chosen, cfg.shape, cfg.pool_sizes)
+    config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload), "profile": cfg.profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
+              "pool_sizes": list(cfg.pool_sizes), "methods": list(cfg.methods), "windows": cfg.windows, "seed": cfg.seed,
+              "shape": [cfg.shape.num_q_heads, cfg.shape.num_kv_heads, cfg.shape.head_dim, cfg.shape.dtype_bytes]}
+    run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet)
     cache: dict = {}
 
     def context(s):
         if s not in cache:
             st = chosen[s]
-            cache[s] = (st, load_windows(workload, st, windows, seed), build_cost_model(profile, st.par()))
+            cache[s] = (st, load_windows(cfg.workload, st, cfg.windows, cfg.seed), build_cost_model(cfg.profile, st.par()))
         return cache[s]
 
     def point(key):
         s, p, method, w = key
         st, wins, cm = context(s)
         planner = make_planner(method, st, pool_size=None if method == "ulysses" else p)
-        steps = simulate_window(planner, wins[w], st.par(), shape, cm, seed=jitter_seed(seed, w))
-        label = resolve_workload(workload).name  # the file name (#column), or the preset
+        steps = simulate_window(planner, wins[w], st.par(), cfg.shape, cm, seed=jitter_seed(cfg.seed, w))
+        label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
         return [{"workload": label, "setting": s, "pool_size": p, "method": method, "window": w, **r.to_row()}
                 for r in steps]
 
     keys = []
     for s in settings:
         dp = chosen[s].dp
-        if not any(dp % p == 0 for p in pool_sizes):
-            raise ValueError(f"no pool size in {list(pool_sizes)} divides DP={dp} of setting {s}")
-        keys += [[s, 0, "ulysses", w] for w in range(windows)]
-        keys += [[s, p, m, w] for p in pool_sizes if dp % p == 0 for m in methods for w in range(windows)]
+        if not any(dp % p == 0 for p in cfg.pool_sizes):
+            raise ValueError(f"no pool size in {list(cfg.pool_sizes)} divides DP={dp} of setting {s}")
+        keys += [[s, 0, "ulysses", w] for w in range(cfg.windows)]
+        keys += [[s, p, m, w] for p in cfg.pool_sizes if dp % p == 0 for m in cfg.methods for w in range(cfg.windows)]
     df = pd.DataFrame(run.map(keys, point, desc="pool-sweep"))
     return df, summarize(df), run
 
@@ -180,10 +204,12 @@ def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, hea
         sizes = list(pool_sizes)
         shape = make_shape(q_heads, kv_heads, head_dim)
         t0 = time.perf_counter()
-        df, summary, run = run_pool_sweep(workload, prof, settings, sizes, method_list, 1 if quick else windows,
-                                          seed, shape, out=out, force=force, quiet=no_progress,
-                                          tap_overrides={"block_size": block_size, "head_split": head_split,
-                                                         "tau": tau, "pipeline_chunks": pipeline_chunks})
+        cfg = PoolSweepConfig(workload=workload, profile=prof, settings=settings, pool_sizes=sizes,
+                              methods=method_list, windows=1 if quick else windows, seed=seed, shape=shape,
+                              out=out, force=force, quiet=no_progress,
+                              tap_overrides={"block_size": block_size, "head_split": head_split,
+                                             "tau": tau, "pipeline_chunks": pipeline_chunks})
+        df, summary, run = run_pool_sweep(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p, run_caption(run.config)),

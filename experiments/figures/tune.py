@@ -54,7 +54,8 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -82,7 +83,9 @@ from experiments.common.sim_common import (
 from experiments.figures.straggler import loss_decomposition, step_ratios
 from libra.config import ParallelConfig, TapConfig, check_layout
 from libra.data.source import resolve_workload
+from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
+from libra.workload import AttentionShape
 
 TUNE_METHODS = ("libra", "libra-adaptive")
 """Planners ``tune`` compares by default, in tie-break order (the paper's first)."""
@@ -323,9 +326,28 @@ def same_plan_head_splits(steps: pd.DataFrame) -> tuple[pd.DataFrame, list[dict]
     return steps[keep], merged
 
 
-def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapConfig, windows: int, seed: int,
-             tie_tolerance: float = 0.01, objective: str = "mean", out=None, force=False, quiet=False,
-             name: str = "tune", methods=TUNE_METHODS):
+@dataclass(frozen=True, kw_only=True)
+class TuneConfig:
+    """What one `libra-bench tune` run simulates and where it writes (the command builds it once)."""
+
+    workload: str
+    profile: HardwareProfile
+    par: ParallelConfig
+    shape: AttentionShape
+    grid: Sequence[tuple[int, int, int, int]]
+    tap: TapConfig
+    windows: int
+    seed: int
+    tie_tolerance: float = 0.01
+    objective: str = 'mean'
+    out: str | None = None
+    force: bool = False
+    quiet: bool = False
+    name: str = 'tune'
+    methods: Sequence[str] = TUNE_METHODS
+
+
+def run_tune(cfg: TuneConfig):
     """Simulate Ulysses and every candidate of ``grid`` (its (P, H, B, M) in ``tap``) with every planner
     of ``methods``; returns (ranked table, steps, run, the merged candidates of
     :func:`same_plan_head_splits`). A recommended planner that deepens its Pipeliner outside tune
@@ -337,45 +359,45 @@ def run_tune(workload: str, profile, par: ParallelConfig, shape, grid, tap: TapC
     from baselines.registry import get_planner, options_from_tap, planner_class  # noqa: PLC0415  (keeps `--help` fast)
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
-              "par": {"dp": par.dp, "cp": par.cp, "gbs": par.gbs, "seq_len": par.seq_len},
-              "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes],
-              "methods": list(methods), "pipeline_chunks": tap.pipeline_chunks, "tau": tap.tau,
-              "candidates": [list(c) for c in grid],  # (P, H, B, M)
-              **({"chunk_counts": sorted({c[3] for c in grid})} if {c[3] for c in grid} != {tap.pipeline_chunks}
+    config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload), "profile": cfg.profile.to_dict(),
+              "par": {"dp": cfg.par.dp, "cp": cfg.par.cp, "gbs": cfg.par.gbs, "seq_len": cfg.par.seq_len},
+              "shape": [cfg.shape.num_q_heads, cfg.shape.num_kv_heads, cfg.shape.head_dim, cfg.shape.dtype_bytes],
+              "methods": list(cfg.methods), "pipeline_chunks": cfg.tap.pipeline_chunks, "tau": cfg.tap.tau,
+              "candidates": [list(c) for c in cfg.grid],  # (P, H, B, M)
+              **({"chunk_counts": sorted({c[3] for c in cfg.grid})} if {c[3] for c in cfg.grid} != {cfg.tap.pipeline_chunks}
                  else {}),
-              "windows": windows, "seed": seed, "tie_tolerance": tie_tolerance,
-              "objective": objective}
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet)
-    wins = gbs_windows(workload, par.seq_len, par.gbs, windows, seed=seed)
-    cost_model = build_cost_model(profile, par)
-    label = resolve_workload(workload).name  # the file name (#column), or the preset
+              "windows": cfg.windows, "seed": cfg.seed, "tie_tolerance": cfg.tie_tolerance,
+              "objective": cfg.objective}
+    run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet)
+    wins = gbs_windows(cfg.workload, cfg.par.seq_len, cfg.par.gbs, cfg.windows, seed=cfg.seed)
+    cost_model = build_cost_model(cfg.profile, cfg.par)
+    label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
 
     def point(key):
         as_straggler = key[0] == "as-straggler"
         method, p, h, b, chunks, w = key[1:] if as_straggler else key
         opts = {} if method == "ulysses" else options_from_tap(
-            method, replace(tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks), profile)
+            method, replace(cfg.tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks), cfg.profile)
         if "deepen_pipeline" in planner_class(method).option_names() and not as_straggler:
             opts["deepen_pipeline"] = False  # the grid searches M itself: each candidate runs its own
         planner = _PlanDigests(get_planner(method, **opts))
-        steps = simulate_window(planner, wins[w], par, shape, cost_model,
-                                seed=jitter_seed(seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
+        steps = simulate_window(planner, wins[w], cfg.par, cfg.shape, cost_model,
+                                seed=jitter_seed(cfg.seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,
                  "pipeline_chunks": chunks, "window": w, **r.to_row(), **step_ratios(r), "plan_digest": d}
                 for r, d in zip(steps, planner.digests)]
 
-    keys = [["ulysses", 0, 0, 0, 0, w] for w in range(windows)]
-    keys += [[m, p, h, b, c, w] for m in methods for p, h, b, c in grid for w in range(windows)]
+    keys = [["ulysses", 0, 0, 0, 0, w] for w in range(cfg.windows)]
+    keys += [[m, p, h, b, c, w] for m in cfg.methods for p, h, b, c in cfg.grid for w in range(cfg.windows)]
     steps = pd.DataFrame(run.map(keys, point, desc="tune"))
     kept, merged = same_plan_head_splits(steps)
-    table = rank_candidates(kept, par, tap, tie_tolerance, objective)
+    table = rank_candidates(kept, cfg.par, cfg.tap, cfg.tie_tolerance, cfg.objective)
     rec = table[table["recommended"]].iloc[0]
     if "deepen_pipeline" in planner_class(rec["method"]).option_names():
         # straggler runs this planner with its deeper Pipeliner; price the recommendation that way too
         cand = [rec["method"], int(rec["pool_size"]), int(rec["head_split"]), int(rec["block_size"]),
                 int(rec["pipeline_chunks"])]
-        rows = run.map([["as-straggler", *cand, w] for w in range(windows)], point, desc="tune")
+        rows = run.map([["as-straggler", *cand, w] for w in range(cfg.windows)], point, desc="tune")
         table.attrs["as_straggler_ms"] = float(pd.DataFrame(rows)["straggler_ms"].mean())
     return table, steps.drop(columns="plan_digest"), run, merged
 
@@ -632,8 +654,10 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
                    f"(DP {par.dp}, CP {par.cp}, S {par.seq_len}, GBS {par.gbs}, GA {par.ga}; hq {q_heads}, "
                    f"h_kv {kv_heads}, d {head_dim}; M {_listed(sorted({c[3] for c in grid}))}, tau {tap.tau}) ...")
         t0 = time.perf_counter()
-        table, steps, run, merged = run_tune(workload, prof, par, shape, grid, tap, n_windows, seed, tie_tolerance,
-                                             objective, out=out, force=force, quiet=no_progress, methods=method_list)
+        cfg = TuneConfig(workload=workload, profile=prof, par=par, shape=shape, grid=grid, tap=tap,
+                         windows=n_windows, seed=seed, tie_tolerance=tie_tolerance, objective=objective, out=out,
+                         force=force, quiet=no_progress, methods=method_list)
+        table, steps, run, merged = run_tune(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     rec = table[table["recommended"]].iloc[0]

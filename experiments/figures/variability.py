@@ -35,7 +35,8 @@ Outputs (``runs/variability/<workload>-<layout>-<profile>/`` or ``--out``): ``va
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -47,6 +48,7 @@ from experiments.common.paper import NUMBERS, paper_settings
 from experiments.common.runner import ExperimentRun, flat_layout
 from experiments.common.runs_table import run_caption
 from experiments.common.sim_common import (
+    Setting,
     check_counts,
     chosen_settings,
     common_options,
@@ -60,7 +62,9 @@ from experiments.common.sim_common import (
     workload_record,
 )
 from libra.data.source import resolve_workload
+from libra.sim.profiles import HardwareProfile
 from libra.sim.variability import DeviceJitter
+from libra.workload import AttentionShape
 
 POOL_SIZES = (1, 2, 4, 8, 16, 32)
 PAPER_MEAN_SPREAD, PAPER_MAX_SPREAD = NUMBERS["fig3"]["mean"], NUMBERS["fig3"]["max"]
@@ -141,8 +145,25 @@ def variability_keys(chosen: dict, pool_sizes, windows: int) -> list[list]:
     return keys
 
 
-def run_variability(workload, profile, settings, pool_sizes, windows, seed, shape, out=None, force=False,
-                    quiet=False, name: str = "variability", tap_overrides: dict | None = None):
+@dataclass(frozen=True, kw_only=True)
+class VariabilityConfig:
+    """What one `libra-bench variability` run simulates and where it writes (the command builds it once)."""
+
+    workload: str
+    profile: HardwareProfile
+    settings: Sequence[str | Setting]
+    pool_sizes: Sequence[int] | None
+    windows: int
+    seed: int
+    shape: AttentionShape
+    out: str | None = None
+    force: bool = False
+    quiet: bool = False
+    name: str = 'variability'
+    tap_overrides: dict | None = None
+
+
+def run_variability(cfg: VariabilityConfig):
     """Spreads of every (setting, P, window); returns (rows, summary, run, paper settings).
 
     Args:
@@ -152,35 +173,35 @@ def run_variability(workload, profile, settings, pool_sizes, windows, seed, shap
     Raises:
         ValueError: unknown setting, bad workload, B/H not tiling a setting, or no P dividing DP.
     """
-    chosen = chosen_settings(settings, tap_overrides)
-    check_tiles(chosen, shape)
+    chosen = chosen_settings(cfg.settings, cfg.tap_overrides)
+    check_tiles(chosen, cfg.shape)
     records = [setting_record(st) for st in chosen.values()]
     # one setting keeps the `setting` key the paper run (and `libra-bench report`) always had
-    config = {"workload": workload, "workload_source": workload_record(workload), "profile": profile.to_dict(),
+    config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload), "profile": cfg.profile.to_dict(),
               **({"setting": records[0]} if len(records) == 1 else {"settings": records}),
-              "pool_sizes": list(pool_sizes), "windows": windows, "seed": seed,
-              "shape": [shape.num_q_heads, shape.num_kv_heads, shape.head_dim, shape.dtype_bytes]}
-    keys = variability_keys(chosen, pool_sizes, windows)
+              "pool_sizes": list(cfg.pool_sizes), "windows": cfg.windows, "seed": cfg.seed,
+              "shape": [cfg.shape.num_q_heads, cfg.shape.num_kv_heads, cfg.shape.head_dim, cfg.shape.dtype_bytes]}
+    keys = variability_keys(chosen, cfg.pool_sizes, cfg.windows)
     # P is swept and M unused: leave them out of the run folder's layout tag
     layouts = [{k: v for k, v in flat_layout(r).items() if k not in ("pool_size", "pipeline_chunks")}
                for r in records]
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, layouts=layouts)
+    run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet, layouts=layouts)
     cache: dict = {}
-    rate = profile.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
-    label = resolve_workload(workload).name  # the file name (#column), or the preset
+    rate = cfg.profile.kernel.best_rate_tflops() * 1e9  # FLOPs per ms
+    label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
 
     def point(key):
         s, p, w = key
         st = chosen[s]
         if s not in cache:
-            cache[s] = load_windows(workload, st, windows, seed)
-        jit = DeviceJitter(profile.variability, st.dp * st.cp, jitter_seed(seed, w))
+            cache[s] = load_windows(cfg.workload, st, cfg.windows, cfg.seed)
+        jit = DeviceJitter(cfg.profile.variability, st.dp * st.cp, jitter_seed(cfg.seed, w))
         speeds = [jit.speeds(g) for g in range(st.gbs // st.dp)]
         return [{"workload": label, "setting": s, "pool_size": p, "window": w, **r}
-                for r in pool_spreads(cache[s][w], st, shape, p, speeds, rate)]
+                for r in pool_spreads(cache[s][w], st, cfg.shape, p, speeds, rate)]
 
     df = pd.DataFrame(run.map(keys, point, desc="variability"))
-    paper = paper_settings(workload, chosen, shape)
+    paper = paper_settings(cfg.workload, chosen, cfg.shape)
     return df, summarize(df, list(chosen), paper), run, paper
 
 
@@ -253,9 +274,11 @@ def variability(profile, windows, seed, out, quick, force, q_heads, kv_heads, he
         settings = settings_from_options(settings_, layout)
         shape = make_shape(q_heads, kv_heads, head_dim)
         t0 = time.perf_counter()
-        df, summary, run, paper = run_variability(workload, prof, settings, pool_sizes, 1 if quick else windows,
-                                                  seed, shape, out=out, force=force, quiet=no_progress,
-                                                  tap_overrides={"block_size": block_size, "head_split": head_split})
+        cfg = VariabilityConfig(workload=workload, profile=prof, settings=settings, pool_sizes=pool_sizes,
+                                windows=1 if quick else windows, seed=seed, shape=shape, out=out, force=force,
+                                quiet=no_progress,
+                                tap_overrides={"block_size": block_size, "head_split": head_split})
+        df, summary, run, paper = run_variability(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     paths = run.finish(df, plot=lambda d, p: plot_variability(d, p, paper, run_caption(run.config)),

@@ -17,6 +17,8 @@ printed. Points (one per window) are cached, so an interrupted run resumes; ``--
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -59,30 +61,45 @@ def window_rows(workloads: np.ndarray, strategies, pool_sizes, seed: int, window
     return rows
 
 
-def run_grouping_sweep(name: str, strategies, workload: LengthSource, seq_len: int, gbs: int,
-                       pool_sizes, windows: int, seed: int, out, quick: bool, force: bool,
-                       quiet: bool = False) -> tuple[pd.DataFrame, dict]:
+@dataclass(frozen=True, kw_only=True)
+class GroupingSweepConfig:
+    """One grouping sweep of `lln` or `vrsp`: what it groups and where it writes (the command builds it once)."""
+
+    name: str
+    strategies: Sequence[str]
+    workload: LengthSource
+    seq_len: int
+    gbs: int
+    pool_sizes: Sequence[int] | None
+    windows: int
+    seed: int
+    out: str | None
+    quick: bool
+    force: bool
+    quiet: bool = False
+
+
+def run_grouping_sweep(cfg: GroupingSweepConfig) -> tuple[pd.DataFrame, dict]:
     """Shared body of `lln` and `vrsp`: resumable sweep, CSV/PNG/run.json, returns ``(df, paths)``."""
-    pool_sizes = check_pool_sizes(list(pool_sizes) if pool_sizes else default_pool_sizes(gbs), gbs)
-    if quick:
-        windows = min(windows, QUICK_WINDOWS)
-    config = {"experiment": name, "workload": workload.describe(), "seq_len": seq_len, "gbs": gbs,
-              "pool_sizes": pool_sizes, "windows": windows, "seed": seed, "strategies": list(strategies),
-              "packing_policy": "split", "quick": quick}
-    run = ExperimentRun(name, config, out_dir=out, force=force, quiet=quiet, workload=workload,
-                        layouts=[{"seq_len": seq_len, "gbs": gbs}])
-    base = {"workload": workload.name, "seq_len": seq_len, "gbs": gbs}
+    pool_sizes = check_pool_sizes(list(cfg.pool_sizes) if cfg.pool_sizes else default_pool_sizes(cfg.gbs), cfg.gbs)
+    windows = min(cfg.windows, QUICK_WINDOWS) if cfg.quick else cfg.windows
+    config = {"experiment": cfg.name, "workload": cfg.workload.describe(), "seq_len": cfg.seq_len, "gbs": cfg.gbs,
+              "pool_sizes": pool_sizes, "windows": windows, "seed": cfg.seed, "strategies": list(cfg.strategies),
+              "packing_policy": "split", "quick": cfg.quick}
+    run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet, workload=cfg.workload,
+                        layouts=[{"seq_len": cfg.seq_len, "gbs": cfg.gbs}])
+    base = {"workload": cfg.workload.name, "seq_len": cfg.seq_len, "gbs": cfg.gbs}
     packed: list = []
 
     def point(window: int) -> list[dict]:
         if not packed:  # pack lazily: a fully cached rerun never touches the data
-            packed.extend(gbs_windows(workload, seq_len, gbs, windows, seed))
-        return window_rows(window_workloads(packed[window]), strategies, pool_sizes, seed, window, base)
+            packed.extend(gbs_windows(cfg.workload, cfg.seq_len, cfg.gbs, windows, cfg.seed))
+        return window_rows(window_workloads(packed[window]), cfg.strategies, pool_sizes, cfg.seed, window, base)
 
-    rows = run.map(range(windows), point, desc=f"{name} S={seq_len} GBS={gbs}")
+    rows = run.map(range(windows), point, desc=f"{cfg.name} S={cfg.seq_len} GBS={cfg.gbs}")
     df = pd.DataFrame(rows, columns=CSV_COLUMNS)
     summary = summary_table(df)
-    paths = run.finish(df, plot=lambda frame, path: plot_sweep(frame, path, name, run_caption(run.config)),
+    paths = run.finish(df, plot=lambda frame, path: plot_sweep(frame, path, cfg.name, run_caption(run.config)),
                        extra={"summary_mean_r_minus_1": summary.reset_index().to_dict(orient="records")})
     return df, paths
 
@@ -156,7 +173,8 @@ def plot_sweep(df: pd.DataFrame, path: Path, title: str, caption: str | None = N
 @grouping_sweep_options()
 def vrsp(workload, seq_len, gbs, pool_sizes, windows, seed, out, quick, force):
     """Figure 8: R - 1 vs pool size for production, random, zigzag, zigzag-swap and VRSP."""
-    df, paths = run_grouping_sweep("vrsp", list(GROUPINGS), workload, seq_len, gbs, pool_sizes, windows,
-                                   seed, out, quick, force)
+    df, paths = run_grouping_sweep(GroupingSweepConfig(
+        name="vrsp", strategies=list(GROUPINGS), workload=workload, seq_len=seq_len, gbs=gbs,
+        pool_sizes=pool_sizes, windows=windows, seed=seed, out=out, quick=quick, force=force))
     print_summary(df)
     click.echo(f"wrote {paths['csv']}, {paths['png']}, {paths['run']}")
