@@ -43,6 +43,7 @@ from experiments.common.runner import RUNS_ROOT, ExperimentRun
 from experiments.common.runs_table import run_caption
 from experiments.measured.gpu_common import (
     DTYPES,
+    MeasureOptions,
     OnePoolLayout,
     cpu_threads,
     device_info,
@@ -268,9 +269,7 @@ def plot_ratios(df: pd.DataFrame, path: Path, caption: str | None = None) -> Non
     save_figure(fig, path, caption=caption)
 
 
-def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto", dtype: str = "bf16",
-                 ref_dtype: str = "auto", out: str | Path | None = None, force: bool = False,
-                 quiet: bool = True, cpu_threads_n: int | None = 1) -> dict:
+def run_fidelity(cfg: FidelityConfig, opts: MeasureOptions, ref_dtype: str = "auto") -> dict:
     """Plan, compute, compare and write (see the module docstring).
 
     Returns:
@@ -282,19 +281,19 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
     """
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
-    dev = resolve_device(device)
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"fidelity checks a low precision: dtype must be bf16 or fp16, got {dtype!r}")
-    low, ref = DTYPES[dtype], ref_dtype_for(ref_dtype, dev)
-    be = resolve_backend(backend, dev)
+    dev = resolve_device(opts.device)
+    if opts.dtype not in ("bf16", "fp16"):
+        raise ValueError(f"fidelity checks a low precision: dtype must be bf16 or fp16, got {opts.dtype!r}")
+    low, ref = DTYPES[opts.dtype], ref_dtype_for(ref_dtype, dev)
+    be = resolve_backend(opts.backend, dev)
     info = device_info(dev, be)
     par, shape = cfg.par(), cfg.shape()
     windows = gbs_windows(cfg.workload, cfg.seq_len, par.gbs, cfg.windows, seed=cfg.seed)
     planner = cfg.planner()
-    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "fidelity"
+    out_dir = Path(opts.out) if opts.out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "fidelity"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
-              "dtype": dtype, "ref_dtype": dtype_name(ref), "torch": info["torch"]}
-    run = ExperimentRun("fidelity", config, out_dir=out_dir, force=force, quiet=quiet)
+              "dtype": opts.dtype, "ref_dtype": dtype_name(ref), "torch": info["torch"]}
+    run = ExperimentRun("fidelity", config, out_dir=out_dir, force=opts.force, quiet=opts.quiet)
 
     def point(w):
         rows = []
@@ -302,10 +301,10 @@ def run_fidelity(cfg: FidelityConfig, device: str = "auto", backend: str = "auto
             rows.extend(window_rows(w, plan, cfg, be, low, ref, dev))
         return rows
 
-    with cpu_threads(dev, cpu_threads_n), full_fp32_matmul():
+    with cpu_threads(dev, opts.cpu_threads), full_fp32_matmul():
         df = pd.DataFrame(run.map(range(cfg.windows), point, desc="fidelity"))
     df.attrs.update({"device": info.get("name"), "backend": be.name})
-    summary = {"device": info.get("name"), "backend": be.name, "dtype": dtype, "ref_dtype": dtype_name(ref),
+    summary = {"device": info.get("name"), "backend": be.name, "dtype": opts.dtype, "ref_dtype": dtype_name(ref),
                "fp32_matmul": "highest (TF32 off for the reference)",
                "fwd_limit": cfg.fwd_limit, "grad_limit": cfg.grad_limit, **summarize(df)}
     paths = run.finish(df, lambda d, p: plot_ratios(d, p, run_caption(run.config)), extra={"environment_device": info, "summary": summary})
@@ -346,8 +345,9 @@ def fidelity(device, backend, seed, out, force, no_progress, dtype, ref_dtype, m
         cfg = FidelityConfig(method=method, workload=workload, seq_len=seq_len, cp=cp, tap=tap, q_heads=q_heads,
                              kv_heads=kv_heads, head_dim=head_dim, windows=windows, seed=seed, fwd_limit=fwd_limit,
                              grad_limit=grad_limit)
-        res = run_fidelity(cfg, device=device, backend=backend, dtype=dtype, ref_dtype=ref_dtype, out=out,
-                           force=force, quiet=no_progress, cpu_threads_n=cpu_threads)
+        opts = MeasureOptions(device=device, backend=backend, dtype=dtype, out=out,
+                              force=force, quiet=no_progress, cpu_threads=cpu_threads)
+        res = run_fidelity(cfg, opts, ref_dtype=ref_dtype)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     s, df = res["summary"], res["df"]

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import metadata
+from pathlib import Path
 
 import click
 import numpy as np
@@ -407,6 +408,21 @@ def device_slug(info: dict) -> str:
         return "cpu"
     slug = re.sub(r"[^a-z0-9]+", "-", str(info.get("name", "cuda")).lower()).strip("-")
     return slug or "cuda"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureOptions:
+    """Where and how a measured command runs (the options of :func:`device_options` plus its run
+    folder): device, kernel backend and dtype by name ("auto" resolves them), CPU threads, and the
+    run folder with its ``--force`` / progress choices."""
+
+    device: str = "auto"
+    backend: str = "auto"
+    dtype: str = "auto"
+    out: str | Path | None = None
+    force: bool = False
+    quiet: bool = True
+    cpu_threads: int | None = 1
 
 
 def device_options(timing: bool = True):

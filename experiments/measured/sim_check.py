@@ -43,6 +43,7 @@ from experiments.common.options import SizeType, quick_option, tap_options
 from experiments.common.runner import RUNS_ROOT, ExperimentRun
 from experiments.common.runs_table import run_caption
 from experiments.measured.gpu_common import (
+    MeasureOptions,
     OnePoolLayout,
     cpu_threads,
     device_info,
@@ -260,9 +261,7 @@ def plot_scatter(df: pd.DataFrame, path: Path, caption: str | None = None) -> No
     save_figure(fig, path, caption=caption)
 
 
-def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
-                  profile: str = DEFAULT_PROFILE, out: str | Path | None = None, force: bool = False,
-                  quiet: bool = True, cpu_threads_n: int | None = 1) -> dict:
+def run_sim_check(cfg: SimCheckConfig, opts: MeasureOptions, profile: str = DEFAULT_PROFILE) -> dict:
     """Plan, price, measure and write (see the module docstring).
 
     Returns:
@@ -273,9 +272,9 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     """
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    be = resolve_backend(backend, dev)
+    dev = resolve_device(opts.device)
+    dt = resolve_dtype(opts.dtype, dev)
+    be = resolve_backend(opts.backend, dev)
     prof = load_profile(profile)
     info = device_info(dev, be)
     par, shape = cfg.par(), cfg.shape()
@@ -283,11 +282,11 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
     planner = cfg.planner()
     model = CostModel(prof, Topology(prof, par))
     other = other_rule_model(prof, par)
-    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "sim-check"
+    out_dir = Path(opts.out) if opts.out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "sim-check"
     config = {**asdict(cfg), "device": str(dev), "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "profile": prof.to_dict(), "torch": info["torch"],
-              "cpu_threads": cpu_threads_n if dev.type == "cpu" else None}
-    run = ExperimentRun("sim_check", config, out_dir=out_dir, force=force, quiet=quiet)
+              "cpu_threads": opts.cpu_threads if dev.type == "cpu" else None}
+    run = ExperimentRun("sim_check", config, out_dir=out_dir, force=opts.force, quiet=opts.quiet)
 
     def point(w):
         rows = []
@@ -295,7 +294,7 @@ def run_sim_check(cfg: SimCheckConfig, device: str = "auto", backend: str = "aut
             rows.extend(window_rows(w, plan, model.price(plan), be, cfg, dt, dev, other.price(plan)))
         return rows
 
-    with cpu_threads(dev, cpu_threads_n):
+    with cpu_threads(dev, opts.cpu_threads):
         rows = run.map(range(cfg.windows), point, desc="sim-check")
     df = pd.DataFrame(rows)
     if df.empty:
@@ -339,8 +338,9 @@ def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, c
         cfg = SimCheckConfig(method=method, workload=workload, seq_len=seq_len, cp=cp, tap=tap, q_heads=q_heads,
                              kv_heads=kv_heads, head_dim=head_dim, windows=windows, seed=seed, warmup=warmup,
                              repeats=repeats, rotate=rotate, rotate_mb=rotate_mb)
-        res = run_sim_check(cfg, device=device, backend=backend, dtype=dtype, profile=profile, out=out,
-                            force=force, quiet=no_progress, cpu_threads_n=cpu_threads)
+        opts = MeasureOptions(device=device, backend=backend, dtype=dtype, out=out,
+                              force=force, quiet=no_progress, cpu_threads=cpu_threads)
+        res = run_sim_check(cfg, opts, profile=profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     s, df = res["summary"], res["df"]

@@ -48,6 +48,7 @@ from experiments.common.sim_common import (
     with_tap,
 )
 from experiments.measured.gpu_common import (
+    MeasureOptions,
     cpu_threads,
     device_info,
     device_options,
@@ -378,9 +379,7 @@ def plot_overhead(df: pd.DataFrame, path: Path, caption: str | None = None) -> N
     save_figure(fig, path, caption=caption)
 
 
-def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
-                      profile: str = DEFAULT_PROFILE, out: str | Path | None = None, force: bool = False,
-                      quiet: bool = True, cpu_threads_n: int | None = 1) -> dict:
+def run_tile_overhead(cfg: TileOverheadConfig, opts: MeasureOptions, profile: str = DEFAULT_PROFILE) -> dict:
     """Plan, time and write (module docstring).
 
     Returns:
@@ -389,18 +388,18 @@ def run_tile_overhead(cfg: TileOverheadConfig, device: str = "auto", backend: st
     Raises:
         ValueError: bad device/backend/dtype/profile/workload, or a worker that is not in the plan.
     """
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    be = resolve_backend(backend, dev)
+    dev = resolve_device(opts.device)
+    dt = resolve_dtype(opts.dtype, dev)
+    be = resolve_backend(opts.backend, dev)
     prof = load_profile(profile)
     info = device_info(dev, be)
     check_settings({cfg.setting.name: cfg.setting}, make_shape(cfg.q_heads, cfg.kv_heads, cfg.head_dim))
     windows = load_windows(cfg.workload, cfg.setting, cfg.window + 1, cfg.seed)
-    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "tile-overhead"
+    out_dir = Path(opts.out) if opts.out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "tile-overhead"
     config = {**asdict(cfg), "setting": setting_record(cfg.setting), "device": str(dev), "device_name": info.get("name"),
               "backend": be.name, "dtype": dtype_name(dt), "profile": prof.to_dict(), "torch": info["torch"]}
-    run = ExperimentRun("tile_overhead", config, out_dir=out_dir, force=force, quiet=quiet)
-    with cpu_threads(dev, cpu_threads_n):
+    run = ExperimentRun("tile_overhead", config, out_dir=out_dir, force=opts.force, quiet=opts.quiet)
+    with cpu_threads(dev, opts.cpu_threads):
         rows = run.map(list(cfg.methods), lambda m: method_rows(m, cfg, windows[cfg.window], prof, be, dt, dev),
                        desc="tile-overhead")
     df = pd.DataFrame(rows)
@@ -450,8 +449,9 @@ def tile_overhead(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cp
                                  setting=st, window=window, step=step, worker=worker, q_heads=q_heads,
                                  kv_heads=kv_heads, head_dim=head_dim, seed=seed, warmup=warmup, repeats=repeats,
                                  rounds=rounds, target_ms=target_ms)
-        res = run_tile_overhead(cfg, device=device, backend=backend, dtype=dtype, profile=profile, out=out,
-                                force=force, quiet=no_progress, cpu_threads_n=cpu_threads)
+        opts = MeasureOptions(device=device, backend=backend, dtype=dtype, out=out,
+                              force=force, quiet=no_progress, cpu_threads=cpu_threads)
+        res = run_tile_overhead(cfg, opts, profile=profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     s = res["summary"]
