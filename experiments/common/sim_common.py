@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import click
@@ -96,6 +97,24 @@ def custom_setting(dp: int, cp: int, seq_len: int, gbs: int) -> Setting:
     pool = largest_divisor(dp, 8)
     return Setting(f"dp{dp}-cp{cp}-s{size_text(seq_len)}-gbs{gbs}", dp=dp, cp=cp, gbs=gbs, seq_len=seq_len,
                    tap=TapConfig(pool_size=pool))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatedRunConfig:
+    """What every simulated command over paper settings takes: the workload, the hardware profile,
+    the settings (names of :data:`SETTINGS` or :class:`Setting` objects), windows and seed, the
+    TapConfig fields replacing every setting's (``tap_overrides``; None values keep the setting's),
+    and the run folder with its ``--force`` / progress choices. Each command's config extends it."""
+
+    workload: str
+    profile: HardwareProfile
+    settings: Sequence[str | Setting]
+    windows: int
+    seed: int
+    out: str | None = None
+    force: bool = False
+    quiet: bool = False
+    tap_overrides: dict | None = None
 
 
 def chosen_settings(settings, tap_overrides: dict | None = None) -> dict[str, Setting]:

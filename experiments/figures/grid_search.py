@@ -43,6 +43,7 @@ from experiments.common.runner import ExperimentRun, flat_layout
 from experiments.common.runs_table import run_caption
 from experiments.common.sim_common import (
     Setting,
+    SimulatedRunConfig,
     build_cost_model,
     check_counts,
     chosen_settings,
@@ -61,7 +62,6 @@ from experiments.common.sim_common import (
 )
 from libra.config import TapConfig, check_layout
 from libra.data.source import resolve_workload
-from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
 
 GRID_METHOD = "libra-tap-vrsp"
@@ -168,22 +168,13 @@ def grid_layouts(chosen: dict) -> list[dict]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GridConfig:
+class GridConfig(SimulatedRunConfig):
     """What one `libra-bench grid-search` run simulates and where it writes (the command builds it once)."""
 
-    workload: str
-    profile: HardwareProfile
-    settings: Sequence[str | Setting]
     head_splits: Sequence[int]
-    windows: int
-    seed: int
     shapes: dict
     block_sizes: Sequence[int] | None = None
-    out: str | None = None
-    force: bool = False
-    quiet: bool = False
-    name: str = 'grid-search'
-    tap_overrides: dict | None = None
+    name: str = "grid-search"
     profile_file: str | None = None
 
 

@@ -34,7 +34,7 @@ from experiments.common.runs_table import run_caption
 from experiments.common.sim_common import (
     LABELS,
     TAP_METHODS,
-    Setting,
+    SimulatedRunConfig,
     build_cost_model,
     check_counts,
     check_settings,
@@ -52,7 +52,6 @@ from experiments.common.sim_common import (
     workload_record,
 )
 from libra.data.source import resolve_workload
-from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
 from libra.workload import AttentionShape
 
@@ -62,22 +61,13 @@ PAPER_FIG15 = fig15_marks()  # Libra sec. 6.5: TAP+VRSP compute / comm over Ulys
 
 
 @dataclass(frozen=True, kw_only=True)
-class PoolSweepConfig:
+class PoolSweepConfig(SimulatedRunConfig):
     """What one `libra-bench pool-sweep` run simulates and where it writes (the command builds it once)."""
 
-    workload: str
-    profile: HardwareProfile
-    settings: Sequence[str | Setting]
     pool_sizes: Sequence[int] | None
     methods: Sequence[str]
-    windows: int
-    seed: int
     shape: AttentionShape
-    out: str | None = None
-    force: bool = False
-    quiet: bool = False
-    name: str = 'pool_sweep'
-    tap_overrides: dict | None = None
+    name: str = "pool_sweep"
 
 
 def run_pool_sweep(cfg: PoolSweepConfig):

@@ -69,7 +69,7 @@ from experiments.common.sim_common import (
     METHODS,
     OPTIONAL_METHODS,
     WLB_REJOIN_DEFAULT,
-    Setting,
+    SimulatedRunConfig,
     build_cost_model,
     check_counts,
     check_settings,
@@ -87,7 +87,6 @@ from experiments.common.sim_common import (
     workload_record,
 )
 from libra.data.source import resolve_workload
-from libra.sim.profiles import HardwareProfile
 from libra.sim.simulator import simulate_window
 from libra.sim.variability import DeviceJitter
 from libra.workload import AttentionShape
@@ -110,21 +109,12 @@ def run_options(method: str, setting, profile, wlb_rejoin: str) -> dict:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StragglerConfig:
+class StragglerConfig(SimulatedRunConfig):
     """What one `libra-bench straggler` run simulates and where it writes (the command builds it once)."""
 
-    workload: str
-    profile: HardwareProfile
-    settings: Sequence[str | Setting]
     methods: Sequence[str]
-    windows: int
-    seed: int
     shape: AttentionShape
-    out: str | None = None
-    force: bool = False
-    quiet: bool = False
     wlb_rejoin: str = WLB_REJOIN_DEFAULT
-    tap_overrides: dict | None = None
     jitter: bool = True
     known_speeds: bool = False
 

@@ -339,11 +339,11 @@ class TuneConfig:
     windows: int
     seed: int
     tie_tolerance: float = 0.01
-    objective: str = 'mean'
+    objective: str = "mean"
     out: str | None = None
     force: bool = False
     quiet: bool = False
-    name: str = 'tune'
+    name: str = "tune"
     methods: Sequence[str] = TUNE_METHODS
 
 

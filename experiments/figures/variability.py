@@ -48,7 +48,7 @@ from experiments.common.paper import NUMBERS, paper_settings
 from experiments.common.runner import ExperimentRun, flat_layout
 from experiments.common.runs_table import run_caption
 from experiments.common.sim_common import (
-    Setting,
+    SimulatedRunConfig,
     check_counts,
     chosen_settings,
     common_options,
@@ -62,7 +62,6 @@ from experiments.common.sim_common import (
     workload_record,
 )
 from libra.data.source import resolve_workload
-from libra.sim.profiles import HardwareProfile
 from libra.sim.variability import DeviceJitter
 from libra.workload import AttentionShape
 
@@ -146,21 +145,12 @@ def variability_keys(chosen: dict, pool_sizes, windows: int) -> list[list]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class VariabilityConfig:
+class VariabilityConfig(SimulatedRunConfig):
     """What one `libra-bench variability` run simulates and where it writes (the command builds it once)."""
 
-    workload: str
-    profile: HardwareProfile
-    settings: Sequence[str | Setting]
     pool_sizes: Sequence[int] | None
-    windows: int
-    seed: int
     shape: AttentionShape
-    out: str | None = None
-    force: bool = False
-    quiet: bool = False
-    name: str = 'variability'
-    tap_overrides: dict | None = None
+    name: str = "variability"
 
 
 def run_variability(cfg: VariabilityConfig):
