@@ -34,7 +34,7 @@ test-all: $(STAMP)  ## every test: the fast tier plus the slow one (multi-proces
 WORKLOADS := ../shared/workloads
 
 check-results: $(STAMP)  ## recompute Figure 12's first window (libra-prod) and one Wikipedia point; fail on any difference from results/
-	$(BIN)/python -m experiments.check_results --results results --workloads $(WORKLOADS)
+	$(BIN)/python -m experiments.common.check_results --results results --workloads $(WORKLOADS)
 
 lint: $(STAMP)  ## ruff
 	$(BIN)/ruff check .

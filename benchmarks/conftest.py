@@ -11,8 +11,8 @@ _WARMUP: dict = {}
 
 @pytest.fixture(scope="session", autouse=True)
 def jit_warmup():
-    from experiments.plan_cost import jit_warmup as run_warmups
-    from experiments.plan_cost import placer_name
+    from experiments.figures.plan_cost import jit_warmup as run_warmups
+    from experiments.figures.plan_cost import placer_name
 
     _WARMUP.update(placer=placer_name(), ms=run_warmups())
     return _WARMUP

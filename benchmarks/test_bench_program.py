@@ -6,7 +6,7 @@ machine: ``compile`` <= 50 ms per worker, ``prepare`` <= 5 ms).
   runs in the background), for a worker at the pool's first, middle and last rank;
 * ``prepare``: what remains on the step's path once ``AsyncPlanner.get()`` returned -- unpickling
   the program (process mode), :func:`libra.runtime.attention.prepare` on it and the digest
-  agreement -- on a 1-process gloo group, CPU device (``experiments.plan_cost.step_path_fns``, the
+  agreement -- on a 1-process gloo group, CPU device (``experiments.figures.plan_cost.step_path_fns``, the
   same calls ``libra-bench plan-cost`` times).
 
 Run with ``make bench`` (or ``pytest benchmarks --benchmark-only``).
@@ -19,7 +19,7 @@ import functools
 import pytest
 from test_bench_tap import SETTINGS, SHAPE, realistic_pool
 
-from experiments.plan_cost import one_process_group, step_path_fns
+from experiments.figures.plan_cost import one_process_group, step_path_fns
 from libra.config import TapConfig
 from libra.runtime.program import compile_worker
 from libra.tap.planner import plan_pool

@@ -13,28 +13,28 @@ import click
 
 # command name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
-    "lln": "experiments.lln:lln",
-    "vrsp": "experiments.vrsp_sweep:vrsp",
-    "plan-cost": "experiments.plan_cost:plan_cost",
-    "straggler": "experiments.straggler:straggler",
-    "pool-sweep": "experiments.pool_sweep:pool_sweep",
-    "grid-search": "experiments.grid_search:grid_search",
-    "variability": "experiments.variability:variability",
-    "tune": "experiments.tune:tune",
-    "report": "experiments.report:report",
-    "compare": "experiments.compare:compare",
-    "microbench": "experiments.microbench:microbench",
-    "train": "experiments.train:train",
-    "dp-scaling": "experiments.dp_scaling:dp_scaling",
-    "pp-balance": "experiments.pp_balance:pp_balance",
-    "e2e": "experiments.e2e:e2e",
-    "calibrate": "experiments.calibrate:calibrate",
-    "sim-check": "experiments.sim_check:sim_check",
-    "fidelity": "experiments.fidelity:fidelity",
-    "kernel-sweep": "experiments.kernel_sweep:kernel_sweep",
-    "gpu-summary": "experiments.gpu_summary:gpu_summary",
-    "tile-overhead": "experiments.tile_overhead:tile_overhead",
-    "fit-links": "experiments.fit_links:fit_links",
+    "lln": "experiments.figures.lln:lln",
+    "vrsp": "experiments.figures.vrsp_sweep:vrsp",
+    "plan-cost": "experiments.figures.plan_cost:plan_cost",
+    "straggler": "experiments.figures.straggler:straggler",
+    "pool-sweep": "experiments.figures.pool_sweep:pool_sweep",
+    "grid-search": "experiments.figures.grid_search:grid_search",
+    "variability": "experiments.figures.variability:variability",
+    "tune": "experiments.figures.tune:tune",
+    "report": "experiments.common.report:report",
+    "compare": "experiments.common.compare:compare",
+    "microbench": "experiments.measured.microbench:microbench",
+    "train": "experiments.measured.train:train",
+    "dp-scaling": "experiments.figures.dp_scaling:dp_scaling",
+    "pp-balance": "experiments.figures.pp_balance:pp_balance",
+    "e2e": "experiments.figures.e2e:e2e",
+    "calibrate": "experiments.measured.calibrate:calibrate",
+    "sim-check": "experiments.measured.sim_check:sim_check",
+    "fidelity": "experiments.measured.fidelity:fidelity",
+    "kernel-sweep": "experiments.measured.kernel_sweep:kernel_sweep",
+    "gpu-summary": "experiments.measured.gpu_summary:gpu_summary",
+    "tile-overhead": "experiments.measured.tile_overhead:tile_overhead",
+    "fit-links": "experiments.figures.fit_links:fit_links",
 }
 
 
@@ -52,7 +52,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx, name):
         if name not in COMMANDS or not self._available(name):
             return None
-        from experiments.options import with_config_option  # noqa: PLC0415
+        from experiments.common.options import with_config_option  # noqa: PLC0415
 
         module, attr = COMMANDS[name].split(":")
         return with_config_option(getattr(importlib.import_module(module), attr))

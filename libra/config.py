@@ -90,7 +90,7 @@ class TapConfig:
     The one declaration of the TAP layout and its defaults: the TAP planners (``libra-tap``,
     ``libra-tap-vrsp``, ``libra``, ``libra-kt``, ``distca``) hold one as their config, the
     experiments' settings hold one, and the ``libra-bench`` TAP options
-    (:func:`experiments.options.tap_options`) are generated from its fields.
+    (:func:`experiments.common.options.tap_options`) are generated from its fields.
 
     Attributes:
         pool_size: ``P`` DP replicas per pool; must divide DP.

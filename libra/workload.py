@@ -79,6 +79,22 @@ class AttentionShape:
         return int(q_head_start) // g, -(-int(q_head_end) // g)
 
 
+def kv_heads_per_call(heads: int, group: int) -> int:
+    """KV heads a call of ``heads`` contiguous, group-aligned query heads reads (GQA group ``group``).
+
+    Raises:
+        ValueError: ``heads`` neither a multiple nor a divisor of ``group`` (such a head range
+            would straddle GQA groups unevenly, which no tile layout produces).
+    """
+    if heads < 1 or group < 1:
+        raise ValueError(f"heads per call and GQA group must be >= 1, got heads={heads}, group={group}")
+    if heads % group == 0:
+        return heads // group
+    if group % heads == 0:
+        return 1
+    raise ValueError(f"{heads} query heads per call neither divide nor are a multiple of the GQA group {group}")
+
+
 # --------------------------------------------------------------------------------------------
 # areas and FLOPs
 # --------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ fi
 
 SLUG="$("$PY" -c "
 import torch
-from experiments.gpu_common import device_info, device_slug
+from experiments.measured.gpu_common import device_info, device_slug
 print(device_slug(device_info(torch.device('$DEVICE'))))" 2>/dev/null || echo unknown)"
 if [ "$CPU_SMOKE" = 1 ]; then SLUG=cpu-smoke; fi
 OUT_DIR="${ARG_OUT:-${OUT:-results/gpu/$SLUG}}"
@@ -105,7 +105,7 @@ if [ -n "$MISSING" ]; then
   fi
   if ! "$PY" -c 'import rich' 2>/dev/null; then
     # rich only draws progress bars (every step runs with --no-progress); a no-op stand-in keeps
-    # experiments.progress importable. Recorded in summary.md.
+    # experiments.common.progress importable. Recorded in summary.md.
     SHIM="$OUT_DIR/.shim"
     mkdir -p "$SHIM/rich"
     : > "$SHIM/rich/__init__.py"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from experiments.calibrate import (
+from experiments.measured.calibrate import (
     CPU_DEFAULTS,
     CalibrateConfig,
     _cpu_sized,
@@ -21,9 +21,8 @@ from experiments.calibrate import (
     fit_profile,
     piece_points,
 )
-from experiments.gpu_common import (
+from experiments.measured.gpu_common import (
     device_info,
-    kv_heads_per_call,
     resolve_backend,
     resolve_device,
     resolve_dtype,
@@ -31,7 +30,7 @@ from experiments.gpu_common import (
 )
 from libra.sim.kernel import KernelModel
 from libra.sim.profiles import load_profile
-from libra.workload import attention_flops, sample_area
+from libra.workload import attention_flops, kv_heads_per_call, sample_area
 
 TINY = ["--device", "cpu", "--lengths", "64,128,256", "--heads", "1,2", "--q-heads", "2", "--kv-heads", "1",
         "--head-dim", "16", "--heads-length", "128", "--warmup", "0", "--repeats", "2", "--rotate", "2",
@@ -256,7 +255,7 @@ def test_links_fit_the_intra_node_class_to_a_two_rank_probe(tmp_path):
 
 
 def test_fit_latency_bandwidth_recovers_a_link_and_refuses_bad_points():
-    from libra.sim.fit_links import fit_latency_bandwidth  # noqa: PLC0415
+    from experiments.common.link_fit import fit_latency_bandwidth  # noqa: PLC0415
 
     b = np.array([4e3, 6.4e4, 1e6, 1.6e7, 6.4e7])
     bw, lat, err = fit_latency_bandwidth(b, 0.05 + b / 2e6)  # 2 GB/s = 2e6 bytes per ms, 50 us
@@ -270,7 +269,7 @@ def test_fit_latency_bandwidth_recovers_a_link_and_refuses_bad_points():
 
 
 def test_links_on_one_gpu_is_refused_before_any_measurement(tmp_path, monkeypatch):
-    import experiments.link_probe as probe  # noqa: PLC0415
+    import experiments.measured.link_probe as probe  # noqa: PLC0415
 
     monkeypatch.setattr(probe.torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="two GPUs"):
@@ -281,8 +280,8 @@ def test_links_on_one_gpu_is_refused_before_any_measurement(tmp_path, monkeypatc
 
 
 def test_links_check_runs_before_the_sweep(tmp_path, monkeypatch):
-    import experiments.calibrate as cal  # noqa: PLC0415
-    import experiments.link_probe as probe  # noqa: PLC0415
+    import experiments.measured.calibrate as cal  # noqa: PLC0415
+    import experiments.measured.link_probe as probe  # noqa: PLC0415
 
     def refuse(device_type):
         raise ValueError("no link here")
@@ -343,7 +342,7 @@ def test_heads_sweep_packs_documents_into_each_call(tmp_path):
     assert CalibrateConfig(heads_length=16384, heads_tokens=1000).heads_documents == 1
     import torch
 
-    from experiments.calibrate import kernel_point
+    from experiments.measured.calibrate import kernel_point
     from libra.runtime.kernels import get_backend
 
     rows = kernel_point({"sweep": "heads", "length": 128, "heads": 2, "documents": 4}, get_backend("math"), cfg,

@@ -1,4 +1,4 @@
-"""`make check-results` (experiments/check_results.py): a recomputed slice of the committed
+"""`make check-results` (experiments/common/check_results.py): a recomputed slice of the committed
 simulated results must match them exactly."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from experiments.check_results import check_results, compare_rows, config_differences
+from experiments.common.check_results import check_results, compare_rows, config_differences
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -110,7 +110,7 @@ def test_an_unknown_hardware_profile_is_one_error(tmp_path):
 
 
 def test_dtype_accepts_both_spellings():
-    from experiments.options import DtypeType  # noqa: PLC0415
+    from experiments.common.options import DtypeType  # noqa: PLC0415
 
     short, long = DtypeType(("fp32", "bf16", "fp64")), DtypeType(("float32", "bfloat16"))
     assert short.convert("bfloat16", None, None) == "bf16" and short.convert("FP32", None, None) == "fp32"

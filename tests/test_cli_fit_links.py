@@ -44,7 +44,7 @@ def _fake_fit(base, name, link, target, setting, pool_size, workload, windows, s
 def test_an_ad_hoc_fit_never_replaces_the_committed_profile(tmp_path, monkeypatch):
     # `fit-links --quick` wrote its one-window fit over libra/sim/profiles/paper-inferred-v1.json,
     # which every paper-inferred result was computed with
-    import experiments.fit_links as fl
+    import experiments.figures.fit_links as fl
     from libra.sim.profiles import PROFILE_DIR
 
     committed = (PROFILE_DIR / "paper-inferred-v1.json").read_text()
@@ -63,7 +63,7 @@ def test_an_ad_hoc_fit_never_replaces_the_committed_profile(tmp_path, monkeypatc
 
 
 def test_a_profile_file_holding_another_fit_is_replaced_only_with_overwrite(tmp_path, monkeypatch):
-    import experiments.fit_links as fl
+    import experiments.figures.fit_links as fl
 
     monkeypatch.setattr(fl, "fit_profile", _fake_fit)
     out = tmp_path / "mine.json"

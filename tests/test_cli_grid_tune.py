@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.tune import (
+from experiments.figures.tune import (
     candidate_grid,
     default_block_sizes,
     default_head_splits,

@@ -38,7 +38,7 @@ def _dies_on_key_2(key):
 
 
 def test_a_killed_jobs_worker_says_how_many_points_are_cached_and_to_rerun(tmp_path, capsys):
-    from experiments.runner import ExperimentRun  # noqa: PLC0415
+    from experiments.common.runner import ExperimentRun  # noqa: PLC0415
 
     run = ExperimentRun("sweep", {"k": 1}, out_dir=tmp_path / "o", quiet=True, jobs=2)
     with pytest.raises(click.exceptions.Exit) as info:

@@ -128,7 +128,7 @@ def _ranked(ranges, windows=3):
 
 
 def test_within_noise_is_range_overlap_with_the_top_candidate():
-    from experiments.tune import noise_line, within_noise
+    from experiments.figures.tune import noise_line, within_noise
 
     assert within_noise(_ranked([(1.5, 1.7), (1.4, 1.55), (1.2, 1.45), (1.0, 1.6)])) == [1, 2, 4]
     assert within_noise(_ranked([(1.5, 1.7), (1.2, 1.45)])) == []          # separated: no noise line
@@ -144,7 +144,7 @@ def test_within_noise_is_range_overlap_with_the_top_candidate():
 
 
 def test_windows_behind_best_is_a_paired_count():
-    from experiments.tune import noise_line, windows_behind_best
+    from experiments.figures.tune import noise_line, windows_behind_best
 
     idx = pd.Index([0, 1, 2], name="window")
     best = pd.DataFrame({"speedup": [1.2, 1.6, 1.4]}, index=idx)

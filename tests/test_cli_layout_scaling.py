@@ -160,7 +160,7 @@ def drawn(monkeypatch):
 
 def _fake_training(monkeypatch):
     """`run_training` returning three steps per method, the first a slow warm-up (mean != median)."""
-    import experiments.train
+    import experiments.measured.train
 
     per_method = {"ulysses": [10.0, 100.0, 110.0], "libra": [20.0, 200.0, 230.0]}
 
@@ -175,7 +175,7 @@ def _fake_training(monkeypatch):
             results.append({"steps": steps})
         return results
 
-    monkeypatch.setattr(experiments.train, "run_training", fake)
+    monkeypatch.setattr(experiments.measured.train, "run_training", fake)
 
 
 def test_e2e_measure_prints_and_plots_the_same_labelled_median(tmp_path, monkeypatch, drawn):
@@ -194,7 +194,7 @@ def test_e2e_measure_prints_and_plots_the_same_labelled_median(tmp_path, monkeyp
 
 
 def test_throughput_table_is_the_plotted_frame():
-    from experiments.e2e import throughput_frame, throughput_table
+    from experiments.figures.e2e import throughput_frame, throughput_table
 
     df = pd.DataFrame({"setting": "s", "model": "m", "gpus": 8, "method": ["ulysses"] * 3 + ["libra"] * 3,
                        "tokens_per_gpu_s": [1.0, 10.0, 13.0, 2.0, 20.0, 50.0]})

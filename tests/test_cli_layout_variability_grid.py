@@ -108,7 +108,7 @@ def test_grid_search_paper_columns_and_outlines_only_on_a_paper_run(tmp_path, pl
 
 
 def test_grid_default_block_axis_follows_the_presets_rule():
-    from experiments.grid_search import GRID_BLOCK_SIZES, GRID_SETTINGS, default_block_sizes
+    from experiments.figures.grid_search import GRID_BLOCK_SIZES, GRID_SETTINGS, default_block_sizes
 
     for name, setting in GRID_SETTINGS.items():
         assert default_block_sizes(replace(setting, name="mine")) == GRID_BLOCK_SIZES[name]

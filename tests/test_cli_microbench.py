@@ -23,7 +23,7 @@ def test_tiny_spawned_run_and_resume(tmp_path):
     res = CliRunner().invoke(main, TINY + ["--tau", "0.2", "--out", str(out)])
     assert res.exit_code == 0, res.output + repr(res.exception)
     df = pd.read_csv(out / "microbench.csv")
-    from experiments.microbench import STRAGGLER_COLUMNS
+    from experiments.measured.microbench import STRAGGLER_COLUMNS
 
     assert list(df.columns[:len(STRAGGLER_COLUMNS)]) == STRAGGLER_COLUMNS  # the straggler schema first
     assert set(df["method"]) == {"ulysses", "libra"}
@@ -71,7 +71,7 @@ def test_tau_reaches_every_tap_planner():
     from dataclasses import replace
 
     from baselines.registry import get_planner
-    from experiments.microbench import DEFAULT_TAP, make_config, planner_options
+    from experiments.measured.microbench import DEFAULT_TAP, make_config, planner_options
 
     cfg = make_config(dp=2, cp=2, seq_len=2048, gbs=4, tap=replace(DEFAULT_TAP, tau=0.2), q_heads=8, kv_heads=2,
                       head_dim=32, dtype="fp32", device="cpu", backend="auto", comm="p2p",
@@ -86,6 +86,6 @@ def test_tau_reaches_every_tap_planner():
 
 
 def test_chunks_is_an_alias_of_pipeline_chunks():
-    # one option with two spellings (experiments.options.tap_options), not two options that may disagree
+    # one option with two spellings (experiments.common.options.tap_options), not two options that may disagree
     res = CliRunner().invoke(main, ["microbench", "--help"])
     assert res.exit_code == 0 and "--chunks, --pipeline-chunks" in res.output

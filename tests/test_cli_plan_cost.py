@@ -65,7 +65,7 @@ def test_plan_cost_bad_input(tmp_path):
 
 
 def test_compile_sample_spreads_over_the_pool():
-    from experiments.plan_cost import sample_ranks
+    from experiments.figures.plan_cost import sample_ranks
 
     assert sample_ranks(64, 1) == [32]
     assert sample_ranks(64, 4) == [13, 25, 38, 50]

@@ -8,9 +8,9 @@ import json
 
 from click.testing import CliRunner
 
-import experiments.progress as progress_mod
+import experiments.common.progress as progress_mod
 from experiments.cli import main
-from experiments.progress import progress
+from experiments.common.progress import progress
 
 LLN = ["lln", "--seq-len", "8192", "--gbs", "8", "--quick", "--pool-sizes", "1,2"]
 
@@ -58,7 +58,7 @@ def test_a_command_logs_progress_to_stderr(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_says_what_is_cached_and_exits_130(tmp_path, monkeypatch):
-    import experiments.vrsp_sweep as sweep
+    import experiments.figures.vrsp_sweep as sweep
 
     real, calls = sweep.window_rows, []
 

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.runner import ExperimentRun, RunFolderConflict, default_out_dir, layout_tag
-from experiments.sim_common import SETTINGS, setting_record
+from experiments.common.runner import ExperimentRun, RunFolderConflict, default_out_dir, layout_tag
+from experiments.common.sim_common import SETTINGS, setting_record
 from libra.config import TapConfig
 
 SMALL = ("--seq-len", "8192", "--gbs", "8", "--quick", "--pool-sizes", "1,2")
@@ -135,7 +135,7 @@ def test_output_folder_that_cannot_be_made_is_one_error_before_any_point(tmp_pat
 
 
 def test_microbench_checks_its_folder_before_it_spawns_ranks(tmp_path, monkeypatch):
-    from experiments import microbench  # noqa: PLC0415
+    from experiments.measured import microbench  # noqa: PLC0415
 
     def spawned(*args, **kwargs):
         raise AssertionError("ranks were spawned before the output folder was checked")

@@ -142,7 +142,7 @@ def test_tap_options_are_generated_from_tapconfig():
 
     import click
 
-    from experiments.options import TAP_OPTION_HELP, tap_options
+    from experiments.common.options import TAP_OPTION_HELP, tap_options
     from libra.config import TapConfig
 
     names = [f.name for f in fields(TapConfig)]

@@ -49,9 +49,9 @@ def test_train_quick_keeps_what_is_given(tmp_path, monkeypatch):
 
 
 def test_every_plot_goes_through_the_shared_helper():
-    """Plots are saved by experiments.plotting.save_figure (one DPI, layout and close), not ad hoc."""
+    """Plots are saved by experiments.common.plotting.save_figure (one DPI, layout and close), not ad hoc."""
     from pathlib import Path  # noqa: PLC0415
 
     root = Path(__file__).resolve().parents[1] / "experiments"
     ad_hoc = [p.name for p in root.rglob("*.py") if p.name != "plotting.py" and ".savefig(" in p.read_text()]
-    assert not ad_hoc, f"save plots with experiments.plotting.save_figure: {ad_hoc}"
+    assert not ad_hoc, f"save plots with experiments.common.plotting.save_figure: {ad_hoc}"

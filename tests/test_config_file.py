@@ -63,7 +63,7 @@ def test_missing_config_file(tmp_path):
 def test_settings_option_is_a_repeatable_comma_list(tmp_path):
     import click
 
-    from experiments.options import settings_option, with_config_option
+    from experiments.common.options import settings_option, with_config_option
 
     @click.command("show")
     @settings_option()

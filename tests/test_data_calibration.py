@@ -1,10 +1,10 @@
-"""The preset calibration harness and the frozen libra-prod record (libra/data/calibration.py)."""
+"""The preset calibration harness and the frozen libra-prod record (experiments/figures/preset_calibration.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from libra.data.calibration import (
+from experiments.figures.preset_calibration import (
     CALIBRATION_TARGETS,
     LIBRA_PROD_CALIBRATION,
     calibration_error,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from libra.data.calibration import window_r_minus_1
+from experiments.figures.preset_calibration import window_r_minus_1
 from libra.data.presets import LIBRA_PROD, PRESETS, get_preset
 
 

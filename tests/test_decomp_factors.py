@@ -12,7 +12,7 @@ import pytest
 from test_sim_simulator import PAR, window  # the same 8-sequence window
 
 from baselines.registry import get_planner
-from experiments.straggler import FACTORS, gmean, summarize
+from experiments.figures.straggler import FACTORS, gmean, summarize
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.simulator import flops_stragglers, simulate_window

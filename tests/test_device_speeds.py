@@ -128,7 +128,7 @@ def test_straggler_known_speeds_cli(tmp_path):
 
 
 def test_a_known_speeds_run_is_never_the_figure_12_source(tmp_path):
-    from experiments.report import PAPER_FIG12_METHODS, Source, straggler_source  # noqa: PLC0415
+    from experiments.common.report import PAPER_FIG12_METHODS, Source, straggler_source  # noqa: PLC0415
 
     def source(label, finished, **extra):
         config = {"workload": "libra-prod", "settings": [{"name": "256k"}], "methods": list(PAPER_FIG12_METHODS),

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.fidelity import FidelityConfig, _head_groups, _rows, fidelity, window_rows
-from experiments.gpu_common import cpu_threads
+from experiments.measured.fidelity import FidelityConfig, _head_groups, _rows, fidelity, window_rows
+from experiments.measured.gpu_common import cpu_threads
 from libra.config import TapConfig
 from libra.data.windows import gbs_windows
 from libra.plan import TileTable

@@ -1,9 +1,9 @@
-"""Printed summary tables (experiments.sim_common.format_table)."""
+"""Printed summary tables (experiments.common.sim_common.format_table)."""
 
 import numpy as np
 import pandas as pd
 
-from experiments.sim_common import format_table
+from experiments.common.sim_common import format_table
 
 
 def test_paper_columns_without_a_value_are_not_printed():

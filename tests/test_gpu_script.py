@@ -15,7 +15,7 @@ import torch
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.gpu_summary import gpu_summary_markdown
+from experiments.measured.gpu_summary import gpu_summary_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

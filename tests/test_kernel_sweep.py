@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from experiments import kernel_sweep as ks
-from experiments.calibrate import fit_heads_ratio
 from experiments.cli import main
-from experiments.gpu_common import time_calls_within
-from experiments.runner import ExperimentRun
+from experiments.common.runner import ExperimentRun
+from experiments.measured import kernel_sweep as ks
+from experiments.measured.calibrate import fit_heads_ratio
+from experiments.measured.gpu_common import time_calls_within
 
 
 def test_config_rejects_bad_values():

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-import experiments.progress as progress_mod
+import experiments.common.progress as progress_mod
 from experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def test_microbench_ctrl_c_keeps_each_finished_point_and_a_rerun_resumes(tmp_pat
 
 
 def test_e2e_measure_caches_each_method_as_it_finishes(tmp_path, monkeypatch):
-    import experiments.train as train_mod  # noqa: PLC0415
+    import experiments.measured.train as train_mod  # noqa: PLC0415
 
     asked = []
 

@@ -16,8 +16,8 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from experiments import microbench as mb
 from experiments.cli import main
+from experiments.measured import microbench as mb
 
 BASE = ["microbench", "--dp", "2", "--cp", "1", "--pool-size", "2", "--gbs", "2", "--head-split", "2",
         "--q-heads", "4", "--kv-heads", "2", "--no-progress", "--timeout", "60"]
@@ -89,7 +89,7 @@ def test_quick_run_with_ideal_cpu_time_and_profile(tmp_path):
 
 
 def test_ideal_before_and_after_the_ranks_gives_its_mean_and_the_drift():
-    from experiments import microbench as mb
+    from experiments.measured import microbench as mb
 
     before = {"0": [{"window": 0, "seq_id": 0, "ideal_seq_ms": 10.0}, {"window": 0, "seq_id": 1, "ideal_seq_ms": 30.0}]}
     after = {"0": [{"window": 0, "seq_id": 1, "ideal_seq_ms": 36.0}, {"window": 0, "seq_id": 0, "ideal_seq_ms": 12.0}]}
@@ -141,7 +141,7 @@ def test_step_row_paired_ratio_is_the_median_per_repetition_ratio():
 def test_paired_ideal_times_the_sequence_this_rank_holds(monkeypatch):
     """Each rank times its own DP rank's packed sequence of the step's plan (VRSP regroups them)."""
     from baselines.registry import get_planner
-    from experiments import gpu_common
+    from experiments.measured import gpu_common
     from libra.config import ParallelConfig
     from libra.data.windows import gbs_windows
     from libra.workload import AttentionShape

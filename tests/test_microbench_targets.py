@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments import microbench as mb
-from experiments.microbench_targets import Target, reference_targets
+from experiments.measured import microbench as mb
+from experiments.measured.microbench_targets import Target, reference_targets
 from libra.data.windows import gbs_windows
 
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"

@@ -5,7 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from experiments.training.model import ModelConfig, Qwen3Small, packed_position_ids, reference_attention
+from experiments.measured.training.model import (
+    ModelConfig,
+    Qwen3Small,
+    packed_position_ids,
+    reference_attention,
+)
 
 
 def _dense_reference(q, k, v, lengths):

@@ -120,8 +120,8 @@ def _expected_groups(rank: int, cp: int, dp: int, pool_size: int) -> dict:
 
 
 def test_train_runs_on_two_torchrun_nodes_with_cross_node_groups(tmp_path):
-    from experiments.train import TrainConfig, run_training  # noqa: PLC0415
-    from experiments.training.model import ModelConfig  # noqa: PLC0415
+    from experiments.measured.train import TrainConfig, run_training  # noqa: PLC0415
+    from experiments.measured.training.model import ModelConfig  # noqa: PLC0415
 
     out = tmp_path / "train"
     cp, dp, pool = 2, 2, 2

@@ -11,7 +11,7 @@ import pytest
 
 from baselines.origins import ORIGINS, competitors
 from baselines.registry import PLANNERS
-from experiments.report_competitors import LEADERS, origin_lines, section, speedup_lines
+from experiments.common.report_competitors import LEADERS, origin_lines, section, speedup_lines
 
 ROOT = Path(__file__).resolve().parents[1]
 

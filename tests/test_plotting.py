@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 import pandas as pd
 
-from experiments.plotting import save_figure, strip_points
+from experiments.common.plotting import save_figure, strip_points
 
 
 def _png(tmp_path, name: str, df: pd.DataFrame, hue=None) -> str:
@@ -73,13 +73,13 @@ def test_two_runs_differing_only_in_profile_have_titles_naming_workload_profile_
 
 
 def test_long_titles_are_wrapped_inside_the_figure(tmp_path):
-    from experiments.plotting import plt  # noqa: PLC0415
+    from experiments.common.plotting import plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(4, 3))
     ax.plot([1, 2], [1, 2])
     ax.set_title("dp8-cp4-s64k-gbs32: loss factors (geometric means over steps); log axis, top = bound ratio")
     fig.suptitle("a figure title that is far longer than this small figure is wide, as a user's layout tag makes it")
-    from experiments.plotting import wrap_titles  # noqa: PLC0415
+    from experiments.common.plotting import wrap_titles  # noqa: PLC0415
 
     wrap_titles(fig, "workload my_lengths.parquet#num_tokens | profile my-cluster | layout dp8-cp4-s64k-gbs32-p8")
     fig.canvas.draw()
@@ -92,7 +92,7 @@ def test_long_titles_are_wrapped_inside_the_figure(tmp_path):
 
 
 def test_log_ticks_are_plain_numbers(tmp_path):
-    from experiments.plotting import plt, readable_log_ticks  # noqa: PLC0415
+    from experiments.common.plotting import plt, readable_log_ticks  # noqa: PLC0415
 
     fig, (a, b) = plt.subplots(1, 2)
     a.plot([0, 1], [0.17, 7.5])
@@ -109,7 +109,7 @@ def test_log_ticks_are_plain_numbers(tmp_path):
 
 
 def test_pool_sweep_plots_the_total_straggler_with_readable_labels(tmp_path, monkeypatch):
-    from experiments.pool_sweep import plot_pool_sweep  # noqa: PLC0415
+    from experiments.figures.pool_sweep import plot_pool_sweep  # noqa: PLC0415
 
     seen = _saved_figures(monkeypatch)
     rows = [{"setting": "256k", "pool_size": p, "method": m, "straggler_norm": 0.5 + 0.01 * p, "compute_norm": 0.45,

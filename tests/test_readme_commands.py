@@ -77,7 +77,7 @@ def test_libra_bench_line_parses(line, readme_files):
 
 def test_the_readme_config_file_is_read_by_its_commands(readme_files):
     """Every key of the README's TOML file is an option of the commands the README runs it with."""
-    from experiments.options import read_config_file  # noqa: PLC0415
+    from experiments.common.options import read_config_file  # noqa: PLC0415
 
     users = [shlex.split(ln)[1:] for ln in LINES if ln.startswith("libra-bench") and "--config" in ln]
     assert users and _toml_files()

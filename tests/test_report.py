@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.report import discover, generate, verdict
+from experiments.common.report import discover, generate, verdict
 
 PROFILE = {"name": "h100-roce-v1", "description": "public-fact defaults, not a measurement"}
 
@@ -152,7 +152,7 @@ def test_runs_with_another_profile_go_to_a_sensitivity_table(tmp_path):
 
 def test_an_ad_hoc_report_never_replaces_the_committed_one(tmp_path, monkeypatch):
     # `report --results runs` (a user's own runs) wrote over results/REPRODUCTION.md by default
-    from experiments.report import default_report_path
+    from experiments.common.report import default_report_path
 
     assert default_report_path("results", "h100-roce-v1").as_posix() == "results/REPRODUCTION.md"
     assert default_report_path("runs", "h100-roce-v1").as_posix() == "runs/report/runs-h100-roce-v1/REPRODUCTION.md"
@@ -177,7 +177,7 @@ def _calibrate_run(folder, heads_keep, length_keep, device="cuda"):
 
 
 def test_fig5_row_compares_fewer_heads_with_shorter_blocks(tmp_path):
-    from experiments.report import discover, rows_fig5
+    from experiments.common.report import discover, rows_fig5
 
     _calibrate_run(tmp_path / "gpu" / "calibrate", {8: 0.99, 32: 1.0}, {4096: 0.77, 16384: 1.0, 65536: 1.0})
     row = rows_fig5(discover(tmp_path)[0])[0]
@@ -192,7 +192,7 @@ def test_fig5_row_compares_fewer_heads_with_shorter_blocks(tmp_path):
 
 
 def test_sec67_row_takes_the_backend_the_gpu_run_used_and_lists_the_others(tmp_path):
-    from experiments.report import rows_sec67
+    from experiments.common.report import rows_sec67
 
     def fid(folder, backend, ratio):
         df = pd.DataFrame([{"quantity": q, "ratio": ratio, "passed": True} for q in ("out", "dq", "dk", "dv")])

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from experiments.report import PAPER, Row, generate, reason
+from experiments.common.report import PAPER, Row, generate, reason
 
 PROFILE = {"name": "h100-roce-v1", "description": "public-fact defaults, not a measurement"}
 PACKING = {"policy": "defer", "lookahead": 64}

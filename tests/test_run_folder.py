@@ -1,5 +1,5 @@
-"""A run folder is written as one unit by one run at a time (experiments/run_folder.py, used by
-experiments/runner.py): a killed run leaves the previous complete folder or the new one, never a
+"""A run folder is written as one unit by one run at a time (experiments/common/run_folder.py, used by
+experiments/common/runner.py): a killed run leaves the previous complete folder or the new one, never a
 mix or a temporary file in it, and a second run into a folder being written is refused."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from experiments import run_folder
 from experiments.cli import main
-from experiments.runner import ExperimentRun, RunFolderConflict
+from experiments.common import run_folder
+from experiments.common.runner import ExperimentRun, RunFolderConflict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = textwrap.dedent("""
     import os, signal, sys
     import pandas as pd
-    from experiments import run_folder
-    from experiments.runner import ExperimentRun
+    from experiments.common import run_folder
+    from experiments.common.runner import ExperimentRun
 
     out, value, kill = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
@@ -157,7 +157,7 @@ def test_a_second_run_into_a_folder_being_written_is_refused(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys
-    from experiments.runner import ExperimentRun
+    from experiments.common.runner import ExperimentRun
     run = ExperimentRun("straggler", {"a": 1}, out_dir=sys.argv[1], quiet=True)
     run.claim_folder()
     print("claimed", flush=True)

@@ -1,4 +1,4 @@
-"""The shared experiment runner (experiments/runner.py)."""
+"""The shared experiment runner (experiments/common/runner.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pandas as pd
 import pytest
 
-from experiments.runner import ExperimentRun, atomic_write_text, stable_hash
+from experiments.common.runner import ExperimentRun, atomic_write_text, stable_hash
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):

@@ -1,4 +1,4 @@
-"""Your runs side by side (experiments.runs_table, `libra-bench report` over a user's folders): one row
+"""Your runs side by side (experiments.common.runs_table, `libra-bench report` over a user's folders): one row
 per method with workload, layout, profile, straggler, speedup and bound; a Markdown table and a
 self-contained HTML page with the figures; the Python API reads only."""
 
@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.runs_table import load_runs
+from experiments.common.runs_table import load_runs
 
 LAYOUT = ["--dp", "4", "--cp", "2", "--seq-len", "16K", "--gbs", "8", "--windows", "2", "--no-progress"]
 

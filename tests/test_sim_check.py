@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from experiments.gpu_common import worker_pieces
-from experiments.sim_check import SimCheckConfig, sim_check, summarize, worker_calls
+from experiments.measured.gpu_common import worker_pieces
+from experiments.measured.sim_check import SimCheckConfig, sim_check, summarize, worker_calls
 from libra.config import TapConfig
 from libra.data.windows import gbs_windows
 from libra.sim.cost import CostModel
@@ -144,7 +144,7 @@ def test_tau_reaches_the_planner_and_the_run_record(tmp_path, planner_calls):
 
 def test_chunks_is_an_alias_of_pipeline_chunks():
     # TINY passes --chunks 2 (the default M is 4): the test above saw M = 2 reach the planner; the two
-    # spellings are one option (experiments.options.tap_options)
+    # spellings are one option (experiments.common.options.tap_options)
     res = CliRunner().invoke(sim_check, ["--help"])
     assert res.exit_code == 0 and "--chunks, --pipeline-chunks" in res.output
 
@@ -203,7 +203,7 @@ def test_property_pieces_partition_the_pool(seed, block, method, cp):
 def test_a_profile_of_another_device_type_gets_no_verdict(tmp_path):
     # the built-in profiles model H100 kernels: timed against CPU kernels, a 99% error says how far
     # the two devices are apart, not how good the model is -- no met / NOT met verdict, and a note
-    from experiments.gpu_common import sim_check_verdict
+    from experiments.measured.gpu_common import sim_check_verdict
 
     assert load_profile("h100-roce-v1").kernel_device_type == "cuda"
     cpu = dataclasses.replace(load_profile("h100-roce-v1"), source={"environment": {"device": "cpu"}})

@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from experiments.sim_common import SETTINGS, build_cost_model, load_windows, make_planner, make_shape
+from experiments.common.sim_common import SETTINGS, build_cost_model, load_windows, make_planner, make_shape
 from libra.config import ParallelConfig
 from libra.extensions.adaptive.relay import relay_pool, relay_transfers
 from libra.plan import KV, O, Plan, PlanValidationError, PoolPlan, Q, SequenceLayout, TileTable, TransferTable

@@ -1,4 +1,4 @@
-"""paper-inferred-v1 profile and libra.sim.fit_links (bandwidth fit by bisection, re-pricing)."""
+"""paper-inferred-v1 profile and experiments.common.link_fit (bandwidth fit by bisection, re-pricing)."""
 
 import math
 
@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from baselines.registry import get_planner
-from libra.config import ParallelConfig
-from libra.data.packing import PackedSequence
-from libra.sim.cost import CostModel
-from libra.sim.fit_links import (
+from experiments.common.link_fit import (
     bisect_bandwidth,
     comm_share,
     crossing_traffic,
     price_windows,
     with_link_bandwidth,
 )
+from libra.config import ParallelConfig
+from libra.data.packing import PackedSequence
+from libra.sim.cost import CostModel
 from libra.sim.profiles import available_profiles, load_profile, profile_from_dict
 from libra.sim.simulator import simulate_window
 from libra.sim.topology import Topology

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from baselines.registry import get_planner
-from experiments.variability import greedy_assign
+from experiments.figures.variability import greedy_assign
 from libra.config import ParallelConfig
 from libra.data.packing import PackedSequence
 from libra.sim.cost import CostModel

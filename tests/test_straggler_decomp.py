@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.cli import main
-from experiments.sim_common import METHODS, OPTIONAL_METHODS, SETTINGS
-from experiments.straggler import FACTORS, all_methods, run_options
+from experiments.common.sim_common import METHODS, OPTIONAL_METHODS, SETTINGS
+from experiments.figures.straggler import FACTORS, all_methods, run_options
 
 RUN = ["straggler", "--quick", "--settings", "1m", "--no-progress"]
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pandas as pd
 
-from experiments.paper import paper_settings
-from experiments.sim_common import SETTINGS, make_shape, with_tap
-from experiments.straggler import summarize
+from experiments.common.paper import paper_settings
+from experiments.common.sim_common import SETTINGS, make_shape, with_tap
+from experiments.figures.straggler import summarize
 
 SHAPE = make_shape(32, 4, 128)
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from experiments import tile_overhead as to
 from experiments.cli import main
-from experiments.sim_common import custom_setting, load_windows, make_planner, make_shape, with_tap
+from experiments.common.sim_common import custom_setting, load_windows, make_planner, make_shape, with_tap
+from experiments.measured import tile_overhead as to
 from libra.runtime.kernels import get_backend
 from libra.sim.profiles import load_profile
 from libra.workload import attention_flops

@@ -9,7 +9,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from experiments.train import (
+from experiments.measured.train import (
     STEP_MS,
     TOKENS,
     TrainConfig,
@@ -20,9 +20,9 @@ from experiments.train import (
     summary_table,
     train,
 )
-from experiments.training.data import IGNORE, PieceDataset, collate_packed
-from experiments.training.loop import _plans_for_step
-from experiments.training.model import ModelConfig
+from experiments.measured.training.data import IGNORE, PieceDataset, collate_packed
+from experiments.measured.training.loop import _plans_for_step
+from experiments.measured.training.model import ModelConfig
 from libra.config import TapConfig
 from libra.sampler import LibraSampler, SamplePiece
 

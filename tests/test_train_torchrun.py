@@ -43,6 +43,6 @@ def test_train_under_torchrun_takes_world_size_and_rejects_a_differing_nproc(tmp
     # the world size is WORLD_SIZE: CP=3 must divide it (the error names nproc=2, not the default 4)
     res = CliRunner().invoke(main, ["train", "--cp", "3", "--out", str(tmp_path)], env=env)
     assert res.exit_code == 2 and "nproc=2" in res.output and "Traceback" not in res.output, res.output
-    from experiments.train import train  # noqa: PLC0415  (imported by the invocations above)
+    from experiments.measured.train import train  # noqa: PLC0415  (imported by the invocations above)
 
     assert "--overwrite" in [o for p in train.params for o in p.opts]

@@ -75,7 +75,7 @@ def test_the_recommendation_rerun_in_straggler_gives_the_number_tune_prints(tune
 def test_tune_png_tells_methods_apart_and_shows_the_gaps(tuned, monkeypatch):
     import matplotlib.figure  # noqa: PLC0415
 
-    from experiments.tune import plot_tune  # noqa: PLC0415
+    from experiments.figures.tune import plot_tune  # noqa: PLC0415
 
     out, _ = tuned
     seen, real = [], matplotlib.figure.Figure.savefig

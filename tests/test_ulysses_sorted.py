@@ -13,7 +13,7 @@ import torch
 from dist_utils import full_tensors, long_tail_lengths, max_err, reference_grads, run_ranks
 
 from baselines.registry import get_planner
-from experiments.sim_common import LABELS, METHODS
+from experiments.common.sim_common import LABELS, METHODS
 from libra.config import ParallelConfig
 from libra.data.packing import PackedSequence
 from libra.vrsp import vrsp_schedule

@@ -17,19 +17,19 @@ the rest are short lognormal documents.
 Calibration. The free parameters (short-source ``sigma``, the long source's share, range and
 index, the giant share, lower bound and burst) were fitted to the paper's Figure 4 numbers for
 production-order grouping (Libra sec. 3.2 and 4.2),
-:data:`libra.data.calibration.CALIBRATION_TARGETS`: R - 1 = 1.08 at P = 8 (S = 256K, GBS = 128,
+:data:`experiments.figures.preset_calibration.CALIBRATION_TARGETS`: R - 1 = 1.08 at P = 8 (S = 256K, GBS = 128,
 +-20%), 0.90 at P = 8 (S = 1M, GBS = 32, +-20%) and 0.09 at P = 64 (S = 256K, GBS = 128, +-50%),
 with the paper's Figure 8 value as a secondary goal (VRSP R - 1 below 0.7% at P = 8 in both
 settings). R - 1 is measured per GBS window on the default packing (:mod:`libra.data.packing`,
 'defer') with pools of P consecutive sequences, and averaged over the windows. The harness lives
-in :mod:`libra.data.calibration`; this module holds only the frozen parameters. Procedure: a
+in :mod:`experiments.figures.preset_calibration`; this module holds only the frozen parameters. Procedure: a
 coarse manual grid; a random local search on a log-error loss (what
-:func:`libra.data.calibration.search_parameters` implements; 32 windows x seeds 0-1) for
+:func:`experiments.figures.preset_calibration.search_parameters` implements; 32 windows x seeds 0-1) for
 non-bursty giants; then the same search with the burst size free and a VRSP penalty
 (``vrsp_weight=0.5``, 24 windows, seed 0, from burst 4 / giant share 0.06 / long share 0.75);
 then rounding, a one-parameter adjustment of ``long_share`` (0.61 -> 0.68) to move the P = 64
 value away from its tolerance edge, and freezing. Achieved with 64 windows x seeds 0-3
-(:data:`libra.data.calibration.LIBRA_PROD_CALIBRATION`): 0.947 (-12.3%), 0.918 (+2.0%) and 0.122
+(:data:`experiments.figures.preset_calibration.LIBRA_PROD_CALIBRATION`): 0.947 (-12.3%), 0.918 (+2.0%) and 0.122
 (+35%); VRSP at P = 8 gives about 0.7% (256K) and 3% (1M) (``results/fig8``). Per-seed values
 move by a few percent.
 

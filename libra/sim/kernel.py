@@ -35,7 +35,7 @@ profile (``--piece-pricing measured`` keeps the smaller). On ATen's CPU flash ke
 and ``effective-length`` overpriced late blocks by up to 22% (59%); on ``libra``'s 8K tile batches
 ``sim-check`` measured 2.5% median error for ``prefix-difference`` against 8.5%. ``libra-kt``
 nonetheless balanced the 8K microbench worse with it (one half-tile within Alg. 2's soft target
-decides that two-worker pool; ``experiments.calibrate.fit_piece_pricing``), so every profile keeps
+decides that two-worker pool; ``experiments.measured.calibrate.fit_piece_pricing``), so every profile keeps
 the default unless told otherwise; no GPU piece measurement has been made yet.
 """
 
