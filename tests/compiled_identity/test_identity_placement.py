@@ -59,13 +59,17 @@ def _links(a, b):
     return np.where(a == b, 0, 1 + 7 * (a // 2 != b // 2) + (3 * a + b) % 4)
 
 
-@settings(max_examples=60, deadline=None)
-@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.2, 1.0]), comm_aware=st.booleans(),
+COSTS = {"bytes": {}, "flops-only": {"comm_aware": False}, "links": {"link_cost": _links}}
+"""Alg. 2's comm-aware cost by bytes, the FLOPs-only heap, and link-priced bytes (the dense kernels)."""
+
+
+@settings(max_examples=100, deadline=None)
+@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.2, 0.5, 1.0]), cost=st.sampled_from(sorted(COSTS)),
        data=st.data())
-def test_agree_on_sh_tiles(pool, tau, comm_aware, data):
+def test_agree_on_sh_tiles(pool, tau, cost, data):
     sequences, workers, tiles, shape = pool
     weights = data.draw(weights_for(len(tiles)))
-    ref, got = _both(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware, weights=weights)
+    ref, got = _both(tiles, sequences, workers, shape, tau=tau, weights=weights, **COSTS[cost])
     assert got == ref
 
 
@@ -86,16 +90,6 @@ def test_agree_on_scattered_and_overlapping_tiles(pool, tau, comm_aware, overlap
         tiles = type(tiles)(**cols)
     weights = data.draw(weights_for(len(tiles)))
     ref, got = _both(tiles, sequences, workers, shape, tau=tau, comm_aware=comm_aware, weights=weights)
-    assert got == ref
-
-
-@settings(max_examples=40, deadline=None)
-@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.5]), data=st.data())
-def test_agree_with_link_costs(pool, tau, data):
-    """Link-priced placement (the dense kernels, integer-weighted bytes) chooses identically."""
-    sequences, workers, tiles, shape = pool
-    weights = data.draw(weights_for(len(tiles)))
-    ref, got = _both(tiles, sequences, workers, shape, tau=tau, weights=weights, link_cost=_links)
     assert got == ref
 
 
