@@ -1,7 +1,7 @@
 """``libra-adaptive`` (beyond the paper): the finer head split, Q-home retention order, per-pool choice.
 
-Properties on random windows and pools: the retention order is a permutation that keeps each home within ``C``; the
-compiled and Python placers agree in that order; and the planner's plans validate, are
+Properties on random windows and pools: the retention order is a permutation that keeps each home within ``C``
+(the compiled and Python placers agree in that order: ``tests/compiled_identity/``); and the planner's plans validate, are
 deterministic and -- since each pool takes the fastest candidate, the paper's plan among them --
 are never priced slower than ``libra``'s, step by step, without device jitter.
 """
@@ -37,7 +37,7 @@ from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
 from libra.tap.exchange import build_transfers
-from libra.tap.placement import PlacementPolicy, available_placers, place_tiles
+from libra.tap.placement import PlacementPolicy, place_tiles
 from libra.tap.tiles import make_tiles
 from libra.workload import AttentionShape
 
@@ -65,16 +65,13 @@ def test_fine_head_split_is_one_kv_head_per_shard_where_possible(hq, hkv, h, m, 
 
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), tau=st.sampled_from([0.0, 0.03, 0.2]))
-def test_retention_order_keeps_homes_within_the_target_and_placers_agree(seed, tau):
+def test_retention_order_keeps_homes_within_the_target(seed, tau):
     seqs, workers = _pool(seed, p=2, cp=4, per_rank=64)
     tiles = make_tiles(seqs, 32, 2, SHAPE)
     order = retention_order(tiles, SHAPE, tiles.flops, len(workers), tau)
     assert sorted(order.tolist()) == list(range(len(tiles)))
-    results = {p: place_tiles(tiles, seqs, workers, SHAPE, tau=tau, placer=p, policy=PlacementPolicy(order=order)) for p in available_placers()}
-    dests = {p: (r[0].dest.tolist(), r[1]) for p, r in results.items()}
-    assert len({str(v) for v in dests.values()}) == 1, dests
+    placed, fallbacks = place_tiles(tiles, seqs, workers, SHAPE, tau=tau, policy=PlacementPolicy(order=order))
     cap = (1 + tau) * tiles.flops.sum() / len(workers)
-    placed, fallbacks = results[available_placers()[-1]]
     loads = np.bincount(placed.dest, weights=placed.flops, minlength=len(workers))
     assert fallbacks > 0 or loads.max() <= cap * (1 + 1e-9)
     # the retained set: per home, a prefix of its tiles by increasing load per byte, within C

@@ -1,5 +1,6 @@
-"""Algorithm 2 (Libra sec. 4.3.2): hand-computed cases, the oracle, C and the fallback, bad input, and
-placement by caller weights (``place_tiles(weights=...)``, which ``libra-kt`` uses)."""
+"""Algorithm 2 (Libra sec. 4.3.2): hand-computed cases, the oracle, C and the fallback, bad input,
+placement by caller weights (``place_tiles(weights=...)``, which ``libra-kt`` uses) and from
+reserved per-worker loads (the compiled placer against the Python one: ``tests/compiled_identity/``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tap_strategies import oracle_place, placed_with, pools, scattered_pools
+from test_tap_strategies import gqa_pools, oracle_place, placed_with, pools, scattered_pools
 
 from libra.plan import SequenceLayout, TileTable
 from libra.tap import build_transfers, make_tiles, place_tiles
@@ -312,3 +313,44 @@ def test_bad_weights_are_value_errors(weights, match):
     tiles = make_tiles(seqs, 4, 1, UNIT)
     with pytest.raises(ValueError, match=match):
         place_tiles(tiles, seqs, [0, 1], UNIT, weights=weights)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pool=gqa_pools(), tau=st.sampled_from([0.0, 0.03, 0.5]), comm_aware=st.booleans(),
+       link=st.booleans(), data=st.data())
+def test_reserved_loads_count_in_the_cap(pool, tau, comm_aware, link, data):
+    """``reserved``: zeros are the paper's placement exactly, in every placer (grouped, dense,
+    FLOPs-only); reserved loads count in ``C``."""
+    sequences, workers, tiles, shape = pool
+    cost = (lambda a, b: 1 + (np.asarray(a) // 2 != np.asarray(b) // 2)) if link else None
+    reserved = np.array(data.draw(st.lists(st.integers(0, 8), min_size=len(workers), max_size=len(workers)))) \
+        * float(tiles.flops.mean() if len(tiles) else 1.0) * 0.25
+    kw = {"comm_aware": comm_aware, "link_cost": cost if comm_aware else None}
+    for placer in available_placers():
+        plain = place_tiles(tiles, sequences, workers, shape, tau, policy=PlacementPolicy(**kw), placer=placer)
+        zero = place_tiles(tiles, sequences, workers, shape, tau, placer=placer,
+                           policy=PlacementPolicy(**kw, reserved=np.zeros(len(workers))))
+        assert plain[0].dest.tolist() == zero[0].dest.tolist() and plain[1] == zero[1]
+    # the reserved loads count in C: the total load per worker never exceeds C except by fallbacks
+    placed, fallback = place_tiles(tiles, sequences, workers, shape, tau, policy=PlacementPolicy(**kw, reserved=reserved))
+    loads = reserved + np.bincount(np.searchsorted(workers, placed.dest), weights=placed.flops, minlength=len(workers))
+    cap = (1 + tau) * (tiles.flops.sum() + reserved.sum()) / len(workers)
+    assert fallback > 0 or (loads <= cap * (1 + 1e-9)).all()
+
+
+def test_a_worker_with_reserved_load_gets_less_work():
+    """A worker reserved above ``C`` takes no tile while another has room (in any placer)."""
+    shape = AttentionShape(num_q_heads=8, num_kv_heads=2, head_dim=8, dtype_bytes=2)
+    seqs = [SequenceLayout.contiguous(j, j, np.array([64] * 4), 2) for j in range(2)]
+    workers = [0, 1, 2, 3]
+    tiles = make_tiles(seqs, 16, 2, shape)
+    busy = np.array([0.0, 0.0, 10.0 * tiles.flops.sum(), 0.0])
+    for placer in available_placers():
+        for comm_aware in (True, False):
+            placed, fallback = place_tiles(tiles, seqs, workers, shape, placer=placer,
+                                           policy=PlacementPolicy(comm_aware=comm_aware, reserved=busy))
+            assert 2 not in set(placed.dest.tolist()) and fallback == 0
+    with pytest.raises(ValueError, match="reserved loads"):
+        place_tiles(tiles, seqs, workers, shape, policy=PlacementPolicy(reserved=[1.0, 2.0]))
+    with pytest.raises(ValueError, match="reserved loads"):
+        place_tiles(tiles, seqs, workers, shape, policy=PlacementPolicy(reserved=[0.0, -1.0, 0.0, 0.0]))

@@ -1,7 +1,7 @@
-"""``libra-adaptive``'s overload repair (:mod:`libra.extensions.adaptive.repair`): the compiled loop makes the Python
-loop's moves; a repair never raises the most loaded worker, never puts a worker above ``C``, and
-keeps every tile; under Q-home retention on a pool with one long sample it brings the workers
-Alg. 2 left above ``C`` back within it."""
+"""``libra-adaptive``'s overload repair (:mod:`libra.extensions.adaptive.repair`): a repair never
+raises the most loaded worker, never puts a worker above ``C``, and keeps every tile; under Q-home
+retention on a pool with one long sample it brings the workers Alg. 2 left above ``C`` back within
+it. (The compiled loop makes the Python loop's moves: ``tests/compiled_identity/``.)"""
 
 from __future__ import annotations
 
@@ -41,12 +41,9 @@ def _loads(dest, load, base):
 
 @settings(max_examples=150, deadline=None)
 @given(case=placements())
-def test_repair_moves_never_overfill_and_placers_agree(case):
+def test_repair_moves_never_overfill(case):
     dest, load, base, cap, priority, home, lw = case
-    runs = {p: repair_overload(dest, load, base, cap, priority, home, lw, placer=p) for p in available_placers()}
-    (new, moved), *others = runs.values()
-    for other, n in others:
-        assert other.tolist() == new.tolist() and n == moved
+    new, moved = repair_overload(dest, load, base, cap, priority, home, lw)
     before, after = _loads(dest, load, base), _loads(new, load, base)
     assert int((new != dest).sum()) == moved
     assert after.max() <= before.max() + 1e-9  # the most loaded worker never gets worse

@@ -200,3 +200,30 @@ def scattered_pools(draw):
     tiles = TileTable(seq=cols[0], q_start=cols[1], q_end=cols[2], head_start=cols[3], head_end=cols[4],
                       q_home=cols[5], dest=np.full(len(rows), -1), flops=flops)
     return sequences, workers, tiles, shape
+
+
+GQA = [(8, 2), (32, 4), (12, 3), (4, 4), (6, 3)]
+"""(hq, hkv): GQA groups of 4, 8, 4, 1 and 2 (6/3 with H=2 and 12/3 with H=4: shards over 2 KV atoms)."""
+
+
+@st.composite
+def gqa_pools(draw):
+    """``(sequences, workers, tiles, shape)``: a standard-layout pool of P DP ranks x CP with SH-tiles
+    (:data:`GQA` shapes, head_dim 4 or 128, CP ranks permuted or not, long-tailed samples)."""
+    from libra.tap.tiles import make_tiles
+
+    hq, hkv = draw(st.sampled_from(GQA))
+    shape = AttentionShape(num_q_heads=hq, num_kv_heads=hkv, head_dim=draw(st.sampled_from([4, 128])),
+                           dtype_bytes=2)
+    cp, p, p0 = draw(st.sampled_from([1, 2, 4, 8])), draw(st.integers(1, 4)), draw(st.integers(0, 2))
+    block = draw(st.sampled_from([2, 4, 16]))
+    per_rank = block * draw(st.integers(1, 3))
+    sequences = []
+    for j in range(p):
+        ranks = np.array(draw(st.permutations(list(range(cp))))) if draw(st.booleans()) else np.arange(cp)
+        starts = np.arange(cp) * per_rank
+        sequences.append(SequenceLayout(j, p0 + j, draw(long_tail_lengths(per_rank * cp)), starts,
+                                        starts + per_rank, (p0 + j) * cp + ranks))
+    head_split = draw(st.sampled_from([h for h in (1, 2, 3, 4, 8) if hq % h == 0]))
+    tiles = make_tiles(sequences, block, head_split, shape)
+    return sequences, list(range(p0 * cp, (p0 + p) * cp)), tiles, shape

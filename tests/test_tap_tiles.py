@@ -5,13 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 from test_tap_strategies import pools
 
-from libra.plan import SequenceLayout, TileTable
+from libra.plan import SequenceLayout
 from libra.tap import kv_atoms, kv_need_start, make_tiles
-from libra.tap.tiles import pool_index, tiles_impl
-from libra.tap.tiles import warmup as tiles_warmup
+from libra.tap.tiles import pool_index
 from libra.workload import AttentionShape, packed_flops
 
 
@@ -92,45 +90,6 @@ def test_tiles_cover_sequence_and_sum_flops(pool):
             assert any(a <= qs and qe <= b for a, b in held)
     kv0 = kv_need_start(sequences, tiles)
     assert np.all(kv0 <= tiles.q_start)
-
-
-# ---------------------------------------------------------------------------------------------
-# the compiled kernel and the numpy implementation agree (numpy only where numba is missing)
-# ---------------------------------------------------------------------------------------------
-
-IMPLS = ["numpy"] + (["numba"] if tiles_impl() == "numba" else [])
-
-
-def _same_tiles(a, b):
-    for name, dtype in TileTable.FIELDS.items():
-        x, y = getattr(a, name), getattr(b, name)
-        assert x.dtype == y.dtype == dtype and np.array_equal(x, y), name
-
-
-@settings(max_examples=40, deadline=None)
-@given(pools(), st.integers(0, 3))
-def test_implementations_agree(pool, zeros):
-    """Same tiles from every implementation, with zero-length samples and a partial last block."""
-    sequences, _workers, block, head_split, shape = pool
-    lengths = list(sequences[0].sample_lengths) + [0] * zeros  # zero-length samples at the end
-    seqs = [SequenceLayout.contiguous(0, 0, lengths + [block // 2 or 1], cp=1)] + list(sequences)
-    ref = make_tiles(seqs, block, head_split, shape, impl="numpy")
-    for impl in IMPLS:
-        _same_tiles(make_tiles(seqs, block, head_split, shape, impl=impl), ref)
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-def test_crossing_block_named_by_every_implementation(impl):
-    seqs = [SequenceLayout.contiguous(0, 0, [8], cp=2), SequenceLayout.contiguous(1, 1, [12], cp=2)]
-    with pytest.raises(ValueError, match=r"block 1 \[4, 8\) of sequence 1 \(seq_id 1\) crosses"):
-        make_tiles(seqs, 4, 1, AttentionShape(1, 1, 1, 2), impl=impl)
-
-
-def test_impl_argument():
-    seq = SequenceLayout.contiguous(0, 0, [8], cp=1)
-    with pytest.raises(ValueError, match="impl must be"):
-        make_tiles([seq], 4, 1, AttentionShape(1, 1, 1, 2), impl="cuda")
-    assert tiles_warmup() >= 0.0
 
 
 def test_pool_index_matches_per_sequence_construction():

@@ -7,7 +7,7 @@ fallback: :mod:`libra.tap.tiles`, :mod:`libra.tap.placement`, :mod:`libra.tap.ex
 :mod:`~libra.jit.layout` and :mod:`~libra.jit.cost`. The twins are numba-only code: run without
 numba (``NUMBA_DISABLE_JIT=1``) they were 12x (tiles), 10x (placement) and 44x (exchange) slower
 than the numpy/Python implementations on a 256K libra-prod pool, so the numpy code cannot be
-replaced by them. ``tests/test_compiled_identity.py`` checks every twin against its oracle.
+replaced by them. ``tests/compiled_identity/`` checks every twin against its oracle.
 
 :func:`compiled` imports one of them once per process, or returns None where numba is missing;
 :func:`select` is the one switch by which an ``impl`` (``placer``) choice picks it, and

@@ -15,18 +15,16 @@ from hypothesis import strategies as st
 from test_baselines_planners import make_window
 
 from baselines.registry import get_planner
-from libra import jit as jit_modules
 from libra.config import ParallelConfig, TapConfig
 from libra.extensions.adaptive.candidates import CANDIDATES, CandidateSpace, candidate_pools
 from libra.extensions.adaptive.tile_chunks import TILES
 from libra.plan import HEADS, Plan
-from libra.sim import cost as cost_mod
-from libra.sim.cost import CostModel, cost_impl
+from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
 from libra.sim.topology import Topology
 from libra.workload import AttentionShape
 
-pytest.importorskip("numba")
+pytestmark = pytest.mark.numba
 
 SHAPE = AttentionShape(8, 2, 8)
 TAP = {"block_size": 32, "head_split": 1, "pipeline_chunks": 2, "pool_size": 2}
@@ -88,15 +86,3 @@ def test_every_candidate_with_relays_and_tile_chunks():
                         kinds.add("relay" if cand.transfers.hop.any() else chunking)
                         _same_price(jit, ref, one, 2, None)
     assert {"relay", TILES, HEADS} <= kinds
-
-
-def test_impl_choice_and_errors(monkeypatch):
-    par = ParallelConfig(dp=2, cp=1, gbs=2, seq_len=64)
-    assert cost_impl() == "numba" and jit_modules.warmup("cost") >= 0.0 and jit_modules.warmup("layout") >= 0.0
-    with pytest.raises(ValueError, match="impl must be one of auto, numba, numpy, got 'gpu'"):
-        CostModel(PROFILE, Topology(PROFILE, par), impl="gpu")
-    monkeypatch.setattr(jit_modules, "compiled", lambda name: None)  # as without numba
-    assert cost_mod.cost_impl() == "numpy" and jit_modules.warmup("cost") == 0.0
-    assert CostModel(PROFILE, Topology(PROFILE, par))._jit is None
-    with pytest.raises(ImportError, match=r"\.\[fast\]"):
-        CostModel(PROFILE, Topology(PROFILE, par), impl="numba")
