@@ -404,42 +404,13 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
     if kernel.rate_inf_tflops > peak:
         peak = kernel.rate_inf_tflops
         peak_note = f"raised to the fitted rate (base profile {base.name!r} had {base.peak_tflops})"
+    fit = {"rate_inf_tflops": rate, "half_length": half, "exponent": expo, "length_fit_max_rel_err": err,
+           "launch_ms": launch, "heads_half": heads_half, "heads_fit_max_rel_err": heads_err,
+           "backward_time_ratio": bwd_ratio, "backward_rate_inf_tflops": b_rate, "backward_half_length": b_half,
+           "backward_exponent": b_expo, "backward_fit_max_rel_err": b_err, "device_copy_gbps": copy_gbps,
+           "piece_pricing": kernel.piece_pricing, "piece_median_abs_err": pieces.get("median_abs_err")}
     slug = device_slug(info)
-    source = {
-        "measured_by": "libra-bench calibrate", "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-        "git_sha": git_sha(), "device": info.get("name"), "driver": info.get("driver"), "torch": info.get("torch"),
-        "cuda": info.get("cuda"), "kernel_backend": info.get("kernel_backend"),
-        "kernel_version": info.get("kernel_version"), "dtype": dtype_label, "environment": info,
-        "kernel_fit": (f"rate_inf_tflops, half_length, exponent = libra.sim.kernel.fit_length_efficiency on the "
-                       f"measured forward length sweep (one causal document per call, {cfg.q_heads} q heads, "
-                       f"{cfg.kv_heads} kv heads, head_dim {cfg.head_dim}); worst relative error {err:.2%}"),
-        "calibration_table": {"lengths": lf["length"].astype(int).tolist(),
-                              "times_ms": [round(x, 6) for x in times.tolist()],
-                              "backward_times_ms": [round(x, 6) for x in lb["ms"].tolist()],
-                              "heads": cfg.q_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim},
-        "launch_ms": f"median forward time of a {LAUNCH_PROBE_TOKENS}-token, 1-head call, capped at half the fastest "
-                     f"sweep point: {launch:.6f} ms",
-        "heads_half": (f"fitted to the forward heads sweep ({cfg.heads_documents} document(s) of {cfg.heads_length} tokens "
-                       f"per call, heads "
-                       f"{hf['heads'].astype(int).tolist()}); worst relative error {heads_err:.2%}"),
-        "heads_table": {"heads": hf["heads"].astype(int).tolist(), "tflops": [round(x, 4) for x in hf["tflops"]],
-                        "length": cfg.heads_length, "documents": cfg.heads_documents},
-        "backward_time_ratio": f"median backward / forward time over the length sweep: {bwd_ratio:.4f} (the "
-                               f"backward launch cost is launch_ms x it)",
-        "backward_curve": (f"backward_rate_inf_tflops, backward_half_length, backward_exponent = "
-                           f"fit_length_efficiency on the measured backward length sweep (rate in forward FLOPs per "
-                           f"second of backward time); worst relative error {b_err:.2%}"),
-        "device_copy": ({"gbps": round(copy_gbps, 3), "bytes": int(copy["bytes"].iloc[0]),
-                         "meaning": "device-to-device copy on one GPU: bytes copied per second (each byte read "
-                                    "once and written once on the same memory, so memory traffic is twice "
-                                    "this); a local-memory figure, not a link measurement"}
-                        if copy_gbps is not None else None),
-        "peak_tflops": peak_note,
-        "piece_pricing": pieces,
-        "links": f"kept from base profile {base.name!r} (one device measures no link): "
-                 f"{base.source.get('links', 'see base profile')}",
-        "base_profile": base.name,
-    }
+    source = _measured_source(cfg, base, info, dtype_label, fit, (lf, lb, hf, copy), pieces, peak_note)
     occupancy = calibrate_occupancy_fit(df, info, cfg.head_dim)  # GPU only; the profile keeps its model
     if occupancy is not None:
         source["occupancy_fit"] = occupancy
@@ -448,12 +419,49 @@ def fit_profile(df: pd.DataFrame, cfg: CalibrateConfig, base: HardwareProfile, i
                                    f"({info.get('kernel_backend')}, {dtype_label}); links and cluster shape "
                                    f"from {base.name}"),
                       source=source, peak_tflops=float(peak), kernel=kernel)
-    fit = {"rate_inf_tflops": rate, "half_length": half, "exponent": expo, "length_fit_max_rel_err": err,
-           "launch_ms": launch, "heads_half": heads_half, "heads_fit_max_rel_err": heads_err,
-           "backward_time_ratio": bwd_ratio, "backward_rate_inf_tflops": b_rate, "backward_half_length": b_half,
-           "backward_exponent": b_expo, "backward_fit_max_rel_err": b_err, "device_copy_gbps": copy_gbps,
-           "piece_pricing": kernel.piece_pricing, "piece_median_abs_err": pieces.get("median_abs_err")}
     return profile, fit
+
+
+def _measured_source(cfg: CalibrateConfig, base: HardwareProfile, info: dict, dtype_label: str, fit: dict,
+                     tables: tuple, pieces: dict, peak_note: str) -> dict:
+    """The measured profile's ``source``: where each fitted number comes from (``fit``: :func:`fit_profile`'s
+    numbers; ``tables``: the forward and backward length sweeps, the heads sweep and the copy rows)."""
+    lf, lb, hf, copy = tables
+    return {
+        "measured_by": "libra-bench calibrate", "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "git_sha": git_sha(), "device": info.get("name"), "driver": info.get("driver"), "torch": info.get("torch"),
+        "cuda": info.get("cuda"), "kernel_backend": info.get("kernel_backend"),
+        "kernel_version": info.get("kernel_version"), "dtype": dtype_label, "environment": info,
+        "kernel_fit": (f"rate_inf_tflops, half_length, exponent = libra.sim.kernel.fit_length_efficiency on the "
+                       f"measured forward length sweep (one causal document per call, {cfg.q_heads} q heads, "
+                       f"{cfg.kv_heads} kv heads, head_dim {cfg.head_dim}); worst relative error {fit['length_fit_max_rel_err']:.2%}"),
+        "calibration_table": {"lengths": lf["length"].astype(int).tolist(),
+                              "times_ms": [round(x, 6) for x in lf["ms"].tolist()],
+                              "backward_times_ms": [round(x, 6) for x in lb["ms"].tolist()],
+                              "heads": cfg.q_heads, "kv_heads": cfg.kv_heads, "head_dim": cfg.head_dim},
+        "launch_ms": f"median forward time of a {LAUNCH_PROBE_TOKENS}-token, 1-head call, capped at half the fastest "
+                     f"sweep point: {fit['launch_ms']:.6f} ms",
+        "heads_half": (f"fitted to the forward heads sweep ({cfg.heads_documents} document(s) of {cfg.heads_length} tokens "
+                       f"per call, heads "
+                       f"{hf['heads'].astype(int).tolist()}); worst relative error {fit['heads_fit_max_rel_err']:.2%}"),
+        "heads_table": {"heads": hf["heads"].astype(int).tolist(), "tflops": [round(x, 4) for x in hf["tflops"]],
+                        "length": cfg.heads_length, "documents": cfg.heads_documents},
+        "backward_time_ratio": f"median backward / forward time over the length sweep: {fit['backward_time_ratio']:.4f} (the "
+                               f"backward launch cost is launch_ms x it)",
+        "backward_curve": (f"backward_rate_inf_tflops, backward_half_length, backward_exponent = "
+                           f"fit_length_efficiency on the measured backward length sweep (rate in forward FLOPs per "
+                           f"second of backward time); worst relative error {fit['backward_fit_max_rel_err']:.2%}"),
+        "device_copy": ({"gbps": round(fit["device_copy_gbps"], 3), "bytes": int(copy["bytes"].iloc[0]),
+                         "meaning": "device-to-device copy on one GPU: bytes copied per second (each byte read "
+                                    "once and written once on the same memory, so memory traffic is twice "
+                                    "this); a local-memory figure, not a link measurement"}
+                        if fit["device_copy_gbps"] is not None else None),
+        "peak_tflops": peak_note,
+        "piece_pricing": pieces,
+        "links": f"kept from base profile {base.name!r} (one device measures no link): "
+                 f"{base.source.get('links', 'see base profile')}",
+        "base_profile": base.name,
+    }
 
 
 def piece_points(lengths) -> list[tuple[int, int]]:
