@@ -70,12 +70,21 @@ class Setting:
         return ParallelConfig(dp=self.dp, cp=self.cp, gbs=self.gbs, seq_len=self.seq_len)
 
 
-SETTINGS: dict[str, Setting] = {
-    "256k": Setting("256k", dp=32, cp=8, gbs=128, seq_len=256 * 1024,
-                    tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
-    "1m": Setting("1m", dp=16, cp=16, gbs=32, seq_len=1024 * 1024,
-                  tap=TapConfig(pool_size=8, block_size=8192, head_split=2)),
-}
+PAPER_SEQ_LEN = {"256k": 256 * 1024, "1m": 1024 * 1024}
+PAPER_TAP = {"256k": TapConfig(block_size=4096, head_split=2), "1m": TapConfig(block_size=8192, head_split=2)}
+"""Libra sec. 6.3's TAP layout per setting: B = 4096 / 8192, H = 2, M = TapConfig's default (4). Each
+experiment keeps its own DP x CP layout and pool size (:func:`paper_setting`)."""
+
+
+def paper_setting(name: str, dp: int, cp: int, gbs: int, pool_size: int) -> Setting:
+    """The paper's setting ``name`` (``256k`` / ``1m``: S and :data:`PAPER_TAP`) in an experiment's own
+    layout (``dp``, ``cp``, ``gbs``) with pool size ``pool_size``."""
+    return Setting(name, dp=dp, cp=cp, gbs=gbs, seq_len=PAPER_SEQ_LEN[name],
+                   tap=replace(PAPER_TAP[name], pool_size=pool_size))
+
+
+SETTINGS: dict[str, Setting] = {"256k": paper_setting("256k", dp=32, cp=8, gbs=128, pool_size=8),
+                                "1m": paper_setting("1m", dp=16, cp=16, gbs=32, pool_size=8)}
 
 
 def largest_divisor(n: int, cap: int) -> int:

@@ -47,6 +47,7 @@ from experiments.common.sim_common import (
     chosen_settings,
     common_options,
     largest_divisor,
+    paper_setting,
     resolve_profile,
     setting_record,
     settings_from_options,
@@ -62,12 +63,8 @@ PAPER_WORKLOAD = "libra-prod"
 
 # Libra sec. 6.2 (Figure 11) and 6.3 (block sizes: B = 4096 on 256K, 8192 on 1M; H = 2; M = 4,
 # TapConfig's default). DP is the largest of the sweep; the pool size is the cap of P = min(cap, DP).
-E2E_SETTINGS = {
-    "256k": Setting("256k", dp=16, cp=4, gbs=128, seq_len=262144,
-                    tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
-    "1m": Setting("1m", dp=8, cp=16, gbs=32, seq_len=1048576,
-                  tap=TapConfig(pool_size=4, block_size=8192, head_split=2)),
-}
+E2E_SETTINGS = {"256k": paper_setting("256k", dp=16, cp=4, gbs=128, pool_size=8),
+                "1m": paper_setting("1m", dp=8, cp=16, gbs=32, pool_size=4)}
 E2E_PP = {"256k": 4, "1m": 2}
 E2E_DP = {"256k": (4, 8, 16), "1m": (2, 4, 8)}
 

@@ -53,6 +53,7 @@ from experiments.common.sim_common import (
     load_windows,
     make_planner,
     make_shape,
+    paper_setting,
     resolve_profile,
     setting_record,
     settings_from_options,
@@ -60,7 +61,7 @@ from experiments.common.sim_common import (
     with_tap,
     workload_record,
 )
-from libra.config import TapConfig, check_layout
+from libra.config import check_layout
 from libra.data.source import resolve_workload
 from libra.sim.simulator import simulate_window
 
@@ -72,12 +73,8 @@ DEFAULT_Q_HEADS = 32
 DEFAULT_KV_HEADS = 4
 """``h_kv`` of a layout of your own unless ``--kv-heads`` (the project's default head shape, 32/4/128)."""
 
-GRID_SETTINGS: dict[str, Setting] = {
-    "256k": Setting("256k", dp=8, cp=8, gbs=128, seq_len=256 * 1024,
-                    tap=TapConfig(pool_size=8, block_size=4096, head_split=2)),
-    "1m": Setting("1m", dp=4, cp=16, gbs=32, seq_len=1024 * 1024,
-                  tap=TapConfig(pool_size=4, block_size=8192, head_split=2)),
-}
+GRID_SETTINGS: dict[str, Setting] = {"256k": paper_setting("256k", dp=8, cp=8, gbs=128, pool_size=8),
+                                     "1m": paper_setting("1m", dp=4, cp=16, gbs=32, pool_size=4)}
 """Sec. 6.6's own layouts (not sec. 6.3's :data:`experiments.common.sim_common.SETTINGS` of the same names);
 each cell replaces ``block_size``/``head_split``."""
 

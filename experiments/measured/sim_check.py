@@ -123,8 +123,11 @@ class SimCheckConfig(OnePoolLayout):
 
     @property
     def chunks(self) -> int:
-        """The Pipeliner's M the method runs: ``tap.pipeline_chunks`` for ``libra``, else 1."""
-        return self.tap.pipeline_chunks if self.method == "libra" else 1
+        """The Pipeliner's M the method runs, as its planner says (``libra``: ``tap.pipeline_chunks``;
+        the TAP-only variants pin 1; Ulysses has no Pipeliner)."""
+        from baselines.registry import options_from_tap, planner_class  # noqa: PLC0415
+
+        return planner_class(self.method).from_options(**options_from_tap(self.method, self.tap)).pipeline_chunks
 
 
 def worker_calls(pieces: dict, shape: AttentionShape, schedule: ChunkSchedule) -> list[tuple[Segments, int, int]]:
