@@ -126,7 +126,19 @@ class TapPlanner(Planner):
 
     @classmethod
     def from_options(cls, **options) -> TapPlanner:
-        return cls(TapConfig(**options))
+        return cls.from_tap(TapConfig(**options))
+
+    @classmethod
+    def from_tap(cls, tap: TapConfig, profile=None, **options) -> TapPlanner:
+        """The planner holding ``tap`` whole as its config, its :attr:`pinned` fields applied; a
+        TAP-only planner plans without a profile, so ``profile`` is ignored.
+
+        Raises:
+            ValueError: any other option (a TapPlanner's options are its TapConfig's fields).
+        """
+        if options:
+            raise ValueError(f"planner {cls.name!r} takes no option(s) {sorted(options)} besides its TapConfig")
+        return cls(tap)
 
     def window_tap(self, par: ParallelConfig, shape: AttentionShape | None = None) -> TapConfig:
         """The TapConfig of one window in layout ``par`` (:attr:`per_window` fields set) for heads
@@ -275,7 +287,14 @@ class LibraKtPlanner(LibraPlanner):
     def from_options(cls, **options) -> LibraKtPlanner:
         own = {f.name for f in fields(cls.Config)} - {"tap"}
         tap = TapConfig(**{k: v for k, v in options.items() if k not in own})
-        return cls(cls.Config(tap=tap, **{k: v for k, v in options.items() if k in own}))
+        return cls.from_tap(tap, **{k: v for k, v in options.items() if k in own})
+
+    @classmethod
+    def from_tap(cls, tap: TapConfig, profile=None, **options) -> LibraKtPlanner:
+        """The planner whose config holds ``tap`` whole (``load_estimate`` pinned), ``profile``
+        (None: the config's default) and its own ``options``."""
+        given = {} if profile is None else {"profile": profile}
+        return cls(cls.Config(tap=tap, **given, **options))
 
     def load_model(self) -> tuple[object, dict]:
         # the estimate's profile goes into the plan (and its hash): a plan made for another

@@ -4,11 +4,14 @@ Every method is a *planner* (DESIGN.md sec. 2): it turns one GBS window of packe
 one :class:`libra.plan.Plan` per GA index, so the simulator, the runtime and the tests consume all
 methods through the same contract. Planners are looked up by name (registry pattern, as in vidur):
 
->>> planner = get_planner("libra", block_size=4096, head_split=2)
+>>> planner = get_planner("libra", tap=TapConfig(block_size=4096, head_split=2))
 >>> plans = planner.plan_window(window, par, shape)   # len(plans) == par.ga
 
-The TAP planners (``distca`` and the ``libra`` family) take the fields of their
-:class:`libra.config.TapConfig` as options (:func:`options_from_tap` picks them from a TapConfig).
+A run's TAP layout reaches every planner whole: ``get_planner(name, tap=TapConfig(...))`` hands it
+to :meth:`Planner.from_tap`, where the TAP planners (the ``libra`` family, ``distca-paper``) take it
+as their config with their pinned fields applied, ``distca`` and ``dynamic-cp`` read its ``M``, and
+Ulysses and WLB-LLM ignore it. The TapConfig fields are also plain keyword options
+(``get_planner("libra", block_size=4096)``). :func:`option_record` is the flat form a run records.
 
 Planner modules are imported lazily on first lookup, so importing the registry stays cheap and the
 planning path never imports torch.
@@ -80,6 +83,15 @@ class Planner:
         """The planner configured by ``options`` (names already checked against :meth:`option_names`)."""
         return cls(cls.Config(**options))
 
+    @classmethod
+    def from_tap(cls, tap: TapConfig, profile=None, **options) -> Planner:
+        """The planner of a run whose TAP layout is ``tap`` and whose pricing profile is ``profile``:
+        here the TapConfig fields this planner takes as options (``M`` for ``distca`` and
+        ``dynamic-cp``, none for Ulysses and WLB-LLM) plus ``options``; ``profile`` is ignored by a
+        planner that plans without one. The TAP planners take ``tap`` whole (:class:`TapPlanner
+        <baselines.libra_planners.TapPlanner>`)."""
+        return cls.from_options(**tap_options(cls, tap, profile), **options)
+
     @property
     def pipeline_chunks(self) -> int:
         return 1
@@ -117,36 +129,53 @@ def planner_class(name: str) -> type[Planner]:
     return getattr(importlib.import_module(module), attr)
 
 
-def get_planner(name: str, **options) -> Planner:
-    """Instantiate the planner registered as ``name`` with its options.
+def get_planner(name: str, tap: TapConfig | None = None, **options) -> Planner:
+    """Instantiate the planner registered as ``name``.
+
+    Args:
+        name: a registered planner.
+        tap: the run's TAP layout, handed whole to :meth:`Planner.from_tap` (None: ``options`` alone
+            configure the planner, TapConfig fields included).
+        options: the planner's own options; with ``tap`` given, no TapConfig field (it is in
+            ``tap``), and ``profile`` is the run's pricing profile, ignored by planners without one.
 
     Raises:
         ValueError: unknown name (the message lists the registered names), an option the planner
             does not take, or an option value its config rejects.
     """
     cls = planner_class(name)
-    names = cls.option_names()
-    unknown = sorted(set(options) - set(names))
+    names = set(cls.option_names())
+    if tap is not None:
+        names = (names - {f.name for f in dataclasses.fields(TapConfig)}) | {"profile"}
+    unknown = sorted(set(options) - names)
     if unknown:
-        raise ValueError(f"planner {name!r} takes no option(s) {unknown}; its options are {sorted(names)}")
-    return cls.from_options(**options)
+        given = " besides its TapConfig" if tap is not None else ""
+        raise ValueError(f"planner {name!r} takes no option(s) {unknown}{given}; its options are {sorted(names)}")
+    return cls.from_options(**options) if tap is None else cls.from_tap(tap, **options)
 
 
-def options_from_tap(name: str, tap: TapConfig, profile=None) -> dict:
-    """The :func:`get_planner` options of planner ``name`` that ``tap`` sets: the TapConfig fields the
-    planner takes as options (none for Ulysses and WLB-LLM; no ``pipeline_chunks`` for the TAP-only
-    variants, no ``pool_size`` for DistCA), and ``profile`` (a name, path or HardwareProfile) when
-    given and the planner plans with one (``libra-kt``, ``libra-adaptive``): the profile the run
-    prices with, so its estimate and the pricing agree.
-
-    Raises:
-        ValueError: unknown name.
-    """
-    names = set(planner_class(name).option_names())
+def tap_options(cls: type[Planner], tap: TapConfig, profile=None) -> dict:
+    """The options of planner class ``cls`` that ``tap`` sets (the TapConfig fields among its
+    options) and ``profile`` when the planner plans with one."""
+    names = set(cls.option_names())
     options = {f.name: getattr(tap, f.name) for f in dataclasses.fields(TapConfig) if f.name in names}
     if profile is not None and "profile" in names:
         options["profile"] = profile
     return options
+
+
+def option_record(name: str, tap: TapConfig, profile=None, **options) -> dict:
+    """The flat record of planner ``name``'s options in a run with TAP layout ``tap``, as run configs
+    and point-cache keys store them: the TapConfig fields the planner takes as options (none for
+    Ulysses and WLB-LLM; no ``pipeline_chunks`` for the TAP-only variants, no ``pool_size`` for
+    ``distca-paper``), ``profile`` (a name, path or HardwareProfile) when given and the planner
+    plans with one (``libra-kt``, ``libra-adaptive``), then ``options``. A record only: planners are
+    built from the TapConfig itself (``get_planner(name, tap=tap, ...)``).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    return {**tap_options(planner_class(name), tap, profile), **options}
 
 
 # --------------------------------------------------------------------------------------------

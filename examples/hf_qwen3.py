@@ -104,12 +104,12 @@ def make_sampler(rows, args, dp_rank: int) -> LibraSampler:
 def plan_step(args, shape, metadata: dict):
     """TAP plans of every GA index of one step from its sequence lengths (the sampler made the pools),
     by ``--planner`` (the paper's ``libra``, ``libra-kt`` or ``libra-adaptive``)."""
-    from baselines.registry import get_planner, options_from_tap
+    from baselines.registry import get_planner
     from libra.config import ParallelConfig, TapConfig
 
     par = ParallelConfig(dp=args.dp, cp=args.cp, gbs=args.gbs, seq_len=args.seq_len)
     tap = TapConfig(pool_size=args.dp, block_size=BLOCK, head_split=HEAD_SPLIT, pipeline_chunks=CHUNKS)
-    planner = get_planner(args.planner, **options_from_tap(args.planner, tap))
+    planner = get_planner(args.planner, tap=tap)
     return planner.plan_groups(metadata["lengths"], metadata["groups"], par, shape, {"step": metadata["step"]})
 
 

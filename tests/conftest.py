@@ -42,14 +42,15 @@ def workloads_dir() -> Path:
 
 @pytest.fixture
 def planner_calls(monkeypatch) -> list:
-    """Every ``baselines.registry.get_planner(name, **options)`` call of the test, as ``(name, options)``."""
+    """Every ``baselines.registry.get_planner(name, tap=None, **options)`` call of the test, as ``(name,
+    options)`` in the flat form a run records (:func:`baselines.registry.option_record` when a TapConfig is given)."""
     import baselines.registry as registry  # noqa: PLC0415
 
     seen, real = [], registry.get_planner
 
-    def spy(name, **options):
-        seen.append((name, options))
-        return real(name, **options)
+    def spy(name, tap=None, **options):
+        seen.append((name, options if tap is None else registry.option_record(name, tap, **options)))
+        return real(name, tap, **options)
 
     monkeypatch.setattr(registry, "get_planner", spy)
     return seen

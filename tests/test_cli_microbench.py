@@ -70,19 +70,17 @@ def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
 def test_tau_reaches_every_tap_planner():
     from dataclasses import replace
 
-    from baselines.registry import get_planner
-    from experiments.measured.microbench import DEFAULT_TAP, make_config, planner_options
+    from experiments.measured.microbench import DEFAULT_TAP, make_config, make_planner
 
     cfg = make_config(dp=2, cp=2, seq_len=2048, gbs=4, tap=replace(DEFAULT_TAP, tau=0.2), q_heads=8, kv_heads=2,
                       head_dim=32, dtype="fp32", device="cpu", backend="auto", comm="p2p",
                       methods="ulysses,wlb-llm,distca-paper,libra-tap,libra-tap-vrsp,libra", windows=1,
                       workload="libra-prod", seed=0, repeats=1, warmup=0, backward=True, timeout=60.0)
     assert cfg["tap"]["tau"] == 0.2 and cfg["tap"]["block_size"] == 256  # what run.json records
-    assert planner_options("ulysses", cfg) == {} and planner_options("wlb-llm", cfg) == {}
     for method in ("distca-paper", "libra-tap", "libra-tap-vrsp", "libra"):
-        planner = get_planner(method, **planner_options(method, cfg))
+        planner = make_planner(method, cfg)
         assert planner.tap.tau == 0.2 and planner.tap.block_size == 256, method
-    assert get_planner("libra", **planner_options("libra", cfg)).tap.pipeline_chunks == 2
+    assert make_planner("libra", cfg).tap.pipeline_chunks == 2
 
 
 def test_chunks_is_an_alias_of_pipeline_chunks():

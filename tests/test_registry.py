@@ -4,7 +4,7 @@ from dataclasses import fields, replace
 
 import pytest
 
-from baselines.registry import PLANNERS, Planner, get_planner, options_from_tap, planner_class
+from baselines.registry import PLANNERS, Planner, get_planner, option_record, planner_class
 from libra.config import ParallelConfig, TapConfig
 from libra.data.packing import PackedSequence
 from libra.extensions.adaptive.candidates import DEFAULT_CANDIDATES
@@ -129,19 +129,34 @@ def test_tap_planner_options_are_the_tapconfig_fields_it_does_not_pin(name):
     assert set(planner_class(name).option_names()) == expected
 
 
-def test_options_from_tap_round_trip():
+def test_planners_take_the_run_tapconfig_whole():
     tap = TapConfig(pool_size=4, block_size=2048, head_split=4, tau=0.1, pipeline_chunks=2, comm_aware=False)
-    assert options_from_tap("ulysses", tap) == {} and options_from_tap("wlb-llm", tap) == {}
-    assert get_planner("libra", **options_from_tap("libra", tap)).config == tap
-    assert get_planner("libra-tap", **options_from_tap("libra-tap", tap)).tap == replace(tap, pipeline_chunks=1)
-    kt = get_planner("libra-kt", **options_from_tap("libra-kt", tap))
+    assert get_planner("libra", tap=tap).config == tap
+    assert get_planner("libra-tap", tap=tap).tap == replace(tap, pipeline_chunks=1)
+    kt = get_planner("libra-kt", tap=tap)
     assert kt.tap == replace(tap, load_estimate="kernel-time") and kt.config.profile == "h100-roce-v1"
-    distca = get_planner("distca-paper", **options_from_tap("distca-paper", tap)).tap
+    assert get_planner("libra-kt", tap=tap, profile="h100-roce-v1").config.profile == "h100-roce-v1"
+    distca = get_planner("distca-paper", tap=tap).tap
     assert (distca.block_size, distca.head_split, distca.tau, distca.pipeline_chunks, distca.comm_aware) == \
         (2048, 4, 0.1, 2, False)
-    # DistCA's own planner and dynamic CP take only the Pipeliner depth from a TAP layout
-    assert options_from_tap("distca", tap) == {"pipeline_chunks": 2}
-    assert options_from_tap("dynamic-cp", tap) == {"pipeline_chunks": 2}
+    # DistCA's own planner and dynamic CP take only the Pipeliner depth; Ulysses ignores the layout
+    assert get_planner("distca", tap=tap).pipeline_chunks == 2
+    assert get_planner("dynamic-cp", tap=tap, profile="h100-roce-v1").pipeline_chunks == 2
+    assert get_planner("ulysses", tap=tap, profile="h100-roce-v1").pipeline_chunks == 1
+    with pytest.raises(ValueError, match="besides its TapConfig"):
+        get_planner("libra", tap=tap, block_size=1024)  # a TAP field goes in the TapConfig
+
+
+def test_option_record_is_the_flat_form_runs_record():
+    tap = TapConfig(pool_size=4, block_size=2048, head_split=4, tau=0.1, pipeline_chunks=2, comm_aware=False)
+    assert option_record("ulysses", tap) == {} and option_record("wlb-llm", tap, rejoin="none") == {"rejoin": "none"}
+    assert get_planner("libra", **option_record("libra", tap)).config == get_planner("libra", tap=tap).config
+    assert "pipeline_chunks" not in option_record("libra-tap", tap)
+    assert "pool_size" not in option_record("distca-paper", tap)
+    assert option_record("libra-kt", tap, "h100-roce-v1")["profile"] == "h100-roce-v1"
+    assert "profile" not in option_record("libra", tap, "h100-roce-v1")
+    assert option_record("distca", tap) == {"pipeline_chunks": 2}
+    assert option_record("dynamic-cp", tap) == {"pipeline_chunks": 2}
 
 
 def test_tap_planner_takes_a_tapconfig_and_pins_its_fields():

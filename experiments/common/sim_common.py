@@ -202,25 +202,34 @@ other methods compute for the same data (several times more at S = 256K with ~1M
 
 def planner_options(method: str, setting: Setting, pool_size: int | None = None,
                     wlb_rejoin: str = WLB_REJOIN_DEFAULT, profile=None) -> dict:
-    """Registry options of ``method`` in ``setting``: the fields of the setting's TapConfig the planner
-    takes (:func:`baselines.registry.options_from_tap`; P override only affects Libra's variants),
-    and ``profile`` (a HardwareProfile or name) for a planner that plans with one (``libra-kt``,
-    ``libra-adaptive``): it must be the profile the run prices with."""
-    from baselines.registry import options_from_tap  # noqa: PLC0415  (keeps `--help` fast)
+    """The flat record of ``method``'s options in ``setting`` that run configs store
+    (:func:`baselines.registry.option_record`): the fields of the setting's TapConfig the planner
+    takes (P override only affects Libra's variants), WLB-LLM's ``rejoin``, and ``profile`` for a
+    planner that plans with one. A record only; :func:`make_planner` builds the planner."""
+    from baselines.registry import option_record  # noqa: PLC0415  (keeps `--help` fast)
 
-    if method == "wlb-llm":
-        return {"rejoin": wlb_rejoin}
-    tap = setting.tap if pool_size is None else replace(setting.tap, pool_size=pool_size)
-    return options_from_tap(method, tap, profile)
+    return option_record(method, setting_tap(setting, pool_size), profile, **_own_options(method, wlb_rejoin))
+
+
+def setting_tap(setting: Setting, pool_size: int | None = None) -> TapConfig:
+    """The TapConfig ``setting`` plans with, at pool size ``pool_size`` (None: its own)."""
+    return setting.tap if pool_size is None else replace(setting.tap, pool_size=pool_size)
+
+
+def _own_options(method: str, wlb_rejoin: str) -> dict:
+    return {"rejoin": wlb_rejoin} if method == "wlb-llm" else {}
 
 
 def make_planner(method: str, setting: Setting, pool_size: int | None = None,
-                 wlb_rejoin: str = WLB_REJOIN_DEFAULT, profile=None):
-    """The registry planner of ``method`` configured for ``setting`` (and ``profile``, see
-    :func:`planner_options`)."""
+                 wlb_rejoin: str = WLB_REJOIN_DEFAULT, profile=None, **options):
+    """The registry planner of ``method`` given ``setting``'s TapConfig whole (at pool size
+    ``pool_size``), WLB-LLM's ``rejoin``, the run's ``profile`` (HardwareProfile or name; planners
+    that plan with one, ``libra-kt`` and ``libra-adaptive``, must price with the run's) and the
+    planner's own ``options`` (e.g. ``device_speeds``)."""
     from baselines.registry import get_planner  # noqa: PLC0415  (keeps `--help` fast)
 
-    return get_planner(method, **planner_options(method, setting, pool_size, wlb_rejoin, profile))
+    return get_planner(method, tap=setting_tap(setting, pool_size), profile=profile,
+                       **_own_options(method, wlb_rejoin), **options)
 
 
 def load_windows(workload: str, setting: Setting, n_windows: int, seed: int) -> list:

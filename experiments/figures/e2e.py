@@ -36,7 +36,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from baselines.registry import get_planner, options_from_tap
+from baselines.registry import get_planner
 from experiments.common.options import IntListType, given_layout, layout_options, settings_option, tap_options
 from experiments.common.paper import NUMBERS
 from experiments.common.runner import ExperimentRun, layout_tag
@@ -85,7 +85,7 @@ def price_window(method: str, window, setting: Setting, dp: int, pp: int, model:
     """Plan one GBS window with ``method`` at ``dp`` replicas (Libra's P: :func:`libra_tap`; Ulysses
     and WLB-LLM run with their defaults) and price the optimizer step (one PP stage's Plans)."""
     par = point_par(setting, dp, pp)
-    planner = get_planner(method, **options_from_tap(method, libra_tap(setting, dp)))
+    planner = get_planner(method, tap=libra_tap(setting, dp))
     plans = planner.plan_window(window, par, model.attention_shape)
     return StepModel(E2EConfig(model, par, layers=layers), profile).step(plans)
 

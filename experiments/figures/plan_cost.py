@@ -64,7 +64,7 @@ import numpy as np
 import pandas as pd
 
 from baselines.libra_planners import vrsp_groups
-from baselines.registry import get_planner, options_from_tap, pool_workers
+from baselines.registry import get_planner, pool_workers
 from experiments.common.options import (
     given_layout,
     layout_options,
@@ -259,7 +259,7 @@ def pool_planners(setting: Setting, methods, shape: AttentionShape = SHAPE) -> d
     (:meth:`baselines.libra_planners.TapPlanner.pool_planner`) for ``setting``'s layout."""
     out = {}
     for m in methods:
-        planner = get_planner(m, **options_from_tap(m, setting.tap))
+        planner = get_planner(m, tap=setting.tap)
         out[m] = planner.pool_planner(setting.par(), shape)[0]
     return out
 
@@ -331,7 +331,7 @@ def quality_rows(setting: Setting, workload: str, index: int, seed: int, method:
     moved per optimizer step (total and per kind) and the number of fallback tiles.
     """
     window = _window(setting, workload, index, seed)
-    plans = get_planner(method, **options_from_tap(method, setting.tap)).plan_window(window, setting.par(), shape)
+    plans = get_planner(method, tap=setting.tap).plan_window(window, setting.par(), shape)
     target = 1.0 + setting.tap.tau
     stage_ratio, pool_ratio, tile_bound, kinds, fallback = [], [], [], {"q": 0, "kv": 0, "o": 0}, 0
     for plan in plans:

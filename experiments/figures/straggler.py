@@ -78,6 +78,7 @@ from experiments.common.sim_common import (
     format_table,
     jitter_seed,
     load_windows,
+    make_planner,
     make_shape,
     parse_list,
     planner_options,
@@ -104,7 +105,8 @@ def all_methods() -> tuple[str, ...]:
 
 
 def run_options(method: str, setting, profile, wlb_rejoin: str) -> dict:
-    """Registry options of ``method`` in ``setting``; profile-taking planners get the run's profile."""
+    """The recorded registry options of ``method`` in ``setting`` (the run config's
+    ``planner_options``); profile-taking planners record the run's profile."""
     return planner_options(method, setting, wlb_rejoin=wlb_rejoin, profile=profile)
 
 
@@ -135,7 +137,7 @@ def run_straggler(cfg: StragglerConfig) -> tuple[pd.DataFrame, pd.DataFrame, Exp
             ``known_speeds`` without ``jitter`` or without a method that takes device speeds.
     """
     settings = cfg.settings
-    from baselines.registry import PLANNERS, get_planner, planner_class  # noqa: PLC0415
+    from baselines.registry import PLANNERS, planner_class  # noqa: PLC0415
 
     def takes_speeds(method: str) -> bool:  # the one rule: a planner with a device_speeds option
         return "device_speeds" in planner_class(method).option_names()
@@ -175,11 +177,11 @@ def run_straggler(cfg: StragglerConfig) -> tuple[pd.DataFrame, pd.DataFrame, Exp
     def point(key):
         setting_name, method, w = key
         st, wins, cost_model = context(setting_name)
-        opts = run_options(method, st, cfg.profile, cfg.wlb_rejoin)
+        speeds = {}
         if cfg.known_speeds and takes_speeds(method):
             dev = DeviceJitter(cfg.profile.variability, st.par().workers, jitter_seed(cfg.seed, w))
-            opts["device_speeds"] = tuple(dev.persistent_speeds().tolist())
-        planner = get_planner(method, **opts)
+            speeds["device_speeds"] = tuple(dev.persistent_speeds().tolist())
+        planner = make_planner(method, st, wlb_rejoin=cfg.wlb_rejoin, profile=cfg.profile, **speeds)
         steps = simulate_window(planner, wins[w], st.par(), cfg.shape, cost_model, seed=jitter_seed(cfg.seed, w),
                                 jitter=cfg.jitter, flops_pool_size=st.tap.pool_size)
         return [step_row(r, label, setting_name, w) for r in steps]

@@ -356,7 +356,7 @@ def run_tune(cfg: TuneConfig):
     Raises:
         ValueError: a bad workload or a layout a planner rejects.
     """
-    from baselines.registry import get_planner, options_from_tap, planner_class  # noqa: PLC0415  (keeps `--help` fast)
+    from baselines.registry import get_planner, planner_class  # noqa: PLC0415  (keeps `--help` fast)
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload), "profile": cfg.profile.to_dict(),
@@ -376,11 +376,11 @@ def run_tune(cfg: TuneConfig):
     def point(key):
         as_straggler = key[0] == "as-straggler"
         method, p, h, b, chunks, w = key[1:] if as_straggler else key
-        opts = {} if method == "ulysses" else options_from_tap(
-            method, replace(cfg.tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks), cfg.profile)
+        opts = {}
         if "deepen_pipeline" in planner_class(method).option_names() and not as_straggler:
             opts["deepen_pipeline"] = False  # the grid searches M itself: each candidate runs its own
-        planner = _PlanDigests(get_planner(method, **opts))
+        tap = replace(cfg.tap, pool_size=p, head_split=h, block_size=b, pipeline_chunks=chunks) if p else None
+        planner = _PlanDigests(get_planner(method, tap=tap, profile=cfg.profile, **opts) if tap else get_planner(method))
         steps = simulate_window(planner, wins[w], cfg.par, cfg.shape, cost_model,
                                 seed=jitter_seed(cfg.seed, w), flops_pool_size=p or None)  # Ulysses: p = 0
         return [{"workload": label, "method": method, "pool_size": p, "head_split": h, "block_size": b,

@@ -321,12 +321,10 @@ class OnePoolLayout:
         check_layout(self.par(), replace(self.tap, pipeline_chunks=self.chunks), self.shape())
 
     def planner(self):
-        """The registry planner of ``method`` with the options ``tap`` sets for it
-        (:func:`baselines.registry.options_from_tap`), Pipeliner M = :attr:`chunks`."""
-        from baselines.registry import get_planner, options_from_tap  # noqa: PLC0415
+        """The registry planner of ``method`` given ``tap`` whole, Pipeliner M = :attr:`chunks`."""
+        from baselines.registry import get_planner  # noqa: PLC0415
 
-        tap = replace(self.tap, pipeline_chunks=self.chunks)
-        return get_planner(self.method, **options_from_tap(self.method, tap))
+        return get_planner(self.method, tap=replace(self.tap, pipeline_chunks=self.chunks))
 
 
 def worker_pieces(pool, shape: AttentionShape, worker: int, sched) -> dict[str, np.ndarray]:

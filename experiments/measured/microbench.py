@@ -73,9 +73,8 @@ sample, then eight of 1024).
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
 ``--pipeline-chunks``, alias ``--chunks``) come from
 :func:`experiments.common.options.tap_options`, with this command's small defaults (:data:`DEFAULT_TAP`).
-Every planner gets the options of that one TapConfig it takes
-(:func:`baselines.registry.options_from_tap`: P for Libra's variants, M for ``libra`` and
-``distca``); ``run.json`` records the layout under ``config.tap``.
+Every planner is given that one TapConfig whole (``get_planner(name, tap=...)``: Libra's variants
+hold it as their config, ``distca`` reads its M); ``run.json`` records the layout under ``config.tap``.
 """
 
 from __future__ import annotations
@@ -183,12 +182,12 @@ def tap_of(cfg: dict) -> TapConfig:
     return TapConfig(**cfg["tap"])
 
 
-def planner_options(method: str, cfg: dict) -> dict:
-    """The registry options of ``method``: those the run's TapConfig sets for it (and ``--profile``
-    for the :data:`PROFILED` methods)."""
-    from baselines.registry import options_from_tap  # noqa: PLC0415
+def make_planner(method: str, cfg: dict):
+    """The registry planner of ``method`` given the run's TapConfig whole (and ``--profile``, which
+    the :data:`PROFILED` methods plan with)."""
+    from baselines.registry import get_planner  # noqa: PLC0415
 
-    return options_from_tap(method, tap_of(cfg), cfg.get("profile"))
+    return get_planner(method, tap=tap_of(cfg), profile=cfg.get("profile"))
 
 
 def usable_cores() -> int:
@@ -332,7 +331,6 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     """
     import torch  # noqa: PLC0415
 
-    from baselines.registry import get_planner  # noqa: PLC0415
     from experiments.measured.training.ranks import gather_rank_records, spawn_coords  # noqa: PLC0415
     from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
@@ -346,7 +344,7 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     out = {"ranks": ranks} if rank == 0 else {}
     warmed = set()  # methods whose first step ran (FIRST_STEP_WARMUP)
     for method, w in keys:
-        planner = get_planner(method, **planner_options(method, cfg))
+        planner = make_planner(method, cfg)
         rows = []
         for i, plan in enumerate(planner.plan_window(windows[w], par, shape)):
             warmup = max(cfg["warmup"], FIRST_STEP_WARMUP) if i == 0 and method not in warmed else cfg["warmup"]

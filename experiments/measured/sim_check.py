@@ -125,9 +125,9 @@ class SimCheckConfig(OnePoolLayout):
     def chunks(self) -> int:
         """The Pipeliner's M the method runs, as its planner says (``libra``: ``tap.pipeline_chunks``;
         the TAP-only variants pin 1; Ulysses has no Pipeliner)."""
-        from baselines.registry import options_from_tap, planner_class  # noqa: PLC0415
+        from baselines.registry import planner_class  # noqa: PLC0415
 
-        return planner_class(self.method).from_options(**options_from_tap(self.method, self.tap)).pipeline_chunks
+        return planner_class(self.method).from_tap(self.tap).pipeline_chunks
 
 
 def worker_calls(pieces: dict, shape: AttentionShape, schedule: ChunkSchedule) -> list[tuple[Segments, int, int]]:

@@ -96,14 +96,12 @@ def step_metadata(assignment) -> dict:
 def make_planner(cfg: LoopConfig, device_speeds=None):
     """The run's TAP planner (:data:`PLANNERS`, from the registry) with its TAP layout, profile and
     -- ``libra-adaptive`` -- the measured ``device_speeds`` (None: equal speeds)."""
-    from baselines.registry import get_planner, options_from_tap
+    from baselines.registry import get_planner
 
     tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split, tau=cfg.tau,
                     pipeline_chunks=cfg.pipeline_chunks)
-    options = options_from_tap(cfg.planner, tap, cfg.profile)
-    if device_speeds is not None:
-        options["device_speeds"] = tuple(device_speeds)
-    return get_planner(cfg.planner, **options)
+    speeds = {} if device_speeds is None else {"device_speeds": tuple(device_speeds)}
+    return get_planner(cfg.planner, tap=tap, profile=cfg.profile, **speeds)
 
 
 def plan_step(cfg: LoopConfig, shape, metadata: dict, planner=None):
