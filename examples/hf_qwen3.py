@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from libra.config import TapConfig
 from libra.integrations.transformers import (
     IGNORE_INDEX,
     PieceFeatures,
@@ -53,7 +54,8 @@ from libra.integrations.transformers import (
 from libra.sampler import LibraSampler
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.bfloat16}
-BLOCK, HEAD_SPLIT, CHUNKS = 32, 2, 2  # TAP's B, H, M at these toy sizes (the paper: 4096-8192, 2, 4)
+# TAP's B and M sized for this toy model on purpose (the paper: B = 4096-8192, M = 4); H is TapConfig's
+BLOCK, HEAD_SPLIT, CHUNKS = 32, TapConfig.head_split, 2
 
 
 def model_config():
@@ -105,7 +107,7 @@ def plan_step(args, shape, metadata: dict):
     """TAP plans of every GA index of one step from its sequence lengths (the sampler made the pools),
     by ``--planner`` (the paper's ``libra``, ``libra-kt`` or ``libra-adaptive``)."""
     from baselines.registry import get_planner
-    from libra.config import ParallelConfig, TapConfig
+    from libra.config import ParallelConfig
 
     par = ParallelConfig(dp=args.dp, cp=args.cp, gbs=args.gbs, seq_len=args.seq_len)
     tap = TapConfig(pool_size=args.dp, block_size=BLOCK, head_split=HEAD_SPLIT, pipeline_chunks=CHUNKS)

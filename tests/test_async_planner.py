@@ -99,7 +99,7 @@ def test_compiling_planner_errors():
         AsyncPlanner(plan_window, compile_for=-1)
     with pytest.raises(ValueError, match="compile_for must be"):
         AsyncPlanner(plan_window, compile_for="0")
-    with pytest.raises(ValueError, match="chunks must be a positive integer"):
+    with pytest.raises(ValueError, match="Pipeliner chunks M must be a positive integer"):
         AsyncPlanner(plan_window, compile_for=0, chunks=0)
     with pytest.raises(ValueError, match="only used with compile_for"):
         AsyncPlanner(plan_window, chunks=2)

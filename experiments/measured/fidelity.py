@@ -338,7 +338,7 @@ def fidelity(device, backend, seed, out, force, no_progress, dtype, ref_dtype, m
 
     P is also DP and GBS here (one pool)."""
     if quick:
-        seq_len, pool_size, cp, block_size, head_split = 512, 2, 2, 64, 2
+        seq_len, pool_size, cp, block_size, head_split = 512, 2, 2, 64, TapConfig.head_split
         q_heads, kv_heads, head_dim, windows = 4, 2, 32, 1
     try:
         tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau)

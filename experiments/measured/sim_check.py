@@ -333,7 +333,7 @@ def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, c
 
     P is also DP and GBS here (one pool); the Pipeliner's M applies to ``libra`` only."""
     if quick:
-        seq_len, pool_size, cp, block_size, head_split, pipeline_chunks = 2048, 2, 2, 256, 2, 2
+        seq_len, pool_size, cp, block_size, head_split, pipeline_chunks = 2048, 2, 2, 256, TapConfig.head_split, 2
         q_heads, kv_heads, head_dim, windows, warmup, repeats, rotate = 4, 2, 32, 2, 1, 3, 2
     try:
         tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,

@@ -35,6 +35,7 @@ from libra.plan import Plan
 from libra.runtime.agreement import check_plan_agreement
 from libra.runtime.groups import PoolGroup
 from libra.runtime.program import WorkerProgram, compile_worker
+from libra.tap.pipeline import check_chunks
 
 
 @dataclass
@@ -165,8 +166,8 @@ class AsyncPlanner:
             raise ValueError(f"mode must be 'thread' or 'process', got {mode!r}")
         if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
             raise ValueError(f"max_pending must be a positive integer, got {max_pending!r}")
-        if chunks is not None and (isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1):
-            raise ValueError(f"chunks must be a positive integer, got {chunks!r}")
+        if chunks is not None:
+            check_chunks(chunks)
         if compile_for is None and (chunks is not None or not keep_plans):
             raise ValueError("chunks and keep_plans are only used with compile_for")
         if compile_for is not None:  # validated now; kept as given (an id, or a tuple of ids)

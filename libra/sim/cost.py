@@ -308,6 +308,13 @@ def _by_chunk(dest, chunk, t, n: int, M: int) -> np.ndarray:
     return out
 
 
+
+def plan_chunks(plan: Plan, pipeline_chunks: int | None = None) -> int:
+    """The Pipeliner ``M`` a plan is priced at: ``pipeline_chunks``, or the plan's own when None --
+    the cost model's one check of M (:func:`libra.tap.pipeline.check_chunks`), since a plan may come
+    from a file rather than a validated :class:`libra.config.TapConfig`."""
+    return check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+
 class CostModel:
     """Prices Plans on a cluster described by a profile and a rank topology.
 
@@ -498,7 +505,7 @@ class CostModel:
 
         Returns ``{phase: (sent, recv)}`` with ``(N, M)`` arrays (self-transfers excluded).
         """
-        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        chunks = plan_chunks(plan, pipeline_chunks)
         n = self.topology.num_workers
         out = {}
         for phase, r in self._routes(plan, self._schedules(plan, chunks)).items():
@@ -625,7 +632,7 @@ class CostModel:
             ValueError: bad M, bad speed array, a worker id outside the topology, or M not
                 dividing a tile's head width.
         """
-        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        chunks = plan_chunks(plan, pipeline_chunks)
         n = self.topology.num_workers
         flops, fwd, bwd, exposed, (sent, recv, link, comm, _) = self._terms(plan, chunks, speed, chunked_only=False)
         pool_of = np.full(n, -1, dtype=np.int64)
@@ -648,7 +655,7 @@ class CostModel:
         """``(N,)`` :attr:`PlanCost.total_ms` of ``plan``, equal to ``price(plan, ...).total_ms``, pricing
         only what it needs (compute and the per-chunk phases; no per-class or serial totals): what
         a planner comparing candidate plans calls. Arguments and errors as :meth:`price`."""
-        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        chunks = plan_chunks(plan, pipeline_chunks)
         _, fwd, bwd, exposed, _ = self._terms(plan, chunks, speed, chunked_only=True)
         return fwd + bwd + exposed
 
@@ -670,7 +677,7 @@ class CostModel:
         what they need -- or ``(compute_ms, None)`` as soon as some worker's compute alone exceeds
         ``cutoff`` (:meth:`straggler_ms`). What a planner that balances compute plus exposed
         communication reads. Arguments and errors as :meth:`price`."""
-        chunks = check_chunks(plan.pipeline_chunks if pipeline_chunks is None else pipeline_chunks)
+        chunks = plan_chunks(plan, pipeline_chunks)
         schedules, _, fwd_c, bwd_c = self._compute_terms(plan, chunks, speed)
         compute = _per_worker(fwd_c) + _per_worker(bwd_c)  # total_ms adds exposed comm >= 0 to this
         if len(compute) and float(compute.max()) > cutoff:
