@@ -22,6 +22,7 @@ from experiments.measured.calibrate import (
     piece_points,
 )
 from experiments.measured.gpu_common import (
+    MeasureOptions,
     device_info,
     resolve_backend,
     resolve_device,
@@ -294,7 +295,7 @@ def test_links_check_runs_before_the_sweep(tmp_path, monkeypatch):
     cfg = CalibrateConfig(lengths=(64, 128, 256), heads=(1,), q_heads=1, kv_heads=1, head_dim=16, heads_length=64,
                           warmup=0, repeats=1, rotate=1, copy_mb=1, links=True)
     with pytest.raises(ValueError, match="no link here"):
-        cal.run_calibrate(cfg, device="cpu", out=tmp_path)
+        cal.run_calibrate(cfg, MeasureOptions(device="cpu", out=str(tmp_path)))
 
 
 @pytest.mark.parametrize("truth", ["effective-length", "prefix-difference"])

@@ -62,6 +62,7 @@ from experiments.common.options import IntListType, SizeType, quick_option
 from experiments.common.runner import RUNS_ROOT, ExperimentRun, git_sha
 from experiments.common.runs_table import run_caption
 from experiments.measured.gpu_common import (
+    MeasureOptions,
     cpu_threads,
     device_info,
     device_options,
@@ -540,10 +541,8 @@ def plot_figure5(df: pd.DataFrame, path: Path, caption: str | None = None) -> No
 # --------------------------------------------------------------------------------------------
 
 
-def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "auto", dtype: str = "auto",
-                  base_profile: str = DEFAULT_PROFILE, out: str | Path | None = None, force: bool = False,
-                  quiet: bool = True, cpu_threads_n: int | None = 1) -> dict:
-    """Measure, fit and write everything (see the module docstring).
+def run_calibrate(cfg: CalibrateConfig, opts: MeasureOptions, base_profile: str = DEFAULT_PROFILE) -> dict:
+    """Measure, fit and write everything (see the module docstring) where ``opts`` says.
 
     Returns:
         ``{"df", "profile", "fit", "paths", "info", "out_dir"}``.
@@ -551,19 +550,20 @@ def run_calibrate(cfg: CalibrateConfig, device: str = "auto", backend: str = "au
     Raises:
         ValueError: bad device/backend/dtype/profile, or CUDA requested without CUDA.
     """
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    be = resolve_backend(backend, dev)
+    dev = resolve_device(opts.device)
+    dt = resolve_dtype(opts.dtype, dev)
+    be = resolve_backend(opts.backend, dev)
     base = load_profile(base_profile)
+    cpu_threads_n = opts.cpu_threads
     if cfg.links:  # before any measurement: a one-GPU node cannot probe a link
         from experiments.measured.link_probe import check_link_probe  # noqa: PLC0415
 
         check_link_probe(dev.type)
     info = device_info(dev, be)
-    out_dir = Path(out) if out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "calibrate"
+    out_dir = Path(opts.out) if opts.out is not None else RUNS_ROOT / "gpu" / device_slug(info) / "calibrate"
     config = {**asdict(cfg), "device": str(dev), "cpu_threads": cpu_threads_n if dev.type == "cpu" else None, "device_name": info.get("name"), "backend": be.name,
               "dtype": dtype_name(dt), "base_profile": base.name, "torch": info["torch"]}
-    run = ExperimentRun("calibrate", config, out_dir=out_dir, force=force, quiet=quiet)
+    run = ExperimentRun("calibrate", config, out_dir=out_dir, force=opts.force, quiet=opts.quiet)
     keys = ([{"sweep": "launch", "length": LAUNCH_PROBE_TOKENS, "heads": 1}]
             + [{"sweep": "length", "length": L, "heads": cfg.q_heads} for L in cfg.lengths]
             + [{"sweep": "heads", "length": cfg.heads_length, "heads": h, "documents": cfg.heads_documents}
@@ -689,8 +689,9 @@ def calibrate(device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_th
                               repeats=repeats,
                               rotate=rotate, rotate_mb=rotate_mb, copy_mb=copy_mb, seed=seed, links=links,
                               piece_pricing=piece_pricing)
-        res = run_calibrate(cfg, device=device, backend=backend, dtype=dtype, base_profile=base_profile, out=out,
-                            force=force, quiet=no_progress, cpu_threads_n=cpu_threads)
+        opts = MeasureOptions(device=device, backend=backend, dtype=dtype, out=out, force=force, quiet=no_progress,
+                              cpu_threads=cpu_threads)
+        res = run_calibrate(cfg, opts, base_profile=base_profile)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     fit, s = res["fit"], res["summary"]
