@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test test-all check-results lint bench fig3 fig4 fig8 fig11 fig12 fig12-real fig12-synthetic tune-real known-speeds fig12-nojitter fig13 fig14 fig15 fig16 \
-        plan-cost microbench multinode paper-inferred extensions figures reproduction gpu-check gpu-smoke fig12-h200 clean
+        plan-cost microbench multinode paper-inferred extensions robustness figures reproduction gpu-check gpu-smoke fig12-h200 clean
 
 help:  ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -109,6 +109,11 @@ paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link t
 
 extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive; not in the paper) on libra-prod
 	$(BENCH) straggler --workload libra-prod --methods all --out results/straggler-extensions $(RESULTS)
+
+robustness: $(STAMP)  ## every method's speedup over Ulysses and its range over the profile ensemble default-v1 (planned with the default profile vs each member's own) on libra-prod, Wikipedia and ProLong
+	$(BENCH) robustness --workload libra-prod --out results/robustness/libra-prod $(RESULTS)
+	$(BENCH) robustness --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --out results/robustness/wikipedia $(RESULTS)
+	$(BENCH) robustness --workload $(WORKLOADS)/distca_dist_prolong.json --out results/robustness/prolong $(RESULTS)
 
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from results/ (after make figures: it reads the per-step CSVs that are not committed)
 	$(BENCH) report --results results --out results/REPRODUCTION.md

@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "gpu-summary": "experiments.measured.gpu_summary:gpu_summary",
     "tile-overhead": "experiments.measured.tile_overhead:tile_overhead",
     "fit-links": "experiments.figures.fit_links:fit_links",
+    "robustness": "experiments.figures.robustness:robustness",
 }
 
 

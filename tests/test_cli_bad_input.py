@@ -169,6 +169,7 @@ SMOKES = {
     **{name: (["--quick", *PARTIAL], None, ["missing --seq-len, --gbs"])
        for name in ("plan-cost", "grid-search", "variability", "tune", "dp-scaling", "pp-balance", "e2e")},
     "fit-links": (["--quick", "--name", "x/../escaped"], None, ["--name", "not a plain name"]),
+    "robustness": (["--quick", "--settings", "256k"], "ten.json", ["length 1", "out of range [1, 2^40]"]),
 }
 ELSEWHERE = {"report", "compare", "gpu-summary", "calibrate", "sim-check", "fidelity", "kernel-sweep"}
 """Commands with no shared layout or length-file option: their bad input is tested with the command."""

@@ -455,6 +455,8 @@ class ExperimentRun:
         files = {**({"profile": profile} if isinstance(profile, (str, Path)) else {}), **(files or {})}
         self.inputs = json.loads(json.dumps(input_fingerprints(workload, files), sort_keys=True))
         if out_dir is None:
+            if config.get("score_profile"):  # planned with one profile, scored with another: its own folder
+                profile = f"{profile_stem(profile)}-scored-{profile_stem(config['score_profile'])}"
             out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts, profile)
         self.out_dir = Path(out_dir)
         self._overwrite = overwrite_flag(overwrite)

@@ -95,12 +95,15 @@ def describe_run(config: Mapping, record: dict | None = None) -> tuple[str, str,
 
 def run_caption(config: Mapping, layout: str | None = None) -> str:
     """``workload W | profile P | layout L`` of a run's config (each always named: ``none`` where
-    the run has none, e.g. a FLOPs-only sweep's profile); several layouts by setting name.
+    the run has none, e.g. a FLOPs-only sweep's profile; ``P (scored with Q)`` for a run planned
+    with P and priced with ``--score-profile`` Q); several layouts by setting name.
     ``layout`` replaces the one read from the config."""
     workload, profile, layouts = describe_run(config)
     if layout is None:
         layout = "; ".join(f"{name}: {tag}" if len(layouts) > 1 else tag for name, tag in layouts.items()) or "none"
-    return f"workload {workload} | profile {profile if profile != '-' else 'none'} | layout {layout}"
+    scored = _profile({"profile": config.get("score_profile")}) if config.get("score_profile") else None
+    profile = (profile if profile != "-" else "none") + (f" (scored with {scored})" if scored else "")
+    return f"workload {workload} | profile {profile} | layout {layout}"
 
 
 def _straggler_rows(folder: Path, config: dict) -> list[dict]:

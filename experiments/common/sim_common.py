@@ -7,6 +7,8 @@
 * WLB-LLM defaults to ``rejoin="none"`` (:data:`WLB_REJOIN_DEFAULT`): it repacks the causal
   segments every other method computes, so all methods do the same attention work.
 * :func:`build_cost_model`: profile + topology + cost model for a layout.
+* ``--score-profile`` (:func:`score_profile_option`, :func:`resolve_score_profile`): plan with
+  ``--profile``, price (cost model and device jitter) with another profile.
 * Click options shared by these commands (``--profile``, ``--workload``, ``--windows``, ``--seed``,
   ``--out``, ``--quick``, ``--force``, ``--overwrite``, head-shape overrides).
 """
@@ -124,6 +126,13 @@ class SimulatedRunConfig:
     force: bool = False
     quiet: bool = False
     tap_overrides: dict | None = None
+    score_profile: HardwareProfile | None = None
+
+    @property
+    def scoring(self) -> HardwareProfile:
+        """The profile the cost model and the device jitter price with (``--score-profile``; None:
+        the planning ``profile``)."""
+        return self.score_profile or self.profile
 
 
 def chosen_settings(settings, tap_overrides: dict | None = None) -> dict[str, Setting]:
@@ -269,12 +278,34 @@ def jitter_seed(seed: int, window: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(window)]).generate_state(1)[0])
 
 
-def resolve_profile(profile: str) -> HardwareProfile:
-    """``--profile`` value -> profile, as a click error on failure."""
+def resolve_profile(profile: str, option: str = "--profile") -> HardwareProfile:
+    """``--profile`` (or ``option``) value -> profile, as a click error on failure."""
     try:
         return load_profile(profile)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--profile") from exc
+        raise click.BadParameter(str(exc), param_hint=option) from exc
+
+
+def score_profile_option():
+    """``--score-profile``: the profile that prices the plans (the one declaration of the option)."""
+    return click.option("--score-profile", default=None,
+                        help="Score with this profile (cost model and device jitter; built-in name or .json "
+                             "path) while planners plan with --profile. Default: the same as --profile.")
+
+
+def resolve_score_profile(text: str | None, planned: HardwareProfile) -> HardwareProfile | None:
+    """``--score-profile`` value -> the scoring profile, or None when it is not given or is the
+    planning profile ``planned`` (then the run is the run without the option, byte for byte)."""
+    if text is None:
+        return None
+    scoring = resolve_profile(text, "--score-profile")
+    return None if scoring.to_dict() == planned.to_dict() else scoring
+
+
+def score_record(score_profile: HardwareProfile | None) -> dict:
+    """A config's ``score_profile`` entry: only when scoring differs from planning, so a run
+    without it keeps its config (and run.json, point keys) as before."""
+    return {} if score_profile is None else {"score_profile": score_profile.to_dict()}
 
 
 def setting_record(setting: Setting) -> dict:

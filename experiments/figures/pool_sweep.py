@@ -14,6 +14,9 @@ layout (default: each setting's; recorded in ``run.json``).
 Outputs: ``pool_sweep.csv`` (one row per setting, P, method, window, step), ``pool_sweep_summary.csv``
 (means per setting, P, method, with the paper's quoted values where sec. 6.5 gives them),
 ``pool_sweep.png`` and ``run.json``.
+
+``--score-profile`` prices (cost model and device jitter) with another profile than the one the
+planners plan with (``--profile``: ``libra-kt``'s kernel-time estimate); see ``straggler``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,9 @@ from experiments.common.sim_common import (
     make_shape,
     parse_list,
     resolve_profile,
+    resolve_score_profile,
+    score_profile_option,
+    score_record,
     setting_record,
     settings_from_options,
     workload_record,
@@ -81,20 +87,21 @@ def run_pool_sweep(cfg: PoolSweepConfig):
     check_settings(chosen, cfg.shape, cfg.pool_sizes)
     config = {"workload": cfg.workload, "workload_source": workload_record(cfg.workload), "profile": cfg.profile.to_dict(), "settings": [setting_record(chosen[s]) for s in settings],
               "pool_sizes": list(cfg.pool_sizes), "methods": list(cfg.methods), "windows": cfg.windows, "seed": cfg.seed,
-              "shape": [cfg.shape.num_q_heads, cfg.shape.num_kv_heads, cfg.shape.head_dim, cfg.shape.dtype_bytes]}
+              "shape": [cfg.shape.num_q_heads, cfg.shape.num_kv_heads, cfg.shape.head_dim, cfg.shape.dtype_bytes],
+              **score_record(cfg.score_profile)}
     run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet)
     cache: dict = {}
 
     def context(s):
         if s not in cache:
             st = chosen[s]
-            cache[s] = (st, load_windows(cfg.workload, st, cfg.windows, cfg.seed), build_cost_model(cfg.profile, st.par()))
+            cache[s] = (st, load_windows(cfg.workload, st, cfg.windows, cfg.seed), build_cost_model(cfg.scoring, st.par()))
         return cache[s]
 
     def point(key):
         s, p, method, w = key
         st, wins, cm = context(s)
-        planner = make_planner(method, st, pool_size=None if method == "ulysses" else p)
+        planner = make_planner(method, st, pool_size=None if method == "ulysses" else p, profile=cfg.profile)
         steps = simulate_window(planner, wins[w], st.par(), cfg.shape, cm, seed=jitter_seed(cfg.seed, w))
         label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
         return [{"workload": label, "setting": s, "pool_size": p, "method": method, "window": w, **r.to_row()}
@@ -182,11 +189,14 @@ def plot_pool_sweep(summary: pd.DataFrame, path: Path, caption: str | None = Non
 @click.option("--methods", default=",".join(TAP_METHODS), show_default=True,
               help="Comma list of Libra variants to sweep.")
 @tap_options("block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
+@score_profile_option()
 def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
-               settings_, dp, cp, seq_len, gbs, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks):
+               settings_, dp, cp, seq_len, gbs, pool_sizes, methods, block_size, head_split, tau, pipeline_chunks,
+               score_profile):
     """Figure 15: compute vs communication of the slowest pool as the pool size P grows."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
+    scoring = resolve_score_profile(score_profile, prof)
     layout = given_layout(dp, cp, seq_len, gbs)
     try:
         settings = settings_from_options(settings_, layout)
@@ -196,15 +206,17 @@ def pool_sweep(profile, windows, seed, out, quick, force, q_heads, kv_heads, hea
         t0 = time.perf_counter()
         cfg = PoolSweepConfig(workload=workload, profile=prof, settings=settings, pool_sizes=sizes,
                               methods=method_list, windows=1 if quick else windows, seed=seed, shape=shape,
-                              out=out, force=force, quiet=no_progress,
+                              out=out, force=force, quiet=no_progress, score_profile=scoring,
                               tap_overrides={"block_size": block_size, "head_split": head_split,
                                              "tau": tau, "pipeline_chunks": pipeline_chunks})
         df, summary, run = run_pool_sweep(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     paths = run.finish(df, plot=lambda _d, p: plot_pool_sweep(summary, p, run_caption(run.config)),
-                       extra={"profile": prof.to_dict()},
+                       extra={"profile": prof.to_dict(), **score_record(scoring)},
                        files={"pool_sweep_summary.csv": summary.to_csv(index=False)})
+    if scoring is not None:
+        click.echo(f"planned with profile {prof.name}, scored with profile {scoring.name}")
     click.echo(format_table(summary, ["setting", "pool_size", "method", "straggler_norm", "compute_norm",
                                       "comm_norm", "paper_compute", "paper_comm", "inter_supernode_gb"], "{:.3f}"))
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}")

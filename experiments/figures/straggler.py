@@ -45,8 +45,11 @@ layout (default: each setting's; recorded in ``run.json``'s settings and planner
 
 ``--methods`` takes any registered planner (``all``: the default list, then
 :data:`experiments.common.sim_common.OPTIONAL_METHODS`, then any other registered planner). A planner
-with a ``profile`` option (``libra-kt``) gets the run's ``--profile``, so its kernel-time estimate
-uses the curve the cost model prices with.
+with a ``profile`` option (``libra-kt``, ``libra-adaptive``) gets the run's ``--profile``, so its
+kernel-time estimate uses the curve the cost model prices with -- unless ``--score-profile`` names
+another: then planners plan with ``--profile`` and the cost model and the device jitter (and
+``--known-speeds``' persistent speeds) come from the score profile, the model being wrong the way
+the two differ (``run.json`` records ``score_profile`` only then; captions and the printout name it).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ from experiments.common.sim_common import (
     parse_list,
     planner_options,
     resolve_profile,
+    resolve_score_profile,
+    score_profile_option,
+    score_record,
     setting_record,
     settings_from_options,
     workload_record,
@@ -159,7 +165,7 @@ def run_straggler(cfg: StragglerConfig) -> tuple[pd.DataFrame, pd.DataFrame, Exp
               "profile": cfg.profile.to_dict(),
               "settings": [setting_record(chosen[s]) for s in settings], "methods": list(cfg.methods),
               "windows": cfg.windows, "seed": cfg.seed, "wlb_rejoin": cfg.wlb_rejoin, "jitter": bool(cfg.jitter),
-              **({"known_speeds": True} if cfg.known_speeds else {}),
+              **({"known_speeds": True} if cfg.known_speeds else {}), **score_record(cfg.score_profile),
               "shape": {"num_q_heads": cfg.shape.num_q_heads, "num_kv_heads": cfg.shape.num_kv_heads,
                         "head_dim": cfg.shape.head_dim, "dtype_bytes": cfg.shape.dtype_bytes},
               "planner_options": options}
@@ -171,7 +177,7 @@ def run_straggler(cfg: StragglerConfig) -> tuple[pd.DataFrame, pd.DataFrame, Exp
         if setting_name not in cache:
             st = chosen[setting_name]
             cache[setting_name] = (st, load_windows(cfg.workload, st, cfg.windows, cfg.seed),
-                                   build_cost_model(cfg.profile, st.par()))
+                                   build_cost_model(cfg.scoring, st.par()))
         return cache[setting_name]
 
     def point(key):
@@ -179,7 +185,7 @@ def run_straggler(cfg: StragglerConfig) -> tuple[pd.DataFrame, pd.DataFrame, Exp
         st, wins, cost_model = context(setting_name)
         speeds = {}
         if cfg.known_speeds and takes_speeds(method):
-            dev = DeviceJitter(cfg.profile.variability, st.par().workers, jitter_seed(cfg.seed, w))
+            dev = DeviceJitter(cfg.scoring.variability, st.par().workers, jitter_seed(cfg.seed, w))
             speeds["device_speeds"] = tuple(dev.persistent_speeds().tolist())
         planner = make_planner(method, st, wlb_rejoin=cfg.wlb_rejoin, profile=cfg.profile, **speeds)
         steps = simulate_window(planner, wins[w], st.par(), cfg.shape, cost_model, seed=jitter_seed(cfg.seed, w),
@@ -392,13 +398,15 @@ def plot_factors(ax, summary: pd.DataFrame, setting: str) -> None:
               help="Tell speed-aware planners (libra-adaptive's device_speeds) each GPU's persistent speed factor "
                    "of the jitter model, as measuring the cluster would; each step's own draw stays unknown.")
 @tap_options("pool_size", "block_size", "head_split", "tau", "pipeline_chunks", per_setting=True)
+@score_profile_option()
 def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload,
               settings_, dp, cp, seq_len, gbs, methods, wlb_rejoin, no_jitter, known_speeds, pool_size, block_size,
-              head_split, tau, pipeline_chunks):
+              head_split, tau, pipeline_chunks, score_profile):
     """Figure 12: mean and worst-step straggler of every method in both paper settings (or your layout:
     --dp --cp --seq-len --gbs)."""
     check_counts(windows, seed)
     prof = resolve_profile(profile)
+    scoring = resolve_score_profile(score_profile, prof)
     layout = given_layout(dp, cp, seq_len, gbs)
     try:
         settings = settings_from_options(settings_, layout)
@@ -411,7 +419,7 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
         cfg = StragglerConfig(workload=workload, profile=prof, settings=settings, methods=method_list,
                               windows=1 if quick else windows, seed=seed, shape=shape, out=out, force=force,
                               quiet=no_progress, wlb_rejoin=wlb_rejoin, jitter=not no_jitter,
-                              known_speeds=known_speeds,
+                              known_speeds=known_speeds, score_profile=scoring,
                               tap_overrides={"pool_size": pool_size, "block_size": block_size,
                                              "head_split": head_split, "tau": tau,
                                              "pipeline_chunks": pipeline_chunks})
@@ -422,16 +430,20 @@ def straggler(profile, windows, seed, out, quick, force, q_heads, kv_heads, head
     names = [s if isinstance(s, str) else s.name for s in settings]
     per_setting = {s: round(sum(v for (ss, _), v in timings.items() if ss == s), 3) for s in names}
     paths = run.finish(df, plot=lambda _d, p: plot_straggler(summary, p, run_caption(run.config)),
-                       extra={"profile": prof.to_dict(), "simulate_seconds_per_setting": per_setting,
+                       extra={"profile": prof.to_dict(), **score_record(scoring),
+                              "simulate_seconds_per_setting": per_setting,
                               "simulate_seconds": {f"{s}/{m}": round(v, 3) for (s, m), v in timings.items()}},
                        files={"straggler_summary.csv": summary.to_csv(index=False)})
-    echo_tables(summary)
+    echo_tables(summary, prof, scoring)
     click.echo(f"simulation seconds per setting (computed points only): {per_setting}; wall {wall:.1f} s")
     click.echo(f"wrote {paths['csv']}, {paths.get('png')}, {run.out_dir / 'straggler_summary.csv'}")
 
 
-def echo_tables(summary: pd.DataFrame) -> None:
-    """Print the speedup table and the loss-decomposition table."""
+def echo_tables(summary: pd.DataFrame, profile=None, score_profile=None) -> None:
+    """Print the speedup table and the loss-decomposition table (headed by the scoring profile when
+    it is not the planning one)."""
+    if score_profile is not None:
+        click.echo(f"planned with profile {profile.name}, scored with profile {score_profile.name}")
     paper = [c for c in ("paper_mean_speedup", "paper_max_speedup") if c in summary]
     click.echo(format_table(summary, ["setting", "method", "mean_ms", "max_ms", "window_ms", "mean_norm", "max_norm",
                                       "mean_speedup", *paper[:1], "max_speedup", *paper[1:], "window_speedup",

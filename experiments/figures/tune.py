@@ -47,6 +47,9 @@ means over steps, ``bound_ratio_gmean`` their product, ``flops_limit_speedup``; 
 ``pool bal.``: how far the candidate's pools are from finishing together),
 ``tune_steps.csv`` (every simulated step), ``tune.png`` (ranking) and ``run.json`` (config,
 profile, the recommendation).
+
+``--score-profile`` prices the candidates (cost model and device jitter) with another profile than
+the one ``libra-adaptive`` plans with (``--profile``): how the ranking holds when the model is wrong.
 """
 
 from __future__ import annotations
@@ -76,6 +79,9 @@ from experiments.common.sim_common import (
     make_shape,
     parse_list,
     resolve_profile,
+    resolve_score_profile,
+    score_profile_option,
+    score_record,
     settings_from_options,
     tiles_per_sequence,
     workload_record,
@@ -345,6 +351,9 @@ class TuneConfig:
     quiet: bool = False
     name: str = "tune"
     methods: Sequence[str] = TUNE_METHODS
+    score_profile: HardwareProfile | None = None
+    """The profile that prices the candidates (cost model and jitter); None: ``profile``, which the
+    planners always plan with."""
 
 
 def run_tune(cfg: TuneConfig):
@@ -367,10 +376,10 @@ def run_tune(cfg: TuneConfig):
               **({"chunk_counts": sorted({c[3] for c in cfg.grid})} if {c[3] for c in cfg.grid} != {cfg.tap.pipeline_chunks}
                  else {}),
               "windows": cfg.windows, "seed": cfg.seed, "tie_tolerance": cfg.tie_tolerance,
-              "objective": cfg.objective}
+              "objective": cfg.objective, **score_record(cfg.score_profile)}
     run = ExperimentRun(cfg.name, config, out_dir=cfg.out, force=cfg.force, quiet=cfg.quiet)
     wins = gbs_windows(cfg.workload, cfg.par.seq_len, cfg.par.gbs, cfg.windows, seed=cfg.seed)
-    cost_model = build_cost_model(cfg.profile, cfg.par)
+    cost_model = build_cost_model(cfg.score_profile or cfg.profile, cfg.par)
     label = resolve_workload(cfg.workload).name  # the file name (#column), or the preset
 
     def point(key):
@@ -631,9 +640,10 @@ def echo_reproduction(rec, command: str, as_straggler_ms: float | None, merged: 
 @click.option("--methods", default=",".join(TUNE_METHODS), show_default=True,
               help="Comma list of TAP planners to tune (libra-adaptive plans with --profile).")
 @click.option("--wide", is_flag=True, help="Print every column of the ranking (default: the narrow table).")
+@score_profile_option()
 def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim, no_progress, workload, settings_,
          dp, cp, seq_len, gbs, pool_sizes, head_splits, block_sizes, tau, pipeline_chunks, chunk_counts, tie_tolerance,
-         objective, top, methods, wide):
+         objective, top, methods, wide, score_profile):
     """Search Libra's (P, H, B) -- and M with --chunk-counts -- for your workload and cluster (--dp --cp
     --seq-len --gbs, or --settings 256k|1m) and recommend one configuration."""
     check_counts(windows, seed)
@@ -642,6 +652,7 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
     if not (tie_tolerance >= 0):
         raise click.BadParameter(f"must be >= 0, got {tie_tolerance}", param_hint="--tie-tolerance")
     prof = resolve_profile(profile)
+    scoring = resolve_score_profile(score_profile, prof)
     try:
         par = tune_layout(settings_, dp, cp, seq_len, gbs)
         shape = make_shape(q_heads, kv_heads, head_dim)
@@ -656,20 +667,21 @@ def tune(profile, windows, seed, out, quick, force, q_heads, kv_heads, head_dim,
         t0 = time.perf_counter()
         cfg = TuneConfig(workload=workload, profile=prof, par=par, shape=shape, grid=grid, tap=tap,
                          windows=n_windows, seed=seed, tie_tolerance=tie_tolerance, objective=objective, out=out,
-                         force=force, quiet=no_progress, methods=method_list)
+                         force=force, quiet=no_progress, methods=method_list, score_profile=scoring)
         table, steps, run, merged = run_tune(cfg)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     rec = table[table["recommended"]].iloc[0]
     recommendation = {k: (v.item() if hasattr(v, "item") else v) for k, v in rec.items()}
     command = straggler_command(rec, workload, profile, par, shape, n_windows, seed, tap.tau)
+    command += f" --score-profile {score_profile}" if scoring is not None else ""
     as_straggler = {"as_straggler_ms": table.attrs["as_straggler_ms"]} if "as_straggler_ms" in table.attrs else {}
     paths = run.finish(table, plot=lambda d, p: plot_tune(d, p, top, objective, run_caption(run.config)),
-                       extra={"profile": prof.to_dict(), "recommendation": {**recommendation, **as_straggler},
+                       extra={"profile": prof.to_dict(), **score_record(scoring), "recommendation": {**recommendation, **as_straggler},
                               "recommendation_in_straggler": command, "same_plan_head_splits": merged,
                               "within_noise_ranks": within_noise(table, objective)},
                        files={f"{run.name}_steps.csv": steps.to_csv(index=False)})
-    _print_table(table, top, prof.name, objective, wide)
+    _print_table(table, top, prof.name + (f", scored with {scoring.name}" if scoring else ""), objective, wide)
     echo_summary(table, objective, tie_tolerance)
     echo_reproduction(rec, command, as_straggler.get("as_straggler_ms"), merged)
     click.echo(f"wall {time.perf_counter() - t0:.1f} s; wrote {paths['csv']}, {paths.get('png')}, "
