@@ -118,7 +118,7 @@ robustness: $(STAMP)  ## every method's speedup over Ulysses and its range over 
 reproduction: $(STAMP)  ## regenerate results/REPRODUCTION.md from results/ (after make figures: it reads the per-step CSVs that are not committed)
 	$(BENCH) report --results results --out results/REPRODUCTION.md
 
-figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-synthetic tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions fig12-h200 reproduction  ## every simulated figure
+figures: fig4 fig8 bench plan-cost fig12 fig12-real fig12-synthetic tune-real known-speeds fig12-nojitter fig3 fig15 fig16 fig11 fig13 fig14 paper-inferred extensions fig12-h200 robustness reproduction  ## every simulated figure
 
 gpu-check:  ## on a CUDA machine: calibrate (Fig. 5), validate the simulator, check fidelity
 	bash scripts/gpu_check.sh

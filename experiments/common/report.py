@@ -33,6 +33,8 @@ import pandas as pd
 from experiments.common.paper import NUMBERS, SEQ_LABEL
 from experiments.common.paper import label as _setting_name
 from experiments.common.report_competitors import section as competitor_section
+from experiments.common.report_robustness import RobustnessRun, range_text
+from experiments.common.report_robustness import section as robustness_section
 from experiments.common.runner import RESULTS_ROOT, RUNS_ROOT, atomic_write_text
 from experiments.common.runs_table import results_folder
 from libra.sim.profiles import DEFAULT_PROFILE
@@ -512,6 +514,37 @@ def competitor_runs(sources) -> tuple[list[tuple[str, str, str, pd.DataFrame]], 
     return runs, used
 
 
+def robustness_source(sources, workload: str) -> Source | None:
+    """The latest ``robustness`` run of ``workload`` (a file name such as ``flexsp_wikipedia.txt.gz``)."""
+    return latest(sources, "robustness", lambda x: x.workload == workload)
+
+
+def robustness_runs(sources) -> tuple[list[RobustnessRun], list[Source]]:
+    """Per headline workload of Figure 12 (libra-prod and the real corpora), its latest robustness run
+    (a run without one: ``summary`` None), and the sources read."""
+    runs, used = [], []
+    for file, name in (("libra-prod", "libra-prod"),) + REAL_CORPORA:
+        src = robustness_source(sources, file)
+        if src is None:
+            runs.append(RobustnessRun(name))
+            continue
+        ensemble = src.config.get("ensemble")
+        runs.append(RobustnessRun(name, src.label, str(ensemble.get("name", "?")) if isinstance(ensemble, dict) else "?",
+                                  src.csv("robustness_summary")))
+        used.append(src)
+    return runs, used
+
+
+def with_ensemble_range(row: Row, sources, workload: str) -> Row:
+    """``row`` (a Figure 12 speedup row) with Libra's range over the profile ensemble beside its number,
+    when a robustness run of ``workload`` covers the row's setting; unchanged otherwise."""
+    src = robustness_source(sources, workload) if row.source is not None else None
+    text = range_text(src.csv("robustness_summary"), row.setting) if src is not None else ""
+    if text:
+        row.ours += f"; {text} (`{src.label}`)"
+    return row
+
+
 def _value(summ, s: str, method: str, col: str) -> float:
     """``summ[(s, method), col]`` as float; NaN when the run lacks the method or the column."""
     if summ is None or (s, method) not in summ.index or col not in summ.columns:
@@ -682,7 +715,8 @@ def rows_fig12(sources) -> list[Row]:
         off = straggler_source(sources, s, jitter=False)
         facts = {"wlb_rejoin": src.config.get("wlb_rejoin"), "context": fig12_context(summ, s, src, off)} \
             if src is not None else {}
-        rows.append(speedup_row("Fig. 12", s, src, summ, COMMANDS["fig12"], facts))
+        rows.append(with_ensemble_range(speedup_row("Fig. 12", s, src, summ, COMMANDS["fig12"], facts), sources,
+                                        "libra-prod"))
         rows += comparison_rows(s, src, summ, facts)
         for file, name in REAL_CORPORA + TUNING_CORPORA:
             tuned_on = (file, name) in TUNING_CORPORA
@@ -690,9 +724,10 @@ def rows_fig12(sources) -> list[Row]:
             rsumm = _straggler_summary(rsrc) if rsrc is not None else None
             roff = straggler_source(sources, s, workload=file, jitter=False)
             rfacts = {"context": fig12_context(rsumm, s, rsrc, roff)} if rsrc is not None else {}
-            rows.append(speedup_row(f"Fig. 12 ({file}{', synthetic, used in tuning' if tuned_on else ''})", s, rsrc, rsumm,
-                                    COMMANDS["fig12-synthetic" if tuned_on else "fig12-real"].format(file=file, name=name),
-                                    rfacts))
+            row = speedup_row(f"Fig. 12 ({file}{', synthetic, used in tuning' if tuned_on else ''})", s, rsrc, rsumm,
+                              COMMANDS["fig12-synthetic" if tuned_on else "fig12-real"].format(file=file, name=name),
+                              rfacts)
+            rows.append(row if tuned_on else with_ensemble_range(row, sources, file))
             if s == "1M" and not tuned_on:  # make tune-real searches the 1M layout, where the paper's P is not the corpora's best
                 rows.append(tuned_row(sources, s, file, name))
     return rows
@@ -938,9 +973,9 @@ def sensitivity_rows(sources: list[Source], profile: str) -> list[Row]:
 
 def render(rows: list[Row], sources: list[Source], benches: list[Bench], problems: list[str], root: str,
            sensitivity: dict[str, list[Row]] | None = None,
-           competitors: tuple[list[str], list[Source]] = ([], [])) -> str:
-    """The markdown document (``sensitivity``: extra tables per other profile; ``competitors``: the
-    competitor section's lines and the sources it read)."""
+           sections: tuple[tuple[list[str], list[Source]], ...] = ()) -> str:
+    """The markdown document (``sensitivity``: extra tables per other profile; ``sections``: each further
+    section's lines (competitors, robustness) and the sources it read)."""
     lines = [
         "# Reproduction of the paper's numbers",
         "",
@@ -957,7 +992,8 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
         ours = r.ours if r.source is not None else f"not run: `{r.command}`"
         lines.append("| " + " | ".join(_cell(c) for c in (r.where, r.setting or "-", r.paper, ours,
                                                             source_cell(r.source), reason(r))) + " |")
-    lines += competitors[0]
+    for section_lines, _ in sections:
+        lines += section_lines
     for prof, prow in (sensitivity or {}).items():
         prow = [r for r in prow if r.source is not None]
         if not prow:
@@ -973,7 +1009,7 @@ def render(rows: list[Row], sources: list[Source], benches: list[Bench], problem
                                                                 source_cell(r.source), reason(r))) + " |")
         rows = rows + prow
     used = {id(r.source): r.source for r in rows if isinstance(r.source, Source)}
-    used.update({id(s): s for s in competitors[1]})
+    used.update({id(s): s for _, read in sections for s in read})
     lines += ["", "## Sources", "", "| folder | experiment | workload | profile | windows | git SHA | finished (UTC) |",
               "|---|---|---|---|---|---|---|"]
     for s in sorted(used.values(), key=lambda s: s.label):
@@ -1005,9 +1041,11 @@ def generate(results: str | Path, out: str | Path, profile: str = DEFAULT_PROFIL
         rows = build_rows(with_profile(sources, profile), benches)
         sensitivity = {p: sensitivity_rows(sources, p) for p in others}
         runs, read = competitor_runs(with_profile(sources, profile, only=True))
+        robust, robust_read = robustness_runs(with_profile(sources, profile, only=True))
+        sections = ((competitor_section(runs), read), (robustness_section(robust), robust_read))
     except (KeyError, FileNotFoundError) as exc:
         raise ValueError(f"a result CSV under {results} lacks what the report needs: {exc}") from exc
-    text = render(rows, sources, benches, problems, str(results), sensitivity, (competitor_section(runs), read))
+    text = render(rows, sources, benches, problems, str(results), sensitivity, sections)
     return atomic_write_text(Path(out), text), rows
 
 
