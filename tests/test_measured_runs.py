@@ -24,7 +24,7 @@ from experiments.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ["train", "--nproc", "2", "--cp", "2", "--quick"]
-MICROBENCH = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "2", "--quick", "--windows", "3",
+MICROBENCH = ["microbench", "--nproc", "2", "--dp", "2", "--cp", "1", "--pool-size", "2", "--quick", "--windows", "6",
               "--methods", "ulysses,libra", "--workload", "workloads/skewed-2k.txt", "--seq-len", "2048"]
 
 
@@ -69,7 +69,9 @@ def test_a_log_gets_a_heartbeat_while_nothing_finishes(monkeypatch):
 
 @pytest.mark.slow
 def test_train_ctrl_c_keeps_the_finished_steps_and_a_rerun_resumes_them(tmp_path, cli):
-    args = [*TRAIN, "--steps", "6", "--out", str(tmp_path / "t")]
+    # 40 steps of ~70 ms: the interrupt lands well before the end even when the relayed step
+    # lines reach this process late on a loaded host
+    args = [*TRAIN, "--steps", "40", "--out", str(tmp_path / "t")]
     proc = cli(args)
     seen = []
     for line in proc.stdout:
@@ -79,7 +81,7 @@ def test_train_ctrl_c_keeps_the_finished_steps_and_a_rerun_resumes_them(tmp_path
     out, code = _ctrl_c(proc)
     assert code == 130, "".join(seen) + out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted:")]
-    assert "of 6 steps of train are kept in" in line and "rerun the same command to resume from step" in line
+    assert "of 40 steps of train are kept in" in line and "rerun the same command to resume from step" in line
     assert not (tmp_path / "t" / "run.json").exists() and "Traceback" not in out
     kept = int(line.split("interrupted: ")[1].split(" of")[0])
     assert kept >= 3
@@ -87,8 +89,8 @@ def test_train_ctrl_c_keeps_the_finished_steps_and_a_rerun_resumes_them(tmp_path
     resumed = subprocess.run([sys.executable, "-m", "experiments.cli", *args], cwd=ROOT, capture_output=True,
                              text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming after step {kept - 1}: {kept} of 6 steps kept" in resumed.stdout
-    whole = subprocess.run([sys.executable, "-m", "experiments.cli", *TRAIN, "--steps", "6", "--no-progress",
+    assert f"resuming after step {kept - 1}: {kept} of 40 steps kept" in resumed.stdout
+    whole = subprocess.run([sys.executable, "-m", "experiments.cli", *TRAIN, "--steps", "40", "--no-progress",
                             "--out", str(tmp_path / "w")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr
     a, b = (pd.read_csv(tmp_path / d / "train.csv") for d in ("t", "w"))
@@ -148,12 +150,12 @@ def test_microbench_ctrl_c_keeps_each_finished_point_and_a_rerun_resumes(tmp_pat
     out, code = _ctrl_c(proc)
     assert code == 130, out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted:")]
-    assert "of 6 points of microbench are cached in" in line and "rerun the same command to resume" in line
+    assert "of 12 points of microbench are cached in" in line and "rerun the same command to resume" in line
     cached = int(line.split("interrupted: ")[1].split(" of")[0])
     assert cached >= 1 and "Traceback" not in out
     res = CliRunner().invoke(main, [*MICROBENCH, "--out", str(out_dir)])
     assert res.exit_code == 0, res.output
-    assert len(pd.read_csv(out_dir / "microbench.csv")) == 12  # 2 methods x 3 windows x 2 steps
+    assert len(pd.read_csv(out_dir / "microbench.csv")) == 24  # 2 methods x 6 windows x 2 steps
 
 
 def test_e2e_measure_caches_each_method_as_it_finishes(tmp_path, monkeypatch):
