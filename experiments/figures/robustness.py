@@ -65,7 +65,7 @@ from experiments.common.sim_common import (
 )
 from experiments.figures.straggler import all_methods
 from libra.data.source import resolve_workload
-from libra.sim.simulator import simulate_window
+from libra.sim.simulator import price_window
 from libra.workload import AttentionShape
 
 DEFAULT_PLANNED, TRUTH = "default-planned", "truth"
@@ -81,17 +81,6 @@ class RobustnessConfig(SimulatedRunConfig):
     shape: AttentionShape
     ensemble: Ensemble
     wlb_rejoin: str = WLB_REJOIN_DEFAULT
-
-
-class _Planned:
-    """A planner whose window plans are already made: :func:`simulate_window` prices them again
-    under another cost model without planning them again."""
-
-    def __init__(self, plans):
-        self.plans = plans
-
-    def plan_window(self, *_args, **_kwargs):
-        return self.plans
 
 
 def plans_with_profile(method: str) -> bool:
@@ -151,8 +140,7 @@ def run_robustness(cfg: RobustnessConfig):
                  "step": r.step, "straggler_ms": r.straggler_ms, "compute_ms": r.compute_ms,
                  "comm_exposed_ms": r.comm_exposed_ms}
                 for n in scored
-                for r in simulate_window(_Planned(plans), wins[w], st.par(), cfg.shape, models[n],
-                                         seed=jitter_seed(cfg.seed, w))]
+                for r in price_window(plans, wins[w], st.par(), cfg.shape, models[n], seed=jitter_seed(cfg.seed, w))]
 
     truth = [n for n, p in profiles.items() if p is not cfg.profile]  # a member that is the profile: planned once
     keys = [[s, m, w, DEFAULT_PLANNED, None] for s in chosen for m in cfg.methods for w in range(cfg.windows)]

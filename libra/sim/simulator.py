@@ -131,11 +131,24 @@ def flops_stragglers(window, par: ParallelConfig, shape: AttentionShape, pool_si
 
 def simulate_window(planner, window, par: ParallelConfig, shape: AttentionShape, cost_model: CostModel,
                     seed: int, jitter: bool = True, flops_pool_size: int | None = None) -> list[StepResult]:
-    """Replay one GBS window (every GA index, every pool) for one method.
+    """Replay one GBS window (every GA index, every pool) for one method: plan it with ``planner``
+    (an object with ``plan_window(window, par, shape) -> list[Plan]``, the baselines registry's
+    Planner) and price the plans (:func:`price_window`, which documents the other arguments).
+
+    Raises:
+        ValueError: ``par`` differs from the cost model's topology, or the window size is not GBS.
+    """
+    _check_window(window, par, cost_model)
+    return price_window(planner.plan_window(window, par, shape), window, par, shape, cost_model, seed, jitter,
+                        flops_pool_size)
+
+
+def price_window(plans, window, par: ParallelConfig, shape: AttentionShape, cost_model: CostModel,
+                 seed: int, jitter: bool = True, flops_pool_size: int | None = None) -> list[StepResult]:
+    """Price one GBS window's plans (made once, possibly priced under several cost models).
 
     Args:
-        planner: object with ``plan_window(window, par, shape) -> list[Plan]`` and
-            ``pipeline_chunks`` (the baselines registry's Planner).
+        plans: the window's Plans (one per GA index; a planner may form another number of microbatches).
         window: the window's ``GBS`` packed sequences (``list[PackedSequence]``).
         par: parallel layout; must match the cost model's topology.
         shape: attention head geometry.
@@ -143,21 +156,16 @@ def simulate_window(planner, window, par: ParallelConfig, shape: AttentionShape,
         seed: device-jitter seed; use the same seed for every method of a comparison.
         jitter: apply the profile's device variability (False: every GPU at speed 1).
         flops_pool_size: ``P`` of Libra's FLOPs-only straggler; when given, every step carries
-            both :func:`flops_stragglers` (None, or a planner that forms another number of steps
+            both :func:`flops_stragglers` (None, or plans that form another number of steps
             than GA: they stay NaN).
 
     Returns:
-        One :class:`StepResult` per Plan (per GA index; a planner may form another number of
-        microbatches), in order.
+        One :class:`StepResult` per Plan, in order.
 
     Raises:
         ValueError: ``par`` differs from the cost model's topology, or the window size is not GBS.
     """
-    if par != cost_model.topology.par:
-        raise ValueError(f"parallel layout {par} differs from the cost model's topology {cost_model.topology.par}")
-    if len(window) != par.gbs:
-        raise ValueError(f"window holds {len(window)} packed sequences, GBS is {par.gbs}")
-    plans = planner.plan_window(window, par, shape)
+    _check_window(window, par, cost_model)
     dev = DeviceJitter(cost_model.profile.variability, par.workers, seed) if jitter else None
     out = []
     for plan in plans:
@@ -167,6 +175,13 @@ def simulate_window(planner, window, par: ParallelConfig, shape: AttentionShape,
         uly, lib = flops_stragglers(window, par, shape, flops_pool_size, cost_model)
         out = [replace(r, flops_ulysses_ms=float(uly[r.step]), flops_libra_ms=float(lib[r.step])) for r in out]
     return out
+
+
+def _check_window(window, par: ParallelConfig, cost_model: CostModel) -> None:
+    if par != cost_model.topology.par:
+        raise ValueError(f"parallel layout {par} differs from the cost model's topology {cost_model.topology.par}")
+    if len(window) != par.gbs:
+        raise ValueError(f"window holds {len(window)} packed sequences, GBS is {par.gbs}")
 
 
 def summarize(results: list[StepResult]) -> dict:
