@@ -65,6 +65,28 @@ def test_an_ensemble_member_that_cannot_apply_is_one_clear_error():
         load_ensemble("nope")
 
 
+@pytest.mark.parametrize("data, match", [
+    ({"members": []}, "non-empty 'members' list"),
+    ({"members": [{"bandwidth_scale": 2}]}, "needs a non-empty name"),
+    ({"members": [{"name": "a"}, {"name": "a"}]}, "must be unique"),
+    ({"members": [{"name": "a", "jitter_scale": 2}]}, "unknown transformation"),
+    ({"members": [{"name": "a", "rate_scale": 0}]}, "rate_scale must be a number > 0"),
+    ({"members": [{"name": "a", "latency_scale": True}]}, "latency_scale must be a number > 0"),
+])
+def test_a_malformed_ensemble_file_is_one_clear_error(tmp_path, data, match):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=match):
+        load_ensemble(path)
+
+
+def test_a_length_curve_member_on_an_occupancy_profile_is_one_clear_error():
+    from experiments.common.ensemble import member_profile  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="does not price with"):
+        member_profile(load_profile("h200-occupancy-v1"), {"name": "slow", "rate_scale": 0.5})
+
+
 def _straggler(tmp_path, name, score_profile):
     setting = custom_setting(dp=2, cp=2, seq_len=16384, gbs=4)
     cfg = StragglerConfig(workload="libra-prod", profile=BASE, settings=[setting], windows=1, seed=0,
