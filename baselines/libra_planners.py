@@ -354,7 +354,9 @@ class LibraAdaptivePlanner(LibraKtPlanner):
                           "fine_tau": self.config.fine_tau,
                           "deepen_pipeline": self.config.deepen_pipeline,
                           "device_speeds": self.config.device_speeds is not None,
-                          "layout_pipeline_chunks": self.tap.pipeline_chunks}
+                          "layout_pipeline_chunks": self.tap.pipeline_chunks,
+                          "ensemble": self.config.ensemble, "robust_margin": self.config.robust_margin,
+                          "ensemble_skipped": list(plan_one.guard.skipped) if plan_one.guard else []}
 
     def window_tap(self, par: ParallelConfig, shape: AttentionShape | None = None) -> TapConfig:
         """The layout's TapConfig with the Pipeliner deepened (``deepen_pipeline``): ``M`` times

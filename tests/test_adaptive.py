@@ -123,7 +123,7 @@ def test_adaptive_never_priced_slower_than_libra(seed, dp, cp):
 def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
     """``choose`` drops candidates by their compute bound, in ``price_order``; it must keep exactly
     the option that pricing every one picks (the fastest, ties: the earlier)."""
-    from libra.extensions.adaptive.planner import pool_worker_ms, price_order
+    from libra.extensions.adaptive.planner import price_order
 
     price_first = sorted((c.name for c in CANDIDATES.values() if c.price_rank is not None),
                          key=lambda n: CANDIDATES[n].price_rank)
@@ -135,7 +135,7 @@ def test_branch_and_bound_choice_is_the_priced_minimum(seed, cp, chunkings):
                           heavy_tile_limits=(1.0, 0.5, 0.25))
     pools = planner.pool_planner(par, SHAPE)[0]
     options = pools.options(0, seqs, workers)
-    priced = [float(sum(pool_worker_ms(pools.cost, p, par, SHAPE, pools.tap)).max()) for _, p in options]
+    priced = [pools.pricing.straggler_ms(pools.cost, p, pools.tap) for _, p in options]
     want = min(range(len(options)), key=lambda i: priced[i])
     name, pool = pools.choose(options)
     assert (name, pool.chunking) == (options[want][0], options[want][1].chunking)

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 from baselines.registry import get_planner
 from experiments.cli import main
-from experiments.common.ensemble import load_ensemble
 from experiments.common.runs_table import run_caption
 from experiments.common.sim_common import (
     custom_setting,
@@ -23,6 +22,7 @@ from experiments.common.sim_common import (
 from experiments.figures.straggler import StragglerConfig, run_straggler
 from libra.sim.cost import CostModel
 from libra.sim.profiles import load_profile
+from libra.sim.profiles.ensemble import load_ensemble
 from libra.sim.topology import Topology
 from libra.sim.variability import DeviceJitter
 
@@ -81,7 +81,7 @@ def test_a_malformed_ensemble_file_is_one_clear_error(tmp_path, data, match):
 
 
 def test_a_length_curve_member_on_an_occupancy_profile_is_one_clear_error():
-    from experiments.common.ensemble import member_profile  # noqa: PLC0415
+    from libra.sim.profiles.ensemble import member_profile  # noqa: PLC0415
 
     with pytest.raises(ValueError, match="does not price with"):
         member_profile(load_profile("h200-occupancy-v1"), {"name": "slow", "rate_scale": 0.5})

@@ -3,13 +3,13 @@
 The cost model's unmeasured numbers (heads-per-call cost, link bandwidth and latency, the kernel's
 length curve) decide how much a planner gains, and a planner that plans with the profile
 (``libra-kt``, ``libra-adaptive``) optimises the very model that scores it. This command scores
-every method's plans under each member of a profile ensemble (:mod:`experiments.common.ensemble`;
+every method's plans under each member of a profile ensemble (:mod:`libra.sim.profiles.ensemble`;
 default ``default-v1``: the run's ``--profile`` and eleven transformations of it) in two variants:
 
 * ``default-planned``: planned once with ``--profile``, scored by each member (the model is wrong
   the way the member differs);
 * ``truth``: planned with the member's own profile and scored by it (a planner that knows the
-  truth). A planner whose plans do not depend on the profile (no ``profile`` option in the
+  truth; ``libra-adaptive`` then plans without its ensemble guard, ``ensemble=None``). A planner whose plans do not depend on the profile (no ``profile`` option in the
   registry) is planned once per window; its truth is its default-planned run.
 
 Per setting and method: the speedup over Ulysses (mean straggler over every step of every window,
@@ -37,7 +37,6 @@ import click
 import numpy as np
 import pandas as pd
 
-from experiments.common.ensemble import DEFAULT_ENSEMBLE, Ensemble, load_ensemble
 from experiments.common.options import given_layout, layout_options, settings_option, tap_options
 from experiments.common.runner import ExperimentRun
 from experiments.common.runs_table import run_caption
@@ -65,6 +64,7 @@ from experiments.common.sim_common import (
 )
 from experiments.figures.straggler import all_methods
 from libra.data.source import resolve_workload
+from libra.sim.profiles.ensemble import DEFAULT_ENSEMBLE, Ensemble, load_ensemble
 from libra.sim.simulator import price_window
 from libra.workload import AttentionShape
 
@@ -85,9 +85,14 @@ class RobustnessConfig(SimulatedRunConfig):
 
 def plans_with_profile(method: str) -> bool:
     """Whether ``method``'s plans depend on the profile (the registry planner has a ``profile`` option)."""
+    return takes_option(method, "profile")
+
+
+def takes_option(method: str, option: str) -> bool:
+    """Whether the registry planner ``method`` has ``option``."""
     from baselines.registry import planner_class  # noqa: PLC0415  (keeps `--help` fast)
 
-    return "profile" in planner_class(method).option_names()
+    return option in planner_class(method).option_names()
 
 
 def scorers(cfg: RobustnessConfig) -> tuple[dict, str]:
@@ -133,7 +138,9 @@ def run_robustness(cfg: RobustnessConfig):
         s, method, w, variant, member = key
         st, wins, models = context(s)
         planned = profiles[member] if variant == TRUTH else cfg.profile
-        planner = make_planner(method, st, wlb_rejoin=cfg.wlb_rejoin, profile=planned)
+        # a planner that knows the member plans for it alone: no hedge over an ensemble
+        unguarded = {"ensemble": None} if variant == TRUTH and takes_option(method, "ensemble") else {}
+        planner = make_planner(method, st, wlb_rejoin=cfg.wlb_rejoin, profile=planned, **unguarded)
         plans = planner.plan_window(wins[w], st.par(), cfg.shape)
         scored = [member] if variant == TRUTH else list(profiles)
         return [{"workload": label, "setting": s, "method": method, "window": w, "member": n, "variant": variant,

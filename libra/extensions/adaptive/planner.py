@@ -33,9 +33,11 @@ from libra.extensions.adaptive.rebalance import (
     exposure_excess,
     rebalance_exposed,
 )
+from libra.extensions.adaptive.robust import ROBUST_MARGIN, EnsembleGuard, PoolPricing, check_margin
 from libra.plan import HEADS, Plan, PoolPlan, chunkings
 from libra.sim.cost import CostModel
 from libra.sim.profiles import HardwareProfile
+from libra.sim.profiles.ensemble import DEFAULT_ENSEMBLE, load_ensemble
 from libra.sim.topology import Topology
 from libra.sim.variability import check_speeds
 from libra.tap.planner import plan_pool
@@ -71,10 +73,19 @@ class AdaptiveOptions:
             (``DP * CP`` of them; e.g. :func:`libra.extensions.adaptive.speeds.measure_device_speeds`), which
             the candidates' placement (:func:`libra.extensions.adaptive.retention.speed_reserve`) and their pricing
             take into account; default None: every GPU at the profile's speed.
+        ensemble: the profile ensemble (:func:`libra.sim.profiles.ensemble.load_ensemble`: a built-in
+            name or a path) whose members, applied to the planning profile, guard every choice
+            (:class:`libra.extensions.adaptive.robust.EnsembleGuard`: a candidate is kept only if it
+            prices within ``robust_margin`` of the paper's plan under every member); default
+            :data:`~libra.sim.profiles.ensemble.DEFAULT_ENSEMBLE`; None: the fastest under the
+            planning profile alone, trusting it.
+        robust_margin: how much slower than the paper's plan a candidate may price under a member
+            (default :data:`~libra.extensions.adaptive.robust.ROBUST_MARGIN`).
 
     Raises:
         ValueError: an empty or unknown candidate or chunking list, a negative or non-integer
-            ``rebalance_passes``, a negative or non-finite ``fine_tau``, a non-bool ``deepen_pipeline``, a speed that is not finite and > 0.
+            ``rebalance_passes``, a negative or non-finite ``fine_tau``, a non-bool ``deepen_pipeline``,
+            a speed that is not finite and > 0, an ensemble that does not load, a margin outside [0, 1).
     """
 
     candidates: tuple[str, ...] = DEFAULT_CANDIDATES
@@ -84,8 +95,14 @@ class AdaptiveOptions:
     fine_tau: float | None = FINE_TAU
     deepen_pipeline: bool = True
     device_speeds: tuple[float, ...] | None = None
+    ensemble: str | None = DEFAULT_ENSEMBLE
+    robust_margin: float = ROBUST_MARGIN
 
     def __post_init__(self) -> None:
+        if self.ensemble is not None:
+            object.__setattr__(self, "ensemble", str(self.ensemble))
+            load_ensemble(self.ensemble)  # fails here, at the config boundary, not mid-plan
+        object.__setattr__(self, "robust_margin", check_margin(self.robust_margin))
         if self.device_speeds is not None:
             speeds = check_speeds(self.device_speeds, what="libra-adaptive device_speeds")
             object.__setattr__(self, "device_speeds", tuple(speeds.tolist()))
@@ -123,8 +140,9 @@ class AdaptivePools:
     """``libra-adaptive``'s per-pool planner for one window layout: every candidate of
     :func:`libra.extensions.adaptive.candidates.candidate_pools` under its chunking (or each configured one), priced
     alone on the profile's cost model (built once here), the fastest kept (ties: the earlier
-    candidate, the paper's plan first, then the paper's head chunks). ``choices`` maps the window
-    index of a pool's first sequence to the candidate it took."""
+    candidate, the paper's plan first, then the paper's head chunks) among those the ensemble guard
+    admits (:class:`~libra.extensions.adaptive.robust.EnsembleGuard`; every candidate without one).
+    ``choices`` maps the window index of a pool's first sequence to the candidate it took."""
 
     def __init__(self, profile: HardwareProfile, checked: CheckedLayout, config: AdaptiveOptions,
                  layout: TapConfig | None = None):
@@ -135,6 +153,7 @@ class AdaptivePools:
         # the fine candidates' layout: their soft-target slack (AdaptiveOptions.fine_tau)
         self.fine_tap = tap if config.fine_tau is None else replace(tap, tau=config.fine_tau)
         self.speeds = None if config.device_speeds is None else np.asarray(config.device_speeds, dtype=np.float64)
+        self.pricing = PoolPricing(par, shape, self.speeds)
         self.space = CandidateSpace(tap, shape, profile.kernel, config.candidates, self.cost.topology.byte_cost,
                                     config.heavy_tile_limits, config.fine_tau, checked)
         self.choices: dict[int, str] = {}
@@ -143,13 +162,19 @@ class AdaptivePools:
         self.layout = (None if layout is None or layout == tap
                        else AdaptivePools(profile, check_layout(par, layout, shape), config))
         self.prices: dict[int, list] = {}  # [its price, the paper plan's price or bound, that plan or None]
+        self.guard = (None if config.ensemble is None else
+                      EnsembleGuard(profile, config.ensemble, config.robust_margin, self.pricing))
+        self.unguarded: set[int] = set()  # pools no candidate at this depth passed the guard for
 
     def __call__(self, k: int, sequences, workers):
         loads = {}
         options = self.options(k, sequences, workers, loads)
-        name, pool, times = self._choose(options)
-        name, pool, price = self._rebalance(name, pool, times, loads.get(name))
+        reference = self.reference(k, sequences, workers, options)
+        name, pool, times = self._choose(options, reference)
         key = int(sequences[0].seq_id)
+        if times is False:  # nothing passed the guard: the paper's plan, or its layout's depth
+            name, pool, times = self._unguarded(key, k, sequences, workers, options)
+        name, pool, price = self._rebalance(name, pool, times, loads.get(name), reference)
         self.choices[key] = name if pool.chunking == HEADS else f"{name}+{pool.chunking}"
         if self.layout is not None:
             price = self._price(pool) if price is None else price
@@ -160,6 +185,23 @@ class AdaptivePools:
             self.prices[key] = ([price, float((compute + exposed).max()), None] if exposed is not None
                                 else [price, float(compute.max()), paper])
         return pool
+
+    def reference(self, k: int, sequences, workers, options) -> np.ndarray | None:
+        """The paper's plan of the pool priced under every guard member at the layout's ``M`` (what
+        ``libra`` runs); None without a guard."""
+        if self.guard is None:
+            return None
+        layout = self.tap if self.layout is None else self.layout.tap
+        return self.guard.reference(self._paper_plan(k, sequences, workers, options), layout)
+
+    def _unguarded(self, key: int, k: int, sequences, workers, options):
+        """The choice when no candidate passes the guard: at a deepened Pipeliner the fastest (the
+        Plan is planned again at the layout's ``M`` by :meth:`keep_depth`), else the paper's plan,
+        which passes by definition."""
+        if self.layout is not None:
+            self.unguarded.add(key)
+            return self._choose(options, None)
+        return "alg2-flops", replace(self._paper_plan(k, sequences, workers, options), chunking=HEADS), None
 
     def _price(self, pool: PoolPlan, tap: TapConfig | None = None) -> float:
         """``pool``'s priced straggler alone, at ``tap``'s Pipeliner chunks (default this planner's)."""
@@ -176,22 +218,23 @@ class AdaptivePools:
                          checked=self.checked)
 
     def keep_depth(self, plan: Plan) -> tuple[Plan, AdaptivePools]:
-        """``(plan, the planner of its pools)``: ``plan`` when it runs the layout's ``M`` or its slowest
-        pool prices no slower than the paper's plan of the slowest pool at the layout's ``M``; else
-        its pools planned again at the layout's ``M`` (so ``libra-adaptive`` is never priced slower
-        than ``libra``, Libra sec. 4.4's ``M``)."""
+        """``(plan, the planner of its pools)``: ``plan`` when it runs the layout's ``M`` or, with every
+        pool's choice guarded, its slowest pool prices no slower than the paper's plan of the
+        slowest pool at the layout's ``M``; else its pools planned again at the layout's ``M`` (so
+        ``libra-adaptive`` is never priced slower than ``libra``, Libra sec. 4.4's ``M``)."""
         if self.layout is None or not plan.pools:
             return plan, self
         keys = [int(pool.sequences[0].seq_id) for pool in plan.pools]
-        slowest = max(self.prices[k][0] for k in keys)
-        if slowest <= max(self.prices[k][1] for k in keys):
-            return plan, self  # some paper pool's bound already reaches the slowest
-        for k in keys:  # every paper price below it is exact already; price the bounded ones
-            entry = self.prices[k]
-            if entry[2] is not None:
-                entry[1], entry[2] = self._price(entry[2], self.layout.tap), None
-        if slowest <= max(self.prices[k][1] for k in keys):
-            return plan, self
+        if not self.unguarded.intersection(keys):
+            slowest = max(self.prices[k][0] for k in keys)
+            if slowest <= max(self.prices[k][1] for k in keys):
+                return plan, self  # some paper pool's bound already reaches the slowest
+            for k in keys:  # every paper price below it is exact already; price the bounded ones
+                entry = self.prices[k]
+                if entry[2] is not None:
+                    entry[1], entry[2] = self._price(entry[2], self.layout.tap), None
+            if slowest <= max(self.prices[k][1] for k in keys):
+                return plan, self
         pools = tuple(self.layout(pool.pool_index, pool.sequences, pool.workers) for pool in plan.pools)
         M = self.layout.tap.pipeline_chunks
         return replace(plan, pools=pools, pipeline_chunks=M, meta={**plan.meta, "pipeline_chunks": M}), self.layout
@@ -216,38 +259,45 @@ class AdaptivePools:
                              f"{list(self.config.chunkings)} (KV relays need head chunks)")
         return options
 
-    def choose(self, options: list[tuple[str, PoolPlan]]) -> tuple[str, PoolPlan]:
-        """The fastest of ``options`` as the cost model prices each pool alone (ties: the earlier).
+    def choose(self, options: list[tuple[str, PoolPlan]], reference: np.ndarray | None = None) -> tuple[str, PoolPlan]:
+        """The fastest of ``options`` as the cost model prices each pool alone (ties: the earlier),
+        among those the guard admits against ``reference`` (:meth:`reference`; None: every option).
 
         Branch and bound, same choice as pricing every option: the options are priced in
         :func:`price_order` and an option whose compute alone exceeds the best priced straggler
         so far (:meth:`libra.sim.cost.CostModel.straggler_ms` with ``cutoff``) is dropped unpriced
         -- it cannot win, since exposed communication only adds to compute. The margin keeps
-        rounding (an exposed term of -1 ulp) from dropping an exact tie."""
-        name, pool, _ = self._choose(options)
-        return name, pool
+        rounding (an exposed term of -1 ulp) from dropping an exact tie. Only an option that would
+        become the best is checked against the ensemble. Without an admitted option: ``(None, None)``."""
+        name, pool, _ = self._choose(options, reference)
+        return (name, pool) if name is not None else (None, None)
 
-    def _choose(self, options: list[tuple[str, PoolPlan]]):
+    def _choose(self, options: list[tuple[str, PoolPlan]], reference: np.ndarray | None):
         """:meth:`choose` and the winner's priced ``(compute, exposed)`` per pool worker (None for a
-        lone option that :meth:`rebalance` would not re-place: nothing needs its price)."""
-        if len(options) == 1 and not self._rebalances(options[0][0]):
+        lone option that :meth:`rebalance` would not re-place: nothing needs its price); ``(None,
+        None, False)`` when the guard admits no option."""
+        if len(options) == 1 and not self._rebalances(options[0][0]) and reference is None:
             return (*options[0], None)
-        best, pick, times = float("inf"), 0, None
+        best, pick, times = float("inf"), None, None
         for i in (price_order([n for n, _ in options]) if len(options) > 1 else [0]):
             compute, exposed = self._worker_ms(options[i][1], cutoff=best * (1 + 1e-9))
             t = float((compute if exposed is None else compute + exposed).max())
-            if t < best or (t == best and i < pick):
+            better = t < best or (t == best and pick is not None and i < pick)
+            if better and (reference is None or self.guard.admits(options[i][1], self.tap, reference)):
                 best, pick, times = t, i, (compute, exposed)
-        return (*options[pick], times)
+        return (None, None, False) if pick is None else (*options[pick], times)
 
-    def rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None) -> tuple[str, PoolPlan]:
+    def rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None,
+                  reference: np.ndarray | None = None) -> tuple[str, PoolPlan]:
         """:meth:`_rebalance` without the price."""
-        return self._rebalance(name, pool, times, load)[:2]
+        return self._rebalance(name, pool, times, load, reference)[:2]
 
-    def _rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None):
+    def _rebalance(self, name: str, pool: PoolPlan, times, load: np.ndarray | None = None,
+                   reference: np.ndarray | None = None):
         """The chosen ``pool`` after up to ``rebalance_passes`` passes of
-        :func:`libra.extensions.adaptive.rebalance.rebalance_exposed`, the fastest priced plan kept (its name gains
-        ``+rebalanced``). The first pass reserves the chosen plan's exposure; each later one the mean
+        :func:`libra.extensions.adaptive.rebalance.rebalance_exposed`, the fastest priced plan that
+        the guard admits against ``reference`` kept (its name gains ``+rebalanced``). The first pass
+        reserves the chosen plan's exposure; each later one the mean
         of the last reservation and the last plan's exposure (:data:`~libra.extensions.adaptive.rebalance.REBALANCE_PASSES`:
         reserving only the last plan's exposure swings work back and forth between passes). Passes
         stop once the last plan's :func:`~libra.extensions.adaptive.rebalance.exposure_excess` is at most
@@ -274,7 +324,7 @@ class AdaptivePools:
             if times[1] is None:
                 break  # the last pass, its compute alone above the best
             t = float((times[0] + times[1]).max())
-            if t < best:
+            if t < best and (reference is None or self.guard.admits(current, self.tap, reference)):
                 best, kept = t, (f"{name}+rebalanced", current)
             reserved = (reserved + times[1]) / 2
         return (*kept, best)
@@ -287,9 +337,7 @@ class AdaptivePools:
     def _worker_ms(self, pool: PoolPlan, cutoff: float = float("inf"), tap: TapConfig | None = None):
         """``pool``'s priced ``(compute, exposed)`` per pool worker (``exposed`` None above ``cutoff``),
         at ``tap``'s Pipeliner chunks (default this planner's)."""
-        compute, exposed = pool_worker_ms(self.cost, pool, self.par, self.shape, tap or self.tap, cutoff, self.speeds)
-        ws = list(pool.workers)
-        return compute[ws], (None if exposed is None else exposed[ws])
+        return self.pricing.worker_ms(self.cost, pool, tap or self.tap, cutoff)
 
     def _speeds_of(self, workers) -> np.ndarray | None:
         """The known speeds of ``workers`` (global ids, in their order); None when none are known."""
@@ -297,16 +345,23 @@ class AdaptivePools:
 
     def stages(self, k: int, sequences, workers) -> dict:
         """The parts of one call that ``libra-bench plan-cost`` times apart, as zero-argument calls:
-        ``candidates`` (:meth:`options`), ``pricing`` (:meth:`choose` on them, built once here),
-        ``rebalance`` (:meth:`rebalance` of the chosen plan) and, with a deepened Pipeliner,
-        ``depth`` (pricing the paper's plan at the layout's ``M`` for :meth:`keep_depth`, its compute
-        alone where that already exceeds the chosen plan's price)."""
+        ``candidates`` (:meth:`options`), ``reference`` (the paper's plan priced under the guard's
+        members, with a guard), ``pricing`` (:meth:`choose` on them, built once here, the guard's
+        checks included), ``rebalance`` (:meth:`rebalance` of the chosen plan) and, with a deepened
+        Pipeliner, ``depth`` (pricing the paper's plan at the layout's ``M`` for :meth:`keep_depth`,
+        its compute alone where that already exceeds the chosen plan's price)."""
         loads = {}
         options = self.options(k, sequences, workers, loads)
-        chosen = self._choose(options)
-        price = self._rebalance(*chosen, loads.get(chosen[0]))[2]
-        parts = {"candidates": partial(self.options, k, sequences, workers), "pricing": partial(self.choose, options),
-                 "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]))}
+        reference = self.reference(k, sequences, workers, options)
+        chosen = self._choose(options, reference)
+        if chosen[2] is False:
+            chosen = self._unguarded(-1, k, sequences, workers, options)
+        price = self._rebalance(*chosen, loads.get(chosen[0]), reference)[2]
+        parts = {"candidates": partial(self.options, k, sequences, workers),
+                 "pricing": partial(self.choose, options, reference),
+                 "rebalance": partial(self.rebalance, *chosen, loads.get(chosen[0]), reference)}
+        if self.guard is not None:
+            parts["reference"] = partial(self.reference, k, sequences, workers, options)
         if self.layout is not None:  # the deeper Pipeliner's guard: the paper's plan at the layout's M
             parts["depth"] = partial(self._worker_ms, self._paper_plan(k, sequences, workers, options),
                                      float("inf") if price is None else price, self.layout.tap)
@@ -340,16 +395,6 @@ def price_order(names) -> list[int]:
         return last if c is None or c.price_rank is None else c.price_rank
 
     return sorted(range(len(names)), key=lambda i: rank(names[i]))
-
-
-def pool_worker_ms(cost, pool, par: ParallelConfig, shape: AttentionShape, tap: TapConfig,
-                    cutoff: float = float("inf"), speed=None):
-    """``pool`` run alone (its plan as a one-pool Plan): every worker's priced ``(compute, exposed)``
-    (:meth:`libra.sim.cost.CostModel.worker_ms`, at ``speed``; ``exposed`` None once compute exceeds
-    ``cutoff``)."""
-    plan = Plan(method="libra-adaptive", ga_index=0, shape=shape, cp=par.cp, pipeline_chunks=tap.pipeline_chunks,
-                pools=(pool,), meta={})
-    return cost.worker_ms(plan, cutoff=cutoff, speed=speed)
 
 
 def deepened_tap(tap: TapConfig, par: ParallelConfig, shape: AttentionShape) -> TapConfig:

@@ -48,6 +48,13 @@ class Ensemble:
         """
         return {m["name"]: member_profile(base, m) for m in self.members}
 
+    def applicable_profiles(self, base: HardwareProfile) -> tuple[dict[str, HardwareProfile], tuple[str, ...]]:
+        """``({member name: profile}, skipped member names)``: the members ``base`` can take applied
+        to it, and the names of those it cannot (:func:`member_conflict`), for a caller that plans
+        under the ensemble with any profile and records what it left out."""
+        kept = {m["name"]: member_profile(base, m) for m in self.members if member_conflict(base, m) is None}
+        return kept, tuple(m["name"] for m in self.members if m["name"] not in kept)
+
 
 def _check_member(member, origin: str) -> dict:
     if not isinstance(member, dict) or not isinstance(member.get("name"), str) or not member["name"]:
@@ -102,23 +109,33 @@ def member_profile(base: HardwareProfile, member: dict) -> HardwareProfile:
     """
     if set(member) == {"name"}:
         return base
+    conflict = member_conflict(base, member)
+    if conflict is not None:
+        raise ValueError(conflict)
     data = base.to_dict()
     kernel = data["kernel"]
     if "heads_half" in member:
-        if kernel["heads_half"]:
-            raise ValueError(f"ensemble member {member['name']!r} adds a heads-per-call factor, and profile "
-                             f"{base.name} already has one (heads_half = {kernel['heads_half']})")
         kernel["heads_half"] = float(member["heads_half"])
     for link in data["links"].values():
         link["bandwidth_gbps"] *= member.get("bandwidth_scale", 1.0)
         link["latency_ms"] *= member.get("latency_scale", 1.0)
     for transform, keys in _CURVE.items():
-        if transform in member and base.kernel.occupancy is not None:
-            raise ValueError(f"ensemble member {member['name']!r} scales the length curve, which profile "
-                             f"{base.name}'s occupancy kernel model does not price with")
         for key in keys:
             if kernel.get(key) is not None:
                 kernel[key] *= member.get(transform, 1.0)
     data["name"] = f"{base.name}+{member['name']}"
     data["source"] = {**data["source"], "ensemble_member": dict(member)}
     return profile_from_dict(data, origin=f"{base.name} + ensemble member {member['name']!r}")
+
+
+def member_conflict(base: HardwareProfile, member: dict) -> str | None:
+    """Why ``base`` cannot take ``member``'s transformations (None: it can): a heads-per-call factor
+    on a profile that has one (two such factors do not compose into one), or a length-curve scale
+    on an occupancy kernel model (which prices without that curve)."""
+    if "heads_half" in member and base.kernel.heads_half:
+        return (f"ensemble member {member['name']!r} adds a heads-per-call factor, and profile "
+                f"{base.name} already has one (heads_half = {base.kernel.heads_half})")
+    if base.kernel.occupancy is not None and any(t in member for t in _CURVE):
+        return (f"ensemble member {member['name']!r} scales the length curve, which profile "
+                f"{base.name}'s occupancy kernel model does not price with")
+    return None
