@@ -394,9 +394,10 @@ def test_deepened_plans_run_deeper_and_fall_back_where_priced_slower():
                                      (512, 1, SHAPE, OPTS, 2)):
         par = ParallelConfig(dp=2, cp=cp, gbs=4, seq_len=S)
         window = make_window(par.gbs, S, 0)
-        deep = get_planner("libra-adaptive", **opts, profile=profile).plan_window(window, par, shape)
-        flat = get_planner("libra-adaptive", **opts, profile=profile, deepen_pipeline=False).plan_window(window, par,
-                                                                                                         shape)
+        # the deepening as the planning profile prices it (the ensemble guard is tests/test_adaptive_robust.py's)
+        deep = get_planner("libra-adaptive", **opts, profile=profile, ensemble=None).plan_window(window, par, shape)
+        flat = get_planner("libra-adaptive", **opts, profile=profile, ensemble=None,
+                           deepen_pipeline=False).plan_window(window, par, shape)
         assert [p.pipeline_chunks for p in deep] == [runs] * len(deep)
         assert all(p.meta["pipeline_chunks"] == runs and p.meta["layout_pipeline_chunks"] == opts["pipeline_chunks"]
                    for p in deep)

@@ -125,7 +125,7 @@ def test_tap_planner_options_are_the_tapconfig_fields_it_does_not_pin(name):
         expected |= {"profile"}
     if name == "libra-adaptive":
         expected |= {"profile", "candidates", "chunkings", "heavy_tile_limits", "rebalance_passes",
-                     "fine_tau", "deepen_pipeline", "device_speeds"}
+                     "fine_tau", "deepen_pipeline", "device_speeds", "ensemble", "robust_margin"}
     assert set(planner_class(name).option_names()) == expected
 
 

@@ -268,7 +268,7 @@ CASES_8 = [
     # (P 4, CP 2) grid re-placed for its exposed communication (libra.extensions.adaptive.rebalance.rebalance_exposed;
     # at M = 2 the overload repair of libra.extensions.adaptive.repair leaves nothing there for it to win)
     {**BASE, "planner": "libra-adaptive",
-     "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES},
+     "options": {"candidates": ("fine-retain-link-relay",), "profile": TWO_GPU_NODES, "ensemble": None},
      "B": 16, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "float32"], "rebalanced": (4, 2, 4)},
     # DistCA over 8 attention servers, and dynamic CP with groups of up to 8 ranks
     {**BASE, "planner": "distca", "B": 32, "H": 1, "M": 2, "comm": "a2a", "dtypes": ["float64"]},

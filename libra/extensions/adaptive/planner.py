@@ -197,8 +197,9 @@ class AdaptivePools:
     def _unguarded(self, key: int, k: int, sequences, workers, options):
         """The choice when no candidate passes the guard: at a deepened Pipeliner the fastest (the
         Plan is planned again at the layout's ``M`` by :meth:`keep_depth`), else the paper's plan,
-        which passes by definition."""
-        if self.layout is not None:
+        which passes by definition -- unless the configured candidates leave it out (a pin, e.g.
+        for an ablation, is kept: the fastest of them)."""
+        if self.layout is not None or "alg2-flops" not in self.config.candidates:
             self.unguarded.add(key)
             return self._choose(options, None)
         return "alg2-flops", replace(self._paper_plan(k, sequences, workers, options), chunking=HEADS), None
@@ -272,7 +273,7 @@ class AdaptivePools:
         name, pool, _ = self._choose(options, reference)
         return (name, pool) if name is not None else (None, None)
 
-    def _choose(self, options: list[tuple[str, PoolPlan]], reference: np.ndarray | None):
+    def _choose(self, options: list[tuple[str, PoolPlan]], reference: np.ndarray | None = None):
         """:meth:`choose` and the winner's priced ``(compute, exposed)`` per pool worker (None for a
         lone option that :meth:`rebalance` would not re-place: nothing needs its price); ``(None,
         None, False)`` when the guard admits no option."""
