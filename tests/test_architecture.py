@@ -38,11 +38,6 @@ MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take mo
     "experiments/measured/microbench.py:_time_calls": "one rank's timing loop: its tensors and timing options",
     "experiments/measured/gpu_common.py:time_whole_sequence": "kernel geometry and timing options await a config",
     "experiments/measured/gpu_common.py:make_inputs": "kernel geometry of one input set, one by one",
-    "experiments/common/runner.py:ExperimentRun.__init__": "the run folder's options await a config dataclass",
-    "experiments/common/plotting.py:strip_points": "a plotting call's style keywords",
-    "experiments/figures/fit_links.py:fit_profile": "the fit's options await a config dataclass",
-    "experiments/figures/plan_cost.py:timing_rows": "one timed point's layout, one by one",
-    "experiments/figures/plan_cost.py:measure": "one timed point's layout, one by one",
 }
 
 
