@@ -113,11 +113,12 @@ def pack_stream(pieces: list[SamplePiece], seq_len: int, policy: str = "split") 
     return out
 
 
-class LibraSampler:
-    """Batch sampler of one DP rank: packed sequences per microbatch, VRSP-grouped per step.
+@dataclass(frozen=True)
+class SamplerConfig:
+    """The layout and options of a :class:`LibraSampler` (everything but the sample lengths);
+    checked once, here.
 
-    Args:
-        lengths: int ``(N,)`` token length of every dataset sample (all >= 1).
+    Attributes:
         seq_len: ``S`` tokens per packed sequence.
         gbs: packed sequences per optimizer step.
         dp: data-parallel degree; must divide ``gbs``.
@@ -135,13 +136,22 @@ class LibraSampler:
             sample straddling a step boundary is cut there).
 
     Raises:
-        ValueError: empty or non-positive lengths, non-positive sizes, ``dp`` not dividing ``gbs``,
-            ``P`` not dividing ``dp``, ``dp_rank`` out of range, an unknown policy, a sample longer
-            than ``S`` under ``policy="error"``, or a dataset shorter than one step.
+        ValueError: non-positive sizes, ``dp`` not dividing ``gbs``, ``P`` not dividing ``dp``,
+            ``dp_rank`` out of range, or an unknown policy.
     """
 
-    def __init__(self, lengths, seq_len: int, gbs: int, dp: int, pool_size: int = 1, dp_rank: int = 0,
-                 seed: int = 0, shuffle: bool = True, use_vrsp: bool = True, policy: str = DEFAULT_POLICY):
+    seq_len: int
+    gbs: int
+    dp: int
+    pool_size: int = 1
+    dp_rank: int = 0
+    seed: int = 0
+    shuffle: bool = True
+    use_vrsp: bool = True
+    policy: str = DEFAULT_POLICY
+
+    def __post_init__(self):
+        seq_len, gbs, dp, pool_size, dp_rank = self.seq_len, self.gbs, self.dp, self.pool_size, self.dp_rank
         for name, value in (("seq_len", seq_len), ("gbs", gbs), ("dp", dp), ("pool_size", pool_size)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"LibraSampler.{name} must be a positive integer, got {value!r}")
@@ -151,6 +161,34 @@ class LibraSampler:
             raise ValueError(f"pool size P={pool_size} must divide DP={dp}")
         if not isinstance(dp_rank, (int, np.integer)) or not 0 <= dp_rank < dp:
             raise ValueError(f"dp_rank={dp_rank!r} must be in [0, DP={dp})")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown packing policy {self.policy!r}; choose one of {POLICIES}")
+        for name in ("seq_len", "gbs", "dp", "pool_size", "dp_rank", "seed"):  # numpy integers -> int
+            object.__setattr__(self, name, int(getattr(self, name)))
+
+
+class LibraSampler:
+    """Batch sampler of one DP rank: packed sequences per microbatch, VRSP-grouped per step.
+
+    ``LibraSampler(lengths, seq_len, gbs, dp, pool_size=1, dp_rank=0, seed=0, shuffle=True,
+    use_vrsp=True, policy=...)``: every argument after ``lengths`` is a :class:`SamplerConfig`
+    field (positional in that order, or by keyword); or pass ``config=SamplerConfig(...)``.
+
+    Args:
+        lengths: int ``(N,)`` token length of every dataset sample (all >= 1).
+        config: the layout and options (see :class:`SamplerConfig` for each field).
+
+    Raises:
+        ValueError: empty or non-positive lengths, a bad :class:`SamplerConfig` value, a sample
+            longer than ``S`` under ``policy="error"``, or a dataset shorter than one step.
+        TypeError: ``config`` together with layout arguments.
+    """
+
+    def __init__(self, lengths, *layout, config: SamplerConfig | None = None, **options):
+        if config is not None and (layout or options):
+            raise TypeError("LibraSampler takes config= or the layout arguments, not both")
+        self.config = cfg = SamplerConfig(*layout, **options) if config is None else config
+        seq_len, policy = cfg.seq_len, cfg.policy
         arr = np.asarray(lengths)
         if arr.ndim != 1 or arr.size == 0:
             raise ValueError(f"lengths must be a non-empty 1-D array, got shape {arr.shape}")
@@ -162,8 +200,6 @@ class LibraSampler:
         if np.any(arr < 1):
             i = int(np.argmax(arr < 1))
             raise ValueError(f"sample {i} has length {int(arr[i])}; lengths must be >= 1")
-        if policy not in POLICIES:
-            raise ValueError(f"unknown packing policy {policy!r}; choose one of {POLICIES}")
         if policy == "error" and arr.max() > seq_len:
             i = int(np.argmax(arr > seq_len))
             raise ValueError(f"sample {i} has {int(arr[i])} tokens, longer than S={seq_len} (policy 'error')")
@@ -171,8 +207,8 @@ class LibraSampler:
         self.lengths = arr
         # tokens each sample contributes to the stream ('truncate' keeps only the first S)
         self._used = np.minimum(arr, seq_len) if policy == "truncate" else arr
-        self.seq_len, self.gbs, self.dp, self.pool_size = int(seq_len), int(gbs), int(dp), int(pool_size)
-        self.dp_rank, self.seed, self.shuffle, self.use_vrsp = int(dp_rank), int(seed), shuffle, use_vrsp
+        self.seq_len, self.gbs, self.dp, self.pool_size = cfg.seq_len, cfg.gbs, cfg.dp, cfg.pool_size
+        self.dp_rank, self.seed, self.shuffle, self.use_vrsp = cfg.dp_rank, cfg.seed, cfg.shuffle, cfg.use_vrsp
         self.tokens_per_step = self.gbs * self.seq_len
         if int(self._used.sum()) < self.tokens_per_step:
             raise ValueError(f"dataset has {int(self._used.sum())} tokens, fewer than one step "

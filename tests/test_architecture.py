@@ -34,20 +34,10 @@ MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take mo
     "libra/tap/placement.py:_place_dense": "Alg. 2's dense loop on the arrays _place_compiled also takes",
     "libra/tap/placement.py:_place_grouped": "Alg. 2's grouped loop on the same arrays",
     "libra/extensions/adaptive/repair.py:_repair_python": "the Python twin of a compiled kernel's arrays",
-    "libra/runtime/attention.py:prepare": "runtime entry point: its options await a config dataclass",
-    "libra/runtime/blocks.py:Rects.make": "one column per rectangle field",
-    "libra/runtime/calls.py:call_backward": "the kernel call's tensors, one by one",
-    "libra/runtime/launch.py:run_local_ranks": "process launcher options await a config dataclass",
-    "libra/sampler.py:LibraSampler.__init__": "sampler options await a config dataclass",
     "experiments/measured/microbench.py:make_config": "microbench's options await a config dataclass",
     "experiments/measured/microbench.py:_time_calls": "one rank's timing loop: its tensors and timing options",
     "experiments/measured/gpu_common.py:time_whole_sequence": "kernel geometry and timing options await a config",
     "experiments/measured/gpu_common.py:make_inputs": "kernel geometry of one input set, one by one",
-    "experiments/common/runner.py:ExperimentRun.__init__": "the run folder's options await a config dataclass",
-    "experiments/common/plotting.py:strip_points": "a plotting call's style keywords",
-    "experiments/figures/fit_links.py:fit_profile": "the fit's options await a config dataclass",
-    "experiments/figures/plan_cost.py:timing_rows": "one timed point's layout, one by one",
-    "experiments/figures/plan_cost.py:measure": "one timed point's layout, one by one",
 }
 
 

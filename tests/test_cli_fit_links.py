@@ -33,7 +33,8 @@ def test_bad_input_is_a_usage_error(tmp_path):
         assert res.exit_code != 0 and msg in res.output, (args, res.output)
 
 
-def _fake_fit(base, name, link, target, setting, pool_size, workload, windows, seed):
+def _fake_fit(fit):
+    base, name, link, target, windows = fit.base_profile, fit.name, fit.link, fit.target, fit.windows
     data = load_profile(base).to_dict()
     data["name"] = name
     data["links"][link]["bandwidth_gbps"] = round(10.0 * target + windows, 2)  # depends on the options

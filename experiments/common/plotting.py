@@ -16,6 +16,7 @@ Import this module before pyplot in experiment code; it selects the non-interact
 from __future__ import annotations
 
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -73,11 +74,29 @@ def mark_reference(ax, x, y, label: str, color: str = "black") -> None:
                zorder=5, label=label)
 
 
-def strip_points(ax, df, x: str, y: str, order, hue: str | None = None, size: float = 5.0,
-                 alpha: float = 1.0, seed: int = 0) -> None:
+@dataclass(frozen=True)
+class PointStyle:
+    """How :func:`strip_points` draws its points: marker ``size`` (points), ``alpha`` and the
+    ``seed`` of the jitter.
+
+    Raises:
+        ValueError: a non-positive size or an alpha outside ``[0, 1]``.
+    """
+
+    size: float = 5.0
+    alpha: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.size > 0 or not 0 <= self.alpha <= 1:
+            raise ValueError(f"point size must be > 0 and alpha in [0, 1], got {self.size!r}, {self.alpha!r}")
+
+
+def strip_points(ax, df, x: str, y: str, order, hue: str | None = None, style: PointStyle = PointStyle()) -> None:
     """Points of ``df[y]`` over the categories ``order`` of ``df[x]`` (side by side per ``hue``
     level), as seaborn's stripplot draws them, but jittered by a seeded generator: stripplot draws
     its jitter from numpy's global RNG, so the same data gave a different PNG on every run."""
+    size, alpha, seed = style.size, style.alpha, style.seed
     rng = np.random.default_rng(seed)
     levels = list(dict.fromkeys(df[hue])) if hue else [None]
     colors = sns.color_palette(n_colors=max(len(order), len(levels)))

@@ -45,6 +45,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -415,6 +416,36 @@ def _read_record(folder: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How an :class:`ExperimentRun` treats its folder and computes its points.
+
+    Attributes:
+        out_dir: output folder (default :func:`default_out_dir`:
+            ``runs/<name>/<workload-stem>-<layout-tag>-<profile>``).
+        force: drop cached points of this config and recompute everything.
+        quiet: no progress.
+        overwrite: write into a folder holding a different run's ``run.json``; None = the running
+            command's ``--overwrite`` flag (:data:`experiments.common.options.OVERWRITE_META`).
+        jobs: processes computing the points (:meth:`ExperimentRun.map`); None = the running
+            command's ``--jobs`` (:data:`experiments.common.options.JOBS_META`), 1 outside a command.
+
+    Raises:
+        ValueError: ``jobs`` not a positive integer.
+    """
+
+    out_dir: str | Path | None = None
+    force: bool = False
+    quiet: bool = False
+    overwrite: bool | None = None
+    jobs: int | None = None
+
+    def __post_init__(self):
+        j = self.jobs
+        if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
+            raise ValueError(f"jobs must be a positive integer, got {j!r}")
+
+
 class ExperimentRun:
     """One run of one experiment: resumable points, a run folder written as one unit, a run record.
 
@@ -422,14 +453,8 @@ class ExperimentRun:
         name: experiment name; file stem of the CSV/PNG and of the default folder.
         config: the resolved configuration (JSON-serialisable); with the input contents its hash
             keys the point cache.
-        out_dir: output folder (default :func:`default_out_dir`:
-            ``runs/<name>/<workload-stem>-<layout-tag>-<profile>``).
-        force: drop cached points of this config and recompute everything.
-        quiet: no progress.
-        overwrite: write into a folder holding a different run's ``run.json``; None = the running
-            command's ``--overwrite`` flag (:data:`experiments.common.options.OVERWRITE_META`).
-        jobs: processes computing the points (:meth:`map`); None = the running command's
-            ``--jobs`` (:data:`experiments.common.options.JOBS_META`), 1 outside a command.
+        options: the folder and point options as one :class:`RunOptions`; or pass its fields as
+            keywords (``out_dir=``, ``force=``, ``quiet=``, ``overwrite=``, ``jobs=``), not both.
         workload: the run's workload (name, path or source; default ``config["workload"]``): its
             lengths' content hash joins the key, and it names the default folder.
         layouts: the run's layouts (records as in :func:`layouts_of`; default read from config).
@@ -438,16 +463,20 @@ class ExperimentRun:
 
     Raises:
         click.BadParameter: an unreadable length file.
+        TypeError: ``options`` together with option keywords, or an unknown keyword.
         RunFolderConflict: (from :meth:`map`, :meth:`finish` or :meth:`claim_folder`, before anything
             is written) ``out_dir`` holds a different run and overwrite is off.
         experiments.common.run_folder.FolderBusy: (from the same) another run is writing ``out_dir``.
         click.ClickException: (from the same, as early) ``out_dir`` cannot be created or locked.
     """
 
-    def __init__(self, name: str, config: dict, out_dir: str | Path | None = None, force: bool = False,
-                 quiet: bool = False, *, overwrite: bool | None = None, workload=None,
+    def __init__(self, name: str, config: dict, *, options: RunOptions | None = None, workload=None,
                  layouts: Sequence[Mapping] | None = None, files: Mapping[str, str | Path] | None = None,
-                 jobs: int | None = None):
+                 **option_fields):
+        if options is not None and option_fields:
+            raise TypeError(f"ExperimentRun takes options= or option keywords, not both (got {sorted(option_fields)})")
+        opts = RunOptions(**option_fields) if options is None else options
+        out_dir = opts.out_dir
         self.name = name
         self.config = json.loads(json.dumps(config, sort_keys=True, default=str))
         workload = config.get("workload") if workload is None else workload
@@ -459,16 +488,16 @@ class ExperimentRun:
                 profile = f"{profile_stem(profile)}-scored-{profile_stem(config['score_profile'])}"
             out_dir = default_out_dir(name, workload, layouts_of(config) if layouts is None else layouts, profile)
         self.out_dir = Path(out_dir)
-        self._overwrite = overwrite_flag(overwrite)
-        self.jobs = _jobs(jobs)
-        self._force = force
+        self._overwrite = overwrite_flag(opts.overwrite)
+        self.jobs = _jobs(opts.jobs)
+        self._force = opts.force
         self._lock: run_folder.FolderLock | None = None
         # inputs join the key only when there are any: preset runs keep their point folders
         self.config_hash = stable_hash({**self.config, "__inputs__": self.inputs} if self.inputs else self.config)
         self.code_hash = code_fingerprint()
         self.points_dir = self.out_dir / ".points" / f"{self.config_hash}-{self.code_hash}"
         ctx = click.get_current_context(silent=True)
-        self.quiet = quiet or bool(ctx is not None and ctx.meta.get(QUIET_META))  # --no-progress via meta
+        self.quiet = opts.quiet or bool(ctx is not None and ctx.meta.get(QUIET_META))  # --no-progress via meta
         self.started = time.time()
         self.reused = 0
         self.computed = 0

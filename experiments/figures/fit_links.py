@@ -15,6 +15,7 @@ procedure; ``fit_log.json`` in ``--out`` records every probe and the per-superno
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import click
@@ -33,13 +34,59 @@ from experiments.common.sim_common import (
 BRACKET = (0.5, 50.0)  # GB/s per GPU searched; the metric must fall monotonically across it
 
 
-def fit_profile(base_name: str, name: str, link: str, target: float, setting: str, pool_size: int,
-                workload: str, windows: int, seed: int, digits: int = 2) -> tuple[dict, dict]:
-    """Fit ``link``'s bandwidth; returns ``(profile dict, log dict)``.
+@dataclass(frozen=True)
+class LinkFit:
+    """One fit's options; the defaults are the fit ``make paper-inferred`` runs (Libra Fig. 15's
+    0.77 at 256K, P = 32).
+
+    Attributes:
+        base_profile: profile name or JSON file to start from.
+        name: name of the fitted profile.
+        link: link class whose bandwidth is fitted.
+        target: target communication share (> 0).
+        setting: paper setting (a key of :data:`~experiments.common.sim_common.SETTINGS`).
+        pool_size: pool size ``P`` of the target point.
+        workload: length preset or file.
+        windows: GBS windows the metric averages over.
+        seed: seed of the length stream.
 
     Raises:
-        ValueError: unknown setting or link, a pool size not dividing DP (from the planner's layout
-            check), or a target the bracket cannot reach (:func:`experiments.common.link_fit.bisect_bandwidth`).
+        ValueError: a target not > 0, no window, or an unknown setting.
+    """
+
+    base_profile: str = "h100-roce-v1"
+    name: str = "paper-inferred-v1"
+    link: str = "inter_supernode"
+    target: float = 0.77
+    setting: str = "256k"
+    pool_size: int = 32
+    workload: str = "libra-prod"
+    windows: int = 4
+    seed: int = 0
+
+    def __post_init__(self):
+        if not 0 < self.target:
+            raise ValueError(f"target must be > 0, got {self.target}")
+        if self.windows < 1:
+            raise ValueError(f"windows must be >= 1, got {self.windows}")
+        if self.setting not in SETTINGS:
+            raise ValueError(f"unknown setting {self.setting!r}; choose one of {sorted(SETTINGS)}")
+
+
+PAPER_FIT = LinkFit()
+"""The fit ``make paper-inferred`` runs (every option's default). Only this fit writes into the
+package's profiles (``libra/sim/profiles/paper-inferred-v1.json``) and ``results/fit-links`` by
+default; any other -- ``--quick``, another target, your own cluster's number -- writes under
+``runs/fit-links/<name>-<hash of the options>`` unless told where, so an ad-hoc fit never replaces
+the committed profile that the paper-inferred results were computed with."""
+
+
+def fit_profile(fit: LinkFit, digits: int = 2) -> tuple[dict, dict]:
+    """Fit ``fit.link``'s bandwidth; returns ``(profile dict, log dict)``.
+
+    Raises:
+        ValueError: unknown link, a pool size not dividing DP (from the planner's layout check), or
+            a target the bracket cannot reach (:func:`experiments.common.link_fit.bisect_bandwidth`).
     """
     from experiments.common.link_fit import (  # noqa: PLC0415
         bisect_bandwidth,
@@ -50,8 +97,8 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
     from libra.sim.cost import CostModel  # noqa: PLC0415
     from libra.sim.topology import Topology  # noqa: PLC0415
 
-    if setting not in SETTINGS:
-        raise ValueError(f"unknown setting {setting!r}; choose one of {sorted(SETTINGS)}")
+    base_name, name, link, target, setting = fit.base_profile, fit.name, fit.link, fit.target, fit.setting
+    pool_size, workload, windows, seed = fit.pool_size, fit.workload, fit.windows, fit.seed
     base = resolve_profile(base_name)
     if link not in base.links:
         raise ValueError(f"profile {base.name!r} has no link class {link!r}; it has {sorted(base.links)}")
@@ -66,8 +113,8 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
     def metric(bw: float) -> float:
         return comm_share(with_link_bandwidth(base, link, bw), par, method_plans, base_plans, seeds)
 
-    fit = bisect_bandwidth(metric, target, *BRACKET, rel_tol=1e-4)
-    bw = round(fit.bandwidth_gbps, digits)
+    found = bisect_bandwidth(metric, target, *BRACKET, rel_tol=1e-4)
+    bw = round(found.bandwidth_gbps, digits)
     at_bw, at_base = metric(bw), metric(base.links[link].bandwidth_gbps)
     topo = Topology(base, par)
     cm = CostModel(base, topo)
@@ -79,7 +126,7 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
         f"bisection on log-bandwidth over [{BRACKET[0]}, {BRACKET[1]}] GB/s of ONE number: libra-tap-vrsp's "
         f"straggler communication / Ulysses' mean straggler = {target} at setting {setting}, P = {pool_size} "
         f"(pool-sweep's comm_norm), workload {workload}, {windows} windows, seed {seed}, 32 q / 4 KV heads, "
-        f"head_dim 128. Result {fit.bandwidth_gbps:.4f} GB/s, stored as {bw} GB/s, where the metric is "
+        f"head_dim 128. Result {found.bandwidth_gbps:.4f} GB/s, stored as {bw} GB/s, where the metric is "
         f"{at_bw:.4f} ({base.name}'s {base.links[link].bandwidth_gbps} GB/s gives {at_base:.4f}). In these plans "
         f"{min(senders)}-{max(senders)} GPUs per supernode send across at once, so a shared-uplink term (capacity / "
         "concurrent senders) would change per-GPU rates by little; only the bandwidth is fitted. An inference from "
@@ -98,28 +145,19 @@ def fit_profile(base_name: str, name: str, link: str, target: float, setting: st
     data["source"] = source
     log = {"base": base.name, "link": link, "target": target, "setting": setting, "pool_size": pool_size,
            "method": "libra-tap-vrsp", "workload": workload, "windows": windows, "seed": seed,
-           "bracket": list(BRACKET), "fit": fit.to_dict(), "stored_bandwidth_gbps": bw,
+           "bracket": list(BRACKET), "fit": found.to_dict(), "stored_bandwidth_gbps": bw,
            "metric_at_stored": at_bw, f"metric_at_{base.name}": at_base, "crossing_traffic_per_supernode": crossing}
     return data, log
 
 
-PAPER_FIT = {"base_profile": "h100-roce-v1", "name": "paper-inferred-v1", "link": "inter_supernode", "target": 0.77,
-             "setting": "256k", "pool_size": 32, "workload": "libra-prod", "windows": 4, "seed": 0}
-"""The fit ``make paper-inferred`` runs (every option's default): Libra Fig. 15's 0.77 at 256K, P = 32.
-Only this fit writes into the package's profiles (``libra/sim/profiles/paper-inferred-v1.json``) and
-``results/fit-links`` by default; any other -- ``--quick``, another target, your own cluster's number
--- writes under ``runs/fit-links/<name>-<hash of the options>`` unless told where, so an ad-hoc fit never replaces the
-committed profile that the paper-inferred results were computed with."""
-
-
-def default_paths(params: dict, quick: bool) -> tuple[Path, Path]:
-    """``(profile JSON, fit-log folder)`` of a fit with ``params`` (:data:`PAPER_FIT`'s keys)."""
+def default_paths(fit: LinkFit, quick: bool) -> tuple[Path, Path]:
+    """``(profile JSON, fit-log folder)`` of ``fit`` (run with ``--quick`` or not)."""
     from libra.sim.profiles import PROFILE_DIR  # noqa: PLC0415
 
-    if params == PAPER_FIT and not quick:
-        return PROFILE_DIR / f"{params['name']}.json", RESULTS_ROOT / "fit-links"
-    folder = RUNS_ROOT / "fit-links" / f"{params['name']}-{stable_hash({**params, 'quick': quick})[:10]}"
-    return folder / f"{params['name']}.json", folder
+    if fit == PAPER_FIT and not quick:
+        return PROFILE_DIR / f"{fit.name}.json", RESULTS_ROOT / "fit-links"
+    folder = RUNS_ROOT / "fit-links" / f"{fit.name}-{stable_hash({**asdict(fit), 'quick': quick})[:10]}"
+    return folder / f"{fit.name}.json", folder
 
 
 def _write_profile(path: Path, text: str, overwrite: bool) -> None:
@@ -141,20 +179,20 @@ def _check_name(_ctx, _param, value: str) -> str:
 
 
 @click.command("fit-links")
-@click.option("--base-profile", default=PAPER_FIT["base_profile"], show_default=True,
+@click.option("--base-profile", default=PAPER_FIT.base_profile, show_default=True,
               help="Profile name or JSON file to start from.")
-@click.option("--name", default=PAPER_FIT["name"], show_default=True, callback=_check_name,
+@click.option("--name", default=PAPER_FIT.name, show_default=True, callback=_check_name,
               help="Name of the fitted profile (a plain name: its file is <name>.json).")
-@click.option("--link", default=PAPER_FIT["link"], show_default=True, help="Link class whose bandwidth is fitted.")
-@click.option("--target", type=float, default=PAPER_FIT["target"], show_default=True,
+@click.option("--link", default=PAPER_FIT.link, show_default=True, help="Link class whose bandwidth is fitted.")
+@click.option("--target", type=float, default=PAPER_FIT.target, show_default=True,
               help="Target communication share (Libra Fig. 15: 0.77 at 256K, P=32).")
-@click.option("--setting", default=PAPER_FIT["setting"], show_default=True, help="Paper setting (256k or 1m).")
-@click.option("--pool-size", type=int, default=PAPER_FIT["pool_size"], show_default=True,
+@click.option("--setting", default=PAPER_FIT.setting, show_default=True, help="Paper setting (256k or 1m).")
+@click.option("--pool-size", type=int, default=PAPER_FIT.pool_size, show_default=True,
               help="Pool size P of the target point.")
-@click.option("--workload", default=PAPER_FIT["workload"], show_default=True, help="Length preset or file.")
-@click.option("--windows", type=click.IntRange(min=1), default=PAPER_FIT["windows"], show_default=True,
+@click.option("--workload", default=PAPER_FIT.workload, show_default=True, help="Length preset or file.")
+@click.option("--windows", type=click.IntRange(min=1), default=PAPER_FIT.windows, show_default=True,
               help="GBS windows each pool-sweep point averages over.")
-@click.option("--seed", type=click.IntRange(min=0), default=PAPER_FIT["seed"], show_default=True,
+@click.option("--seed", type=click.IntRange(min=0), default=PAPER_FIT.seed, show_default=True,
               help="Seed of the length stream.")
 @quick_option("One window (a smoke run; the fit is then noisier).")
 @click.option("--out-profile", type=click.Path(dir_okay=False), default=None,
@@ -168,14 +206,10 @@ def fit_links(base_profile, name, link, target, setting, pool_size, workload, wi
     """Fit one link class's bandwidth so pool-sweep's communication share hits a target."""
     from libra.sim.profiles import load_profile  # noqa: PLC0415
 
-    params = {"base_profile": base_profile, "name": name, "link": link, "target": target, "setting": setting,
-              "pool_size": pool_size, "workload": workload, "windows": windows, "seed": seed}
-    profile_path, log_dir = default_paths(params, quick)
-    windows = 1 if quick else windows
-    if not 0 < target:
-        raise click.UsageError(f"--target must be > 0, got {target}")
     try:
-        data, log = fit_profile(base_profile, name, link, target, setting, pool_size, workload, windows, seed)
+        fit = LinkFit(base_profile, name, link, target, setting, pool_size, workload, windows, seed)
+        profile_path, log_dir = default_paths(fit, quick)
+        data, log = fit_profile(replace(fit, windows=1) if quick else fit)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     path = Path(out_profile) if out_profile else profile_path

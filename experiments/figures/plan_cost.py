@@ -57,6 +57,7 @@ import contextlib
 import gc
 import pickle
 import time
+from dataclasses import dataclass
 from functools import partial
 
 import click
@@ -104,6 +105,41 @@ from libra.workload import AttentionShape, packed_workloads
 SHAPE = AttentionShape(num_q_heads=32, num_kv_heads=4, head_dim=128)
 """Head geometry of the paper's planning-cost setting (32 query heads, 4 KV heads, d = 128); the
 default of ``--q-heads --kv-heads --head-dim``."""
+
+
+@dataclass(frozen=True)
+class PlanCostConfig:
+    """What a ``plan-cost`` run times and plans, besides its settings.
+
+    Attributes:
+        workload: length preset name or length file.
+        seed: seed of the sample stream.
+        windows: GBS windows per setting.
+        repeats: timing samples per call.
+        compile_workers: workers of the first pool per window whose compile / prepare is timed.
+        methods: TAP planners whose per-pool planning is timed, ``libra`` first
+            (:func:`parse_tap_methods`).
+        shape: the head shape planned for.
+
+    Raises:
+        ValueError: ``windows``, ``repeats`` or ``compile_workers`` below 1, or ``methods`` not
+            starting with ``libra``.
+    """
+
+    workload: str = "libra-prod"
+    seed: int = 0
+    windows: int = 8
+    repeats: int = 5
+    compile_workers: int = 4
+    methods: tuple[str, ...] = ("libra",)
+    shape: AttentionShape = SHAPE
+
+    def __post_init__(self):
+        for name in ("windows", "repeats", "compile_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.methods or self.methods[0] != "libra":
+            raise ValueError(f"the timed TAP methods must start with 'libra', got {list(self.methods)}")
 
 PAPER_MS = {name: NUMBERS["sec5"][paper_label(name)] for name in ("256k", "1m")}  # Libra sec. 5 (experiments.common.paper)
 """Libra sec. 5's timings (ms, one CPU core) of the paper's settings (:data:`experiments.common.sim_common.SETTINGS`)."""
@@ -264,12 +300,12 @@ def pool_planners(setting: Setting, methods, shape: AttentionShape = SHAPE) -> d
     return out
 
 
-def timing_rows(setting: Setting, workload: str, index: int, seed: int, repeats: int,
-                compile_workers: int = 4, world=None, methods=("libra",),
-                shape: AttentionShape = SHAPE) -> list[dict]:
-    """Timing samples of VRSP, of TAP per pool (per method of ``methods``), and of compile / prepare
-    for sampled workers of the first pool on window ``index`` (``world``: a 1-process group; None
-    skips ``prepare``), for heads ``shape``."""
+def timing_rows(setting: Setting, index: int, cfg: PlanCostConfig, world=None) -> list[dict]:
+    """Timing samples of VRSP, of TAP per pool (per method of ``cfg.methods``), and of compile /
+    prepare for sampled workers of the first pool on window ``index`` (``world``: a 1-process
+    group; None skips ``prepare``), for heads ``cfg.shape``."""
+    workload, seed, repeats, shape = cfg.workload, cfg.seed, cfg.repeats, cfg.shape
+    compile_workers, methods = cfg.compile_workers, cfg.methods
     warm = jit_warmup()  # JIT compilation never lands in a sample
     window = _window(setting, workload, index, seed)
     lengths = [s.sample_lengths for s in window]
@@ -435,17 +471,15 @@ def plan_cost_settings(settings_: str, layout: dict | None, overrides: dict, sha
     return chosen
 
 
-def measure(run: ExperimentRun, chosen, workload: str, seed: int, windows: int, repeats: int,
-            compile_workers: int, methods, shape: AttentionShape) -> tuple[pd.DataFrame, pd.DataFrame]:
+def measure(run: ExperimentRun, chosen, cfg: PlanCostConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Timing samples and plan-quality rows of every (setting, window) (points resumable in ``run``)."""
-    keys = [("timing", s.name, w) for s in chosen for w in range(windows)]
+    keys = [("timing", s.name, w) for s in chosen for w in range(cfg.windows)]
     by_name = {s.name: s for s in chosen}
     with one_process_group() as world:
-        samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(
-            by_name[key[1]], workload, key[2], seed, repeats, compile_workers, world, methods, shape)))
-    qkeys = [("quality", s.name, w, m) for s in chosen for w in range(windows) for m in QUALITY_METHODS]
-    quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], workload, key[2], seed, key[3],
-                                                                   shape)))
+        samples = pd.DataFrame(run.map(keys, lambda key: timing_rows(by_name[key[1]], key[2], cfg, world)))
+    qkeys = [("quality", s.name, w, m) for s in chosen for w in range(cfg.windows) for m in QUALITY_METHODS]
+    quality = pd.DataFrame(run.map(qkeys, lambda key: quality_rows(by_name[key[1]], cfg.workload, key[2], cfg.seed,
+                                                                   key[3], cfg.shape)))
     return samples, quality
 
 
@@ -537,9 +571,9 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
     Also prints, per setting, max/mean worker FLOPs and bytes moved for Ulysses, WLB-LLM, Libra and
     DistCA.
     """
-    repeats = repeats or (2 if quick else 5)
-    windows = windows or (1 if quick else 8)
-    compile_workers = compile_workers or (2 if quick else 4)
+    repeats = repeats or (2 if quick else PlanCostConfig.repeats)
+    windows = windows or (1 if quick else PlanCostConfig.windows)
+    compile_workers = compile_workers or (2 if quick else PlanCostConfig.compile_workers)
     placer = placer_name()
     method_list = parse_tap_methods(methods)
     layout = given_layout(dp, cp, seq_len, gbs)
@@ -559,7 +593,8 @@ def plan_cost(quick, repeats, windows, workload, seed, settings_, dp, cp, seq_le
     run = ExperimentRun("plan-cost", config, out_dir=out, force=force, quiet=True,
                         layouts=[setting_record(s) for s in chosen])
     try:
-        samples, quality = measure(run, chosen, workload, seed, windows, repeats, compile_workers, method_list, shape)
+        samples, quality = measure(run, chosen, PlanCostConfig(workload, seed, windows, repeats, compile_workers,
+                                                               method_list, shape))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     df = summarize(samples, paper)

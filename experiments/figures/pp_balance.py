@@ -71,7 +71,7 @@ def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path, caption: str | No
     import matplotlib.pyplot as plt  # noqa: PLC0415
     import seaborn as sns  # noqa: PLC0415
 
-    from experiments.common.plotting import save_figure, strip_points  # noqa: PLC0415
+    from experiments.common.plotting import PointStyle, save_figure, strip_points  # noqa: PLC0415
 
     settings = list(dict.fromkeys(df.setting))
     fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.4), squeeze=False)
@@ -79,7 +79,7 @@ def _plot(df: pd.DataFrame, summary: pd.DataFrame, path: Path, caption: str | No
         part = df[df.setting == s]
         order = list(dict.fromkeys(part.method))
         sns.boxplot(data=part, x="method", y="normalized_fwd", order=order, ax=ax, whis=(0, 100), color="0.85")
-        strip_points(ax, part, "method", "normalized_fwd", order, size=2.5, alpha=0.6)
+        strip_points(ax, part, "method", "normalized_fwd", order, style=PointStyle(size=2.5, alpha=0.6))
         ax.axhline(1.0, color="k", ls="--", lw=0.8)
         _paper_marks(ax, summary[summary.setting == s].set_index("method"), order)
         ax.set(yscale="log", title=s, ylabel="forward time / Libra mean", xlabel="")

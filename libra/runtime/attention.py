@@ -283,8 +283,8 @@ class LibraAttention:
 
         def compute(m):
             for c, call in enumerate(self._calls[m]):
-                got = call_backward(call, self.backend, stores, meter, self.scale, saved.pop(("o", m, c)),
-                                    saved.pop(("lse", m, c)), dq_rows, grads,
+                got = call_backward(call, self.backend, stores, meter, self.scale,
+                                    (saved.pop(("o", m, c)), saved.pop(("lse", m, c))), grads,
                                     self._kv_blocks and self._kv_blocks[(m, c)])
                 closed_grads.extend(got if grads is None else ())
 
@@ -321,7 +321,8 @@ class LibraAttention:
 
     def _grad_buffers(self, q, k, v, stores: dict, meter: MemoryMeter):
         """``(dq, dk, dv, grads)``: the gradient tensors and, for the calls' scatter, every source
-        buffer's gradient buffer (``grads["k"]``, ``grads["v"]``: local k/v and fetched KV); all
+        buffer's gradient buffer (``grads["q"]``: local q; ``grads["k"]``, ``grads["v"]``: local k/v
+        and fetched KV); all
         None for a closed worker (:func:`~libra.runtime.calls.closed_call`), whose one call's
         gradients are dq, dk, dv themselves."""
         M, H = self.program.chunks, self.program.hops
@@ -343,7 +344,8 @@ class LibraAttention:
         d = q.shape[-1]
         fetched = {**{recv_key(m): stores[grad_recv_key(m)] for m in range(M)},
                    **{relay_key(h): stores[relay_grad_key(h)] for h in range(1, H + 1)}}
-        return dq, dk, dv, {"k": {K: dk.view(-1, d), **fetched}, "v": {V: dv.view(-1, d), **fetched}}
+        return dq, dk, dv, {"q": {Q: dq.view(-1, d)}, "k": {K: dk.view(-1, d), **fetched},
+                            "v": {V: dv.view(-1, d), **fetched}}
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self._check(q, k, v)
@@ -377,9 +379,42 @@ class RunnerFunction(torch.autograd.Function):
         return (*grads, None)
 
 
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How one worker executes a plan (:func:`prepare`'s options besides the plan's own ``shape``
+    and ``chunks``); checked once, here, before any work.
+
+    Attributes:
+        backend: kernel backend name (``"auto"`` resolves per device) or instance.
+        comm: ``"p2p"`` (batch_isend_irecv) or ``"a2a"`` (all_to_all_single).
+        scale: softmax scale (``None``: ``1 / sqrt(head_dim)``); a positive finite number.
+        check_finite: all-reduce a non-finite flag of q, k, v before each forward.
+        verify_plan: all_gather the plan digest and the execution options first
+            (:func:`execution_options`).
+        device: where ``"auto"`` resolves the backend (``None``: ``"cuda"`` on an NCCL group, else
+            ``"cpu"``).
+
+    Raises:
+        ValueError: ``scale`` not a positive finite number, or an unknown ``comm`` mode.
+    """
+
+    backend: str | AttentionBackend = "auto"
+    comm: str = "p2p"
+    scale: float | None = None
+    check_finite: bool = True
+    verify_plan: bool = True
+    device: str | torch.device | None = None
+
+    def __post_init__(self):
+        s = self.scale
+        if s is not None and not (isinstance(s, (int, float)) and math.isfinite(s) and s > 0):
+            raise ValueError(f"scale must be a positive finite number, got {s!r}")
+        if self.comm not in COMM_MODES:
+            raise ValueError(f"comm mode must be one of {COMM_MODES}, got {self.comm!r}")
+
+
 def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | None = None,
-            backend: str | AttentionBackend = "auto", comm: str = "p2p", scale: float | None = None,
-            check_finite: bool = True, verify_plan: bool = True, device=None) -> LibraAttention:
+            config: RunnerConfig | None = None, **options) -> LibraAttention:
     """Build this worker's runner for ``plan`` and check that the pool agrees on it.
 
     The step's path passes a :class:`~libra.runtime.program.WorkerProgram` compiled ahead of time
@@ -395,17 +430,22 @@ def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | N
             rank ``i`` is ``pool.workers[i]``).
         chunks: Pipeliner chunks ``M`` (default: the plan's ``pipeline_chunks``; 1 for a PoolPlan;
             a WorkerProgram's own, which a different value contradicts).
-        backend: kernel backend name (``"auto"`` resolves per device) or instance.
-        comm: ``"p2p"`` (batch_isend_irecv) or ``"a2a"`` (all_to_all_single).
-        verify_plan: all_gather the plan digest and the execution options (``chunks``, ``comm``,
-            the resolved backend name, ``scale``, ``check_finite``) first; raises
-            PlanMismatchError naming the differing option (or plan) and the ranks, on every rank.
+        config: the execution options as one :class:`RunnerConfig`; or pass its fields as keywords
+            (``backend=``, ``comm=``, ``scale=``, ``check_finite=``, ``verify_plan=``, ``device=``),
+            not both. With ``verify_plan``, the plan digest and the execution options (``chunks``,
+            ``comm``, the resolved backend name, ``scale``, ``check_finite``) are all_gathered
+            first; a difference raises PlanMismatchError naming the option (or plan) and the ranks,
+            on every rank.
 
     Raises:
         ValueError: bad arguments, including a WorkerProgram compiled for another worker, pool,
             ``chunks`` or ``shape``; PlanValidationError: plan inconsistent for this worker;
         PlanMismatchError: pool ranks hold different plans or prepare them with different options.
+        TypeError: ``config`` together with option keywords, or an unknown keyword.
     """
+    if config is not None and options:
+        raise TypeError(f"prepare() takes config= or option keywords, not both (got {sorted(options)})")
+    cfg = RunnerConfig(**options) if config is None else config
     program = None
     if isinstance(plan, WorkerProgram):
         program = plan
@@ -436,27 +476,25 @@ def prepare(plan, group, *, shape: AttentionShape | None = None, chunks: int | N
         raise ValueError(f"the WorkerProgram was compiled for worker {program.worker}, but this rank is worker "
                          f"{group.worker} of pool workers {list(group.workers)}: pass this rank's program "
                          f"(AsyncPlanner(compile_for=group.worker))")
+    device = cfg.device
     if device is None:
         device = "cuda" if dist.is_initialized() and dist.get_backend(group.group) == "nccl" else "cpu"
-    be = backend if isinstance(backend, AttentionBackend) else get_backend(backend, device)
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
-    if comm not in COMM_MODES:
-        raise ValueError(f"comm mode must be one of {COMM_MODES}, got {comm!r}")
+    be = cfg.backend if isinstance(cfg.backend, AttentionBackend) else get_backend(cfg.backend, device)
     if program is None:
         program = compile_worker(pool, shape, group.worker, chunks, digest=digest or pool.digest())
-    if verify_plan:
-        check_plan_agreement(program.digest, group, options=execution_options(program, be, comm, scale, check_finite))
-    return LibraAttention(program, group, be, comm=comm, scale=scale, check_finite=check_finite)
+    if cfg.verify_plan:
+        check_plan_agreement(program.digest, group, options=execution_options(program, be, cfg))
+    return LibraAttention(program, group, be, comm=cfg.comm, scale=cfg.scale, check_finite=cfg.check_finite)
 
 
-def execution_options(program: WorkerProgram, backend: AttentionBackend, comm: str, scale, check_finite: bool) -> dict:
+def execution_options(program: WorkerProgram, backend: AttentionBackend, config: RunnerConfig) -> dict:
     """What every pool rank must execute a plan with besides the plan itself: ranks that differ in
     any of these would pair different exchanges (chunks ``M`` sets the message tags and sizes,
     ``comm`` p2p vs all-to-all, ``check_finite`` an extra collective) or compute differently
-    (``backend``, ``scale``)."""
-    return {"chunks": int(program.chunks), "comm": comm, "backend": backend.name,
-            "scale": None if scale is None else float(scale), "check_finite": bool(check_finite)}
+    (``backend``, resolved; ``scale``)."""
+    scale = config.scale
+    return {"chunks": int(program.chunks), "comm": config.comm, "backend": backend.name,
+            "scale": None if scale is None else float(scale), "check_finite": bool(config.check_finite)}
 
 
 def libra_attention(q, k, v, plan, group, **kwargs) -> torch.Tensor:

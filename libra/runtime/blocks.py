@@ -181,10 +181,14 @@ class Rects(NamedTuple):
     h_base: np.ndarray
 
     @staticmethod
-    def make(seq, t0, t1, h0, h1, key, off, stride, h_base=None) -> Rects:
+    def make(seq, t0, t1, h0, h1, at: tuple) -> Rects:
+        """Rectangles ``[t0, t1) x [h0, h1)`` of sequences ``seq``, living ``at`` ``(key, off, stride)``
+        or ``(key, off, stride, h_base)`` (``h_base`` defaults to ``h0``); a scalar column is
+        broadcast to every rectangle."""
+        key, off, stride, h_base = (*at, h0) if len(at) == 3 else at
         n = len(seq)
         return Rects(*(np.asarray(c, dtype=np.int64) if np.ndim(c) else np.full(n, c, dtype=np.int64)
-                       for c in (seq, t0, t1, h0, h1, key, off, stride, h0 if h_base is None else h_base)))
+                       for c in (seq, t0, t1, h0, h1, key, off, stride, h_base)))
 
     @staticmethod
     def concat(parts: list[Rects]) -> Rects:

@@ -279,13 +279,15 @@ def call_forward(call: KernelCall, backend, stores: dict, meter: MemoryMeter, sc
     return o, lse
 
 
-def call_backward(call: KernelCall, backend, stores: dict, meter: MemoryMeter, scale, o, lse,
-                  dq_rows: torch.Tensor | None, grads: dict | None, kv_blocks: dict | None = None):
-    """Run one call backward: dQ stored under ``call.key`` for the dQ return and copied into this
-    worker's own dq rows; dK/dV added onto the rows the inputs were read from (local or fetched:
+def call_backward(call: KernelCall, backend, stores: dict, meter: MemoryMeter, scale, saved: tuple,
+                  grads: dict | None, kv_blocks: dict | None = None):
+    """Run one call backward from its forward's ``saved = (o, lse)`` (:func:`call_forward`): dQ
+    stored under ``call.key`` for the dQ return and copied into this worker's own dq rows
+    (``grads["q"][Q]``); dK/dV added onto the rows the inputs were read from (local or fetched:
     ``grads["k"]``/``grads["v"]`` map each source buffer to its gradient buffer), or, with
     ``kv_blocks`` (this call's entry of :func:`kv_grad_blocks`), copied where first written.
     ``grads`` None (:func:`closed_call`): nothing is scattered. Returns ``(dq, dk, dv)`` of the call."""
+    o, lse = saved
     like = stores[Q]
     d = like.shape[-1]
     kq, nq = gather(call.q, stores, call.total_q, call.qh, like, meter)
@@ -299,7 +301,7 @@ def call_backward(call: KernelCall, backend, stores: dict, meter: MemoryMeter, s
     if grads is None:
         meter.free(gk, gv)  # the caller's dk, dv: results, not transients
         return gq, gk, gv
-    copy_blocks(gq_rows, call.out_local, {Q: dq_rows}, reverse=True)
+    copy_blocks(gq_rows, call.out_local, grads["q"], reverse=True)
     for name, g in (("k", gk), ("v", gv)):
         rows = g.reshape(-1, d)
         if kv_blocks is None:

@@ -29,6 +29,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 FAILURE_GRACE_S = 10.0
@@ -132,9 +133,10 @@ def _failed(path: Path, exitcode: int) -> bool:
         return True
 
 
-def _wait(ctx, tmp: str, deadline_s: float, grace_s: float, what: str, poll) -> dict[int, str]:
-    """Poll the ranks until all have exited; once one has failed, kill the rest after ``grace_s``.
+def _wait(ctx, tmp: str, cfg: LaunchConfig, poll) -> dict[int, str]:
+    """Poll the ranks until all have exited; once one has failed, kill the rest after ``cfg.grace_s``.
     Returns ``{rank: why}`` of the ranks killed here."""
+    deadline_s, grace_s = cfg.deadline_s, cfg.grace_s
     end = time.monotonic() + deadline_s
     failed_at, seen, killed = None, set(), {}
     while any(p.is_alive() for p in ctx.processes):
@@ -142,7 +144,7 @@ def _wait(ctx, tmp: str, deadline_s: float, grace_s: float, what: str, poll) -> 
             poll()
         now = time.monotonic()
         if now > end:
-            raise RankDeadlineError(f"{what} still running after {deadline_s:.0f} s: killed (hang?)")
+            raise RankDeadlineError(f"{cfg.what} still running after {deadline_s:.0f} s: killed (hang?)")
         for r, p in enumerate(ctx.processes):
             if r not in seen and p.exitcode is not None:
                 seen.add(r)
@@ -158,19 +160,42 @@ def _wait(ctx, tmp: str, deadline_s: float, grace_s: float, what: str, poll) -> 
     return killed
 
 
-def run_local_ranks(fn, world: int, *args, deadline_s: float = 120.0, pg_timeout_s: float = 60.0,
-                    threads: int = 1, what: str = "ranks", grace_s: float = FAILURE_GRACE_S,
-                    poll: Callable[[], None] | None = None) -> list[dict]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks.
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Limits of one :func:`run_local_ranks` run.
 
-    Args:
-        fn: picklable callable; its return value must be picklable.
-        world: number of ranks (>= 1).
+    Attributes:
         deadline_s: wall-clock limit for the whole run.
         pg_timeout_s: gloo collective timeout inside the ranks.
         threads: torch threads per rank.
         what: name used in error messages.
         grace_s: once a rank has failed, how long the others may still run (then they are killed).
+
+    Raises:
+        ValueError: a non-positive deadline/timeout or a negative grace.
+    """
+
+    deadline_s: float = 120.0
+    pg_timeout_s: float = 60.0
+    threads: int = 1
+    what: str = "ranks"
+    grace_s: float = FAILURE_GRACE_S
+
+    def __post_init__(self):
+        if not (self.deadline_s > 0 and self.pg_timeout_s > 0 and self.grace_s >= 0):
+            raise ValueError(f"deadline_s and pg_timeout_s must be > 0 (grace_s >= 0), got {self.deadline_s!r}, "
+                             f"{self.pg_timeout_s!r}, {self.grace_s!r}")
+
+
+def run_local_ranks(fn, world: int, *args, config: LaunchConfig | None = None,
+                    poll: Callable[[], None] | None = None, **options) -> list[dict]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks.
+
+    Args:
+        fn: picklable callable; its return value must be picklable.
+        world: number of ranks (>= 1).
+        config: the run's limits as one :class:`LaunchConfig`; or pass its fields as keywords
+            (``deadline_s=``, ``pg_timeout_s=``, ``threads=``, ``what=``, ``grace_s=``), not both.
         poll: called about every 0.1 s while the ranks run (e.g. to read :class:`RankMessages`).
 
     Returns:
@@ -179,21 +204,22 @@ def run_local_ranks(fn, world: int, *args, deadline_s: float = 120.0, pg_timeout
         killed after another failed ``{"error": "killed ...", "killed": True}``.
 
     Raises:
-        ValueError: ``world`` < 1 or a non-positive deadline/timeout.
+        ValueError: ``world`` < 1 or a bad :class:`LaunchConfig` value.
+        TypeError: ``config`` together with option keywords, or an unknown keyword.
         RankDeadlineError: ranks still running after ``deadline_s`` (all were killed).
     """
     import torch.multiprocessing as mp  # noqa: PLC0415
 
+    if config is not None and options:
+        raise TypeError(f"run_local_ranks() takes config= or option keywords, not both (got {sorted(options)})")
+    cfg = LaunchConfig(**options) if config is None else config
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ValueError(f"world must be a positive integer, got {world!r}")
-    if not (deadline_s > 0 and pg_timeout_s > 0 and grace_s >= 0):
-        raise ValueError(f"deadline_s and pg_timeout_s must be > 0 (grace_s >= 0), got {deadline_s!r}, "
-                         f"{pg_timeout_s!r}, {grace_s!r}")
     with tempfile.TemporaryDirectory(prefix="libra-ranks-") as tmp:
-        ctx = mp.start_processes(_entry, args=(fn, world, str(Path(tmp) / "store"), tmp, pg_timeout_s, threads, args),
-                                 nprocs=world, join=False, start_method="spawn")
+        entry_args = (fn, world, str(Path(tmp) / "store"), tmp, cfg.pg_timeout_s, cfg.threads, args)
+        ctx = mp.start_processes(_entry, args=entry_args, nprocs=world, join=False, start_method="spawn")
         try:
-            killed = _wait(ctx, tmp, deadline_s, grace_s, what, poll)
+            killed = _wait(ctx, tmp, cfg, poll)
         finally:
             for p in ctx.processes:
                 if p.is_alive():

@@ -204,8 +204,8 @@ class _Context:
         if got is None:
             r = self.ranges
             got = Rects.make(np.array([s for s, _, _ in r], np.int64), np.array([a for _, a, _ in r], np.int64),
-                             np.array([b for _, _, b in r], np.int64), 0, heads, key, self.local_off * heads,
-                             heads, 0)
+                             np.array([b for _, _, b in r], np.int64), 0, heads,
+                             (key, self.local_off * heads, heads, 0))
             self._local[(heads, key)] = got
         return got
 
@@ -239,8 +239,8 @@ def _rects(p: dict, sel, key: int, off=None, kv_half: int = 0) -> Rects:
     """Pieces ``sel`` as rectangles placed at their buffer offsets (``kv_half`` 1: the V block)."""
     n, nh = p["t1"][sel] - p["t0"][sel], p["h1"][sel] - p["h0"][sel]
     base = p["off"][sel] if off is None else off
-    return Rects.make(p["seq"][sel], p["t0"][sel], p["t1"][sel], p["h0"][sel], p["h1"][sel], key,
-                      base + kv_half * n * nh, nh)
+    return Rects.make(p["seq"][sel], p["t0"][sel], p["t1"][sel], p["h0"][sel], p["h1"][sel],
+                      (key, base + kv_half * n * nh, nh))
 
 
 def _found_all(ctx: _Context, req: Rects, src: Rects, found: np.ndarray, missing, twice) -> None:
@@ -338,8 +338,8 @@ def _kv_requests(ctx: _Context, w: dict, c0: np.ndarray, qh: int, ck: np.ndarray
         kvh, width, rep = qh, 1, np.repeat(np.arange(len(c0)), qh)
         col = np.tile(np.arange(qh), len(c0))
         k0 = (c0[rep] + col) // g
-    req = Rects.make(w["seq"][rep], w["s0"][rep], w["s0"][rep] + w["kv"][rep], k0, k0 + width, -1,
-                     ck[rep] * kvh, kvh, k0 - col)
+    req = Rects.make(w["seq"][rep], w["s0"][rep], w["s0"][rep] + w["kv"][rep], k0, k0 + width,
+                     (-1, ck[rep] * kvh, kvh, k0 - col))
     return req, kvh
 
 
@@ -358,7 +358,7 @@ def _kernel(ctx: _Context, w: dict, m: int, got: list[dict]) -> tuple[ChunkKerne
     c0 = w["hs"] + np.where(sliced, m * step, 0)
     cq, ck = np.cumsum(w["q"]) - w["q"], np.cumsum(w["kv"]) - w["kv"]
     kout = ctx.index[kout_key(m)]
-    q_req = Rects.make(w["seq"], w["qtok"], w["qtok"] + w["q"], c0, c0 + qh, kout, cq * qh, qh, c0)
+    q_req = Rects.make(w["seq"], w["qtok"], w["qtok"] + w["q"], c0, c0 + qh, (kout, cq * qh, qh, c0))
     kv_req, kvh = _kv_requests(ctx, w, c0, qh, ck) if len(c0) else (q_req, 0)
 
     def pack(req, local_key, heads, sources, missing, twice):
