@@ -341,3 +341,27 @@ def test_parity_ulysses_gqa_groups_cut_by_head_shards(tmp_path):
     """Ulysses where a rank's query-head shard starts or ends inside a GQA group, CP 2 and CP 4."""
     results = run_ranks(_ulysses_gqa_rank, 4, tmp_path, ULYSSES_GQA_ITEMS, 128, 17, deadline_s=150)
     _assert_results(results)
+
+
+# links 1000x slower than NVLink with little latency, kernel time proportional to FLOPs: fetching one long
+# sample's KV prefix to three light workers costs the holder's port three copies, which the KV relay
+# (scatter + all-gather) cuts to about one -- so libra-adaptive picks the relayed candidate by itself
+SLOW_LINKS = replace(FLOPS_KERNEL, name="flops-kernel-slow-links", links={
+    c: replace(link, bandwidth_gbps=link.bandwidth_gbps / 1000, latency_ms=1e-4)
+    for c, link in FLOPS_KERNEL.links.items()})
+RELAY_UNPINNED = {"hq": 4, "hkv": 1, "d": 8, "planner": "libra-adaptive", "options": {"profile": SLOW_LINKS},
+                  "lengths": [[256], [16] * 16, [16] * 16, [16] * 16], "B": 16, "H": 2, "M": 2, "comm": "p2p",
+                  "dtypes": ["float64", "float32"]}
+
+
+@pytest.mark.slow
+def test_parity_relay_chosen_unpinned(tmp_path):
+    """libra-adaptive with its default candidates (none pinned) picks a KV relay on slow links, and
+    the relayed plan runs on 4 gloo ranks (DP 4, P 4) with outputs and q/k/v gradients matching the
+    float64 reference (sim-check --nproc's relay case, small)."""
+    results = run_ranks(_parity_rank, 4, tmp_path, [(4, 1, 4)], [RELAY_UNPINNED], 256, 5, deadline_s=150)
+    _assert_results(results)
+    for rank_res in results:
+        (case, res), = rank_res
+        assert "candidates" not in case["options"] and res["relayed"] > 0, "no relay chosen: the test would not run one"
+    assert any(rank_res[0][1]["my_relay_rounds"] > 0 for rank_res in results)

@@ -311,6 +311,40 @@ def run_sim_check(cfg: SimCheckConfig, opts: MeasureOptions, profile: str = DEFA
     return {"df": df, "summary": summary, "paths": paths, "info": info, "out_dir": run.out_dir}
 
 
+STEPS_ONLY = ("methods", "dp", "gbs", "oversubscribe")
+"""Options of the whole-step mode (``--nproc``) only."""
+KERNEL_ONLY = ("method", "rotate", "rotate_mb", "cpu_threads", "quick")
+"""Options of the one-device compute check only."""
+
+
+def _given(ctx, name: str) -> bool:
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def _steps(ctx, nproc, layout: dict, run: tuple) -> None:
+    """The whole-step mode (:mod:`experiments.measured.sim_check_steps`): check, run, print."""
+    from experiments.measured.sim_check_steps import echo_steps, run_steps_check, steps_config  # noqa: PLC0415
+
+    profile, out, force, quiet = run
+    bad = [n for n in KERNEL_ONLY if _given(ctx, n)]
+    if nproc is None or bad:
+        raise click.UsageError(f"--{(bad or ['nproc'])[0].replace('_', '-')} "
+                               + ("applies to the one-device check only, not with --nproc" if bad else
+                                  "is needed with --methods/--dp/--gbs/--oversubscribe (the whole-step mode)"))
+    if not layout["methods"]:
+        raise click.UsageError("--nproc needs --methods (e.g. ulysses,libra,libra-adaptive)")
+    cp = layout["cp"]
+    layout = {**layout, "dp": layout["dp"] or max(nproc // cp, 1),
+              "device": "cpu" if layout["device"] == "auto" else layout["device"],
+              "dtype": "fp32" if layout["dtype"] == "auto" else layout["dtype"]}
+    layout = {**layout, "gbs": layout["gbs"] or layout["dp"], "comm": "p2p", "backward": True, "timeout": 300.0}
+    try:
+        cfg = steps_config(layout, profile, nproc)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    echo_steps(run_steps_check(cfg, out, force=force, quiet=quiet))
+
+
 @click.command("sim-check", context_settings={"default_map": {f: getattr(DEFAULT_TAP, f) for f in TAP_FIELDS}})
 @device_options()
 @click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
@@ -325,13 +359,33 @@ def run_sim_check(cfg: SimCheckConfig, opts: MeasureOptions, profile: str = DEFA
 @click.option("--head-dim", type=int, default=128, show_default=True, help="head width")
 @click.option("--windows", type=int, default=4, show_default=True, help="GBS windows (one plan each)")
 @quick_option("tiny sizes (CPU smoke): S 2048, P 2, CP 2, B 256, 4 q heads, d 32")
+@click.option("--nproc", type=click.IntRange(min=1), default=None,
+              help="whole steps instead: spawn this many gloo CPU ranks (= DP*CP), run every --methods plan measured, "
+                   "methods interleaved, and compare compute, exposed communication and step time with the model")
+@click.option("--methods", default=None, help="with --nproc: comma list of methods (e.g. ulysses,libra,libra-adaptive)")
+@click.option("--dp", type=click.IntRange(min=1), default=None, help="with --nproc: DP (default nproc / CP)")
+@click.option("--gbs", type=click.IntRange(min=1), default=None, help="with --nproc: packed sequences per window "
+              "(default DP)")
+@click.option("--oversubscribe", is_flag=True, help="with --nproc: allow more CPU ranks than usable cores "
+              "(times are then total CPU work / cores; recorded and printed)")
 @click.pass_context
 def sim_check(ctx, device, backend, dtype, warmup, repeats, rotate, rotate_mb, cpu_threads, seed, out, force,
               no_progress, profile, method, workload, seq_len, cp, pool_size, block_size, head_split, tau,
-              pipeline_chunks, q_heads, kv_heads, head_dim, windows, quick):
-    """Cost-model compute time vs measured kernel time of each worker's tiles, on one device.
+              pipeline_chunks, q_heads, kv_heads, head_dim, windows, quick, nproc, methods, dp, gbs, oversubscribe):
+    """Cost-model compute time vs measured kernel time of each worker's tiles, on one device; with
+    ``--nproc N`` the whole step (compute, exposed communication, step time) of every ``--methods``
+    plan measured on N gloo ranks.
 
     P is also DP and GBS here (one pool); the Pipeliner's M applies to ``libra`` only."""
+    if nproc is not None or any(_given(ctx, n) for n in STEPS_ONLY):
+        _steps(ctx, nproc, {"dp": dp, "cp": cp, "seq_len": seq_len, "gbs": gbs, "q_heads": q_heads,
+                            "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "device": device,
+                            "backend": backend, "methods": methods, "windows": windows, "workload": workload,
+                            "seed": seed, "repeats": repeats, "warmup": warmup, "oversubscribe": oversubscribe,
+                            "tap": replace(DEFAULT_TAP, pool_size=pool_size, block_size=block_size,
+                                           head_split=head_split, tau=tau, pipeline_chunks=pipeline_chunks)},
+               (profile, out, force, no_progress))
+        return
     if quick:
         seq_len, pool_size, cp, block_size, head_split, pipeline_chunks = 2048, 2, 2, 256, TapConfig.head_split, 2
         q_heads, kv_heads, head_dim, windows, warmup, repeats, rotate = 4, 2, 32, 2, 1, 3, 2

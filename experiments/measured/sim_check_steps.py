@@ -1,0 +1,367 @@
+"""`libra-bench sim-check --nproc N`: the cost model's whole step against measurement.
+
+``sim-check`` alone checks the simulator's *compute* term on one device. With ``--nproc N`` it
+checks the whole step instead: for every method of ``--methods`` (any registry planner, ``ulysses``
+and ``libra-adaptive`` included) each GBS window is planned, its steps are run measured on ``N``
+ranks (gloo on CPU), and the *same Plans* are priced by :class:`libra.sim.cost.CostModel` under
+``--profile`` (a CPU profile with a fitted gloo link class: ``libra-bench calibrate --device cpu
+--links``). Per method, step and rank (and the step's straggler) it compares
+
+* **compute**: the model's ``compute_ms`` (forward + backward kernels) with the runtime's time in
+  its compute events (``RuntimeStats.compute_s``);
+* **exposed communication**: the model's ``exposed_comm_ms`` (the Pipeliner's overlap, Libra sec.
+  4.4) with the rest of the rank's wall time (wall - compute: waits, packing, relay rounds);
+* **step time**: ``total_ms`` with the rank's wall time of the forward + backward call;
+
+each as ``pred / meas - 1``. A rank's measured exposed time includes waiting for a peer whose
+compute ran late (its returns come after that peer's chunk), which the model, pricing each
+worker's own links and compute, does not couple; so the step-level row (``role = straggler``)
+splits the step on its critical path, on both sides alike: step time = the slowest worker's
+total (measured: microbench's rule, the median over repetitions of the slowest rank), compute =
+the largest worker compute (measured: of that repetition), exposed = step time - compute.
+
+Measurement is microbench's (:mod:`experiments.measured.microbench`): its rank setup, planners,
+runners, inputs and timed call (``_time_calls``), one implementation per algorithm. What differs is
+the order: the methods run **interleaved**, one repetition of each in turn (m1, m2, m3, m1, m2, ...
+for ``--repeats``), every one after a barrier, so drifts of a shared host's speed hit every method
+alike; medians over repetitions are compared. Rank 0 prices each Plan it planned (the ranks plan
+deterministically, as microbench's do) before any timing; ``plan_digest`` records which Plan.
+
+**Order**: for every pair of methods whose predicted stragglers differ by at least
+:data:`ORDER_GAP` (15 %) in a step, ``order_agrees`` says whether the measured medians put them in
+the same order (``sim_check_order.csv``, and a summary line).
+
+On CPU every rank is one thread; more ranks than usable cores is refused unless ``--oversubscribe``
+(then every time is total CPU work / cores, and the model, which assumes one core per worker,
+under-predicts: recorded in ``run.json`` and printed). Outputs (``--out``): ``sim_check_steps.csv``
+(one row per method, window, step and rank, plus ``role = straggler`` rows), ``sim_check_order.csv``,
+``sim_check_steps.png`` (predicted vs measured per term) and ``run.json`` (median and worst
+|relative error| per method and term, order agreement, ``os.getloadavg()`` before and after).
+Launch: local spawn only (``--nproc``; torchrun is microbench's, not wired here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+import pandas as pd
+
+from experiments.common.runner import ExperimentRun
+from experiments.common.runs_table import run_caption
+from experiments.measured.microbench import (
+    FIRST_STEP_WARMUP,
+    RANK_THREADS,
+    _local_tensors,
+    _runner,
+    _setup,
+    _time_calls,
+    check_cpu_ranks,
+    make_config,
+    make_planner,
+    usable_cores,
+)
+
+ORDER_GAP = 0.15
+"""Predicted straggler gap (slower / faster - 1) from which a pair's measured order is checked."""
+TERMS = ("compute", "exposed", "total")
+"""The terms compared: kernel time, exposed communication, step time (all forward + backward, ms)."""
+
+
+def steps_config(layout: dict, profile: str, nproc: int) -> dict:
+    """The validated configuration of a whole-step check (raises ValueError naming the bad value).
+
+    ``layout``: :func:`experiments.measured.microbench.make_config`'s keyword arguments but
+    ``profile`` (which the profiled planners also plan with here); ``nproc`` must equal DP*CP.
+    """
+    from experiments.measured.microbench import PROFILED  # noqa: PLC0415
+    from libra.sim.profiles import load_profile  # noqa: PLC0415
+
+    if not str(layout.get("device", "cpu")).startswith("cpu"):
+        raise ValueError("sim-check --nproc spawns gloo CPU ranks; GPU ranks (NCCL) need torchrun, which only "
+                         "microbench launches")
+    load_profile(profile)  # an unknown name or a bad file fails here
+    methods = layout["methods"]
+    names = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods)
+    cfg = make_config(**layout, profile=profile if set(PROFILED) & set(names) else None, paired_ideal=False)
+    if nproc != cfg["dp"] * cfg["cp"]:
+        raise ValueError(f"--nproc {nproc} must equal DP*CP = {cfg['dp']}*{cfg['cp']} = {cfg['dp'] * cfg['cp']}")
+    check_cpu_ranks(nproc, cfg["device"], cfg["oversubscribe"])
+    return {**cfg, "price_profile": str(profile), "nproc": nproc, "interleaved": True}
+
+
+# --------------------------------------------------------------------------------------------
+# the ranks
+# --------------------------------------------------------------------------------------------
+
+
+def steps_rank(rank: int, world: int, cfg: dict, window_ids: list[int], send=None) -> dict:
+    """Every window of ``window_ids`` on this rank: plan it with every method, then run its steps
+    with the methods interleaved (module docstring). Rank 0 prices the Plans and returns
+    ``{str(window): rows}`` (and sends ``{"key", "rows"}`` through ``send`` per window); others ``{}``."""
+    from libra.config import ParallelConfig  # noqa: PLC0415
+    from libra.data.windows import gbs_windows  # noqa: PLC0415
+
+    device, backend, dtype, shape, groups = _setup(rank, cfg)
+    par = ParallelConfig(dp=cfg["dp"], cp=cfg["cp"], gbs=cfg["gbs"], seq_len=cfg["seq_len"])
+    me = groups[1].cp.worker
+    windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
+    planners = {m: make_planner(m, cfg) for m in cfg["methods"]}
+    cost = _cost_model(cfg, par) if rank == 0 else None
+    out, first = {}, True
+    for w in window_ids:
+        plans = {m: planners[m].plan_window(windows[w], par, shape) for m in cfg["methods"]}
+        rows = []
+        for i in range(len(plans[cfg["methods"][0]])):
+            step = {m: plans[m][i] for m in cfg["methods"]}
+            priced = {m: _priced(cost, p) for m, p in step.items()} if rank == 0 else None
+            warmup = max(cfg["warmup"], FIRST_STEP_WARMUP) if first else cfg["warmup"]
+            first = False
+            gathered = _interleave(step, cfg, (groups, backend, shape, me, dtype, device), warmup, world)
+            if rank == 0:
+                rows += _step_rows(w, step, priced, gathered, cfg)
+        if rank == 0:
+            out[str(w)] = rows
+            if send is not None:
+                send({"key": ["steps", w], "rows": rows})
+    return out
+
+
+def _cost_model(cfg: dict, par):
+    from libra.sim.cost import CostModel  # noqa: PLC0415
+    from libra.sim.profiles import load_profile  # noqa: PLC0415
+    from libra.sim.topology import Topology  # noqa: PLC0415
+
+    prof = load_profile(cfg["price_profile"])
+    return CostModel(prof, Topology(prof, par))
+
+
+def _priced(cost, plan) -> dict:
+    """The model's per-worker terms of ``plan`` (and which Plan it was)."""
+    c = cost.price(plan)
+    return {"compute": c.compute_ms, "exposed": c.exposed_comm_ms, "total": c.total_ms,
+            "compute_fwd": c.compute_fwd_ms, "compute_bwd": c.compute_bwd_ms, "serial": c.comm_ms,
+            "bytes": sum(c.bytes_sent.values()), "digest": plan.digest()[:16],
+            "relay_rows": int(sum((p.transfers.hop > 0).sum() for p in plan.pools)),
+            "hops": int(max([int(p.transfers.hop.max()) for p in plan.pools if len(p.transfers.hop)] or [0])),
+            "choice": ";".join(plan.meta.get("adaptive_choice", ())), "chunks": int(plan.pipeline_chunks)}
+
+
+def _interleave(step: dict, cfg: dict, env: tuple, warmup: int, world: int) -> dict:
+    """Run ``warmup + repeats`` rounds, each one call of every method in turn; returns per method
+    the ``(world, k)`` matrix of every rank's measurements (microbench's layout, :func:`_step_row`)."""
+    import torch  # noqa: PLC0415
+
+    from libra.runtime.groups import all_gather_single  # noqa: PLC0415
+
+    groups, backend, shape, me, dtype, device = env
+    prepared = {}
+    for m, plan in step.items():
+        runner, ranges, seq_ids, chunks, P = _runner(m, plan, cfg, groups, backend, shape, me)
+        prepared[m] = (runner, _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"]), chunks, P)
+    got = {m: [] for m in step}
+    for r in range(warmup + cfg["repeats"]):
+        for m, (runner, (q, k, v, do), _, _) in prepared.items():
+            res = _time_calls(runner, q, k, v, do, 1, 0, cfg["backward"], device, None)
+            if r >= warmup:
+                got[m].append([float(x[0]) for x in res[:4]])
+    out = {}
+    for m, (runner, _, _, P) in prepared.items():
+        st = runner.stats
+        sent = st["sent_bytes"] / (warmup + cfg["repeats"]) if isinstance(st, dict) else sum(st.sent_bytes.values())
+        peak = st["peak_transient_bytes"] if isinstance(st, dict) else st.peak_transient_bytes
+        t = np.array(got[m]).T  # (4, R): wall, cpu, compute, wait
+        mine = np.concatenate([*t, np.full(cfg["repeats"], np.nan), [peak, sent, P]])
+        allv = torch.zeros(world * mine.size, dtype=torch.float64, device=device)
+        all_gather_single(allv, torch.tensor(mine, dtype=torch.float64).to(device))
+        out[m] = allv.view(world, -1).cpu().numpy()
+    return out
+
+
+def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: dict) -> list[dict]:
+    """One row per (method, rank) and one straggler row per method of one step."""
+    R, rows = cfg["repeats"], []
+    for m, plan in step.items():
+        allv = gathered[m]
+        pr = priced[m]
+        wall, compute = allv[:, :R] * 1e3, allv[:, 2 * R:3 * R] * 1e3
+        head = {"method": m, "window": int(window), "step": int(plan.ga_index), "plan_digest": pr["digest"],
+                "choice": pr["choice"], "relay_rows": pr["relay_rows"], "hops": pr["hops"],
+                "pipeline_chunks": pr["chunks"]}
+        for w in range(allv.shape[0]):
+            meas = {"compute": float(np.median(compute[w])),
+                    "exposed": float(np.median(np.maximum(wall[w] - compute[w], 0.0))),
+                    "total": float(np.median(wall[w]))}
+            rows.append(_compare({**head, "role": "rank", "worker": w, "pred_bytes_sent": float(pr["bytes"][w]),
+                                  "meas_bytes_sent": float(allv[w, 5 * R + 1]),
+                                  "pred_comm_serial_ms": float(pr["serial"][w])}, pr, w, meas))
+        step_ms = wall.max(axis=0)
+        rep = int(np.argsort(step_ms)[len(step_ms) // 2])  # microbench's median repetition
+        slowest = float(compute[:, rep].max())
+        meas = {"compute": slowest, "exposed": float(step_ms[rep]) - slowest, "total": float(step_ms[rep])}
+        top = float(pr["compute"].max())
+        pred = {"compute": [top], "exposed": [float(pr["total"].max()) - top], "total": [float(pr["total"].max())]}
+        rows.append(_compare({**head, "role": "straggler", "worker": int(np.argmax(pr["total"])),
+                              "meas_worker": int(np.argmax(wall[:, rep]))},
+                             pred, 0, meas))
+    return rows
+
+
+def _compare(row: dict, pred: dict, w: int, meas: dict) -> dict:
+    for t in TERMS:
+        p, m = float(pred[t][w]), meas[t]
+        row[f"pred_{t}_ms"], row[f"meas_{t}_ms"] = p, m
+        row[f"rel_err_{t}"] = p / m - 1.0 if m > 0 else float("nan")
+    # exposed comm is often a sliver of the step: its error as a share of the measured step too
+    row["exposed_err_of_step"] = (row["pred_exposed_ms"] - row["meas_exposed_ms"]) / row["meas_total_ms"]
+    return row
+
+
+# --------------------------------------------------------------------------------------------
+# summary, order, plot
+# --------------------------------------------------------------------------------------------
+
+
+def summarize_steps(df: pd.DataFrame) -> dict:
+    """Per method and role (rank / straggler): median and worst |relative error| of each term."""
+    out = {}
+    for (method, role), g in df.groupby(["method", "role"], sort=False):
+        entry = {"rows": int(len(g))}
+        for t in TERMS:
+            err = g[f"rel_err_{t}"].abs()
+            entry[f"median_abs_err_{t}"] = float(err.median())
+            entry[f"worst_abs_err_{t}"] = float(err.max())
+            entry[f"median_signed_err_{t}"] = float(g[f"rel_err_{t}"].median())
+            entry[f"pred_{t}_ms"] = float(g[f"pred_{t}_ms"].median())
+            entry[f"meas_{t}_ms"] = float(g[f"meas_{t}_ms"].median())
+        entry["median_exposed_err_of_step"] = float(g["exposed_err_of_step"].median())
+        out.setdefault(method, {})[role] = entry
+    return out
+
+
+def order_table(df: pd.DataFrame, gap: float = ORDER_GAP) -> pd.DataFrame:
+    """Every pair of methods per step: predicted and measured straggler, the predicted gap (slower /
+    faster - 1) and, where it is at least ``gap``, whether the measured order agrees."""
+    s = df[df.role == "straggler"]
+    rows = []
+    for (w, step), g in s.groupby(["window", "step"], sort=True):
+        by = g.set_index("method")
+        for a, b in itertools.combinations(list(by.index), 2):
+            pa, pb = float(by.loc[a, "pred_total_ms"]), float(by.loc[b, "pred_total_ms"])
+            ma, mb = float(by.loc[a, "meas_total_ms"]), float(by.loc[b, "meas_total_ms"])
+            pred_gap = max(pa, pb) / min(pa, pb) - 1.0
+            checked = pred_gap >= gap
+            rows.append({"window": int(w), "step": int(step), "method_a": a, "method_b": b,
+                         "pred_a_ms": pa, "pred_b_ms": pb, "meas_a_ms": ma, "meas_b_ms": mb,
+                         "pred_gap": pred_gap, "meas_gap": max(ma, mb) / min(ma, mb) - 1.0,
+                         "pred_faster": a if pa < pb else b, "meas_faster": a if ma < mb else b, "checked": checked,
+                         "order_agrees": (pa < pb) == (ma < mb) if checked else None})
+    return pd.DataFrame(rows)
+
+
+def plot_steps(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
+    """Predicted vs measured per term (rank rows small, straggler rows large), log axes, y = x."""
+    from experiments.common.plotting import save_figure, setup_style  # noqa: PLC0415  (selects Agg first)
+
+    setup_style()
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import seaborn as sns  # noqa: PLC0415
+
+    fig, axes = plt.subplots(1, len(TERMS), figsize=(12, 4))
+    for ax, t in zip(axes, TERMS):
+        d = df.assign(meas=df[f"meas_{t}_ms"].clip(lower=1e-3), pred=df[f"pred_{t}_ms"].clip(lower=1e-3))
+        sns.scatterplot(data=d, x="meas", y="pred", hue="method", style="role", size="role",
+                        sizes={"rank": 30, "straggler": 90}, ax=ax, legend=t == TERMS[-1])
+        lo, hi = float(min(d.meas.min(), d.pred.min())) * 0.8, float(max(d.meas.max(), d.pred.max())) * 1.25
+        xs = np.geomspace(lo, hi, 50)
+        ax.plot(xs, xs, color="black", lw=1)
+        ax.fill_between(xs, xs * 0.8, xs * 1.2, color="grey", alpha=0.2)
+        ax.set(xscale="log", yscale="log", xlabel=f"measured {t} (ms)", ylabel=f"predicted {t} (ms)", title=t)
+    if axes[-1].get_legend() is not None:
+        axes[-1].legend(fontsize=7, loc="upper left")
+    fig.suptitle("sim-check --nproc: cost model vs measured whole steps (band +-20 %)", fontsize=9)
+    save_figure(fig, path, caption=caption)
+
+
+# --------------------------------------------------------------------------------------------
+# the run
+# --------------------------------------------------------------------------------------------
+
+
+def run_steps_check(cfg: dict, out: str | None, force: bool = False, quiet: bool = False) -> dict:
+    """Measure the windows not cached yet, price, and write (module docstring).
+
+    Returns ``{"df", "order", "summary", "paths", "out_dir"}``.
+
+    Raises:
+        click.ClickException: a rank failed or the run passed its deadline.
+    """
+    from libra.runtime.launch import (  # noqa: PLC0415
+        RankDeadlineError,
+        RankFailure,
+        raise_first_failure,
+        relayed_messages,
+        run_local_ranks,
+    )
+
+    run = ExperimentRun("sim_check_steps", cfg, out_dir=out, force=force, quiet=quiet)
+    run.claim_folder()
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    t0 = time.perf_counter()
+    keys = [["steps", w] for w in range(cfg["windows"])]
+    todo = [k[1] for k in keys if run.cached(k) is None]
+    if todo:
+        with relayed_messages(lambda msg: run.record(msg["key"], msg["rows"])) as (messages, poll):
+            try:
+                res = run_local_ranks(steps_rank, cfg["nproc"], cfg, todo, messages.send,
+                                      deadline_s=cfg["timeout"] * 4, pg_timeout_s=cfg["timeout"],
+                                      threads=RANK_THREADS, what="sim-check ranks", poll=poll)
+            finally:
+                poll()
+            try:
+                got = raise_first_failure(res, "sim-check ranks")[0]
+            except (RankFailure, RankDeadlineError) as exc:
+                raise click.ClickException(str(exc)) from None
+        for w in todo:
+            run.record(["steps", w], got[str(w)])
+    df = pd.DataFrame([r for k in keys for r in run.cached(k)])
+    order = order_table(df)
+    load_after = os.getloadavg() if hasattr(os, "getloadavg") else None
+    checked = order[order.checked] if len(order) else order
+    summary = {"methods": summarize_steps(df), "order_gap": ORDER_GAP,
+               "order_pairs_checked": int(len(checked)),
+               "order_pairs_agree": int(checked.order_agrees.astype(bool).sum()) if len(checked) else 0,
+               "oversubscribed": cfg["nproc"] * RANK_THREADS > usable_cores(),
+               "loadavg_before": list(load_before) if load_before else None,
+               "loadavg_after": list(load_after) if load_after else None,
+               "bench_wall_s": round(time.perf_counter() - t0, 3)}
+    paths = run.finish(df, lambda d, p: plot_steps(d, p, run_caption(run.config)),
+                       extra={"summary": summary, "usable_cores": usable_cores(), "launch": f"spawn --nproc {cfg['nproc']}"},
+                       files={"sim_check_order.csv": order.to_csv(index=False)})
+    return {"df": df, "order": order, "summary": summary, "paths": paths, "out_dir": run.out_dir}
+
+
+def echo_steps(res: dict) -> None:
+    """Print the per-method comparison, the order pairs and the summary lines."""
+    df, order, s = res["df"], res["order"], res["summary"]
+    cols = ["method", "window", "step", "role", "worker", *[f"{a}_{t}_ms" for t in TERMS for a in ("pred", "meas")],
+            *[f"rel_err_{t}" for t in TERMS]]
+    click.echo(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    for method, roles in s["methods"].items():
+        for role, e in roles.items():
+            click.echo(f"{method:>15} {role:>9}: " + "; ".join(
+                f"{t} median |err| {e[f'median_abs_err_{t}']:.1%} (worst {e[f'worst_abs_err_{t}']:.1%})" for t in TERMS))
+    if len(order):
+        click.echo(order[["window", "step", "method_a", "method_b", "pred_gap", "meas_gap", "pred_faster",
+                          "meas_faster", "order_agrees"]].to_string(index=False, float_format=lambda x: f"{x:+.1%}"))
+    click.echo(f"order: the measured medians agree with {s['order_pairs_agree']} of {s['order_pairs_checked']} "
+               f"pairs the model separates by >= {s['order_gap']:.0%}")
+    if s["oversubscribed"]:
+        click.echo("note: more ranks than usable cores (--oversubscribe): every measured time is total CPU work / "
+                   "cores, which the model (one core per worker) does not price")
+    click.echo(f"loadavg before {s['loadavg_before']} after {s['loadavg_after']}")
+    click.echo(f"wrote {res['paths']['csv']}, {res['paths']['png']}, {res['out_dir'] / 'sim_check_order.csv'}")
