@@ -98,3 +98,14 @@ def test_two_ranks_every_term_and_file(tmp_path):
     mine = df[(df.method == "libra") & (df.role == "rank")].sort_values("worker")
     assert np.allclose(mine.pred_total_ms, cost.total_ms) and np.allclose(mine.pred_exposed_ms, cost.exposed_comm_ms)
     assert mine.plan_digest.iloc[0] == plan.digest()[:16]
+
+
+def test_processor_sharing_prices_ranks_that_share_the_hosts_cores():
+    from experiments.measured.sim_check_steps import processor_sharing  # noqa: PLC0415
+
+    assert processor_sharing(np.array([10.0, 10.0]), cores=2).tolist() == [10.0, 10.0]  # a core each
+    # four equal ranks on two cores: each at half a core, all done at total work / cores
+    assert processor_sharing(np.array([10.0] * 4), cores=2).tolist() == [20.0] * 4
+    # a skewed plan: the light ranks finish early and hand their cores to the heavy one
+    got = processor_sharing(np.array([40.0, 10.0, 10.0, 10.0]), cores=2)
+    assert got.tolist() == [50.0, 20.0, 20.0, 20.0]
