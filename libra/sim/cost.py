@@ -54,6 +54,7 @@ from libra.arrays import sorted_unique
 from libra.plan import HEADS, Plan
 from libra.sim.occupancy import occupancy_terms
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
+from libra.sim.structure import PoolStructures
 from libra.sim.topology import Topology
 from libra.sim.variability import check_speeds
 from libra.tap.pipeline import (
@@ -330,11 +331,14 @@ class CostModel:
         ImportError: ``impl="numba"`` without numba.
     """
 
-    def __init__(self, profile: HardwareProfile, topology: Topology, impl: str = "auto"):
+    def __init__(self, profile: HardwareProfile, topology: Topology, impl: str = "auto",
+                 structures: PoolStructures | None = None):
         if topology.profile is not profile and topology.profile.to_dict() != profile.to_dict():
             raise ValueError(f"topology was built for profile {topology.profile.name!r}, "
                              f"cost model got {profile.name!r}")
         self._jit = _cost_kernels(impl)
+        # per-pool structure no profile changes: shared by the cost models that price one plan
+        self.structures = PoolStructures() if structures is None else structures
         self.profile = profile
         self.topology = topology
         self.kernel = profile.kernel
@@ -354,7 +358,9 @@ class CostModel:
     # -- compute ---------------------------------------------------------------------------
     def _schedules(self, plan: Plan, chunks: int) -> list[ChunkSchedule]:
         try:
-            return [schedule_for_pool(pool, plan.shape, chunks) for pool in plan.pools]
+            return [self.structures.get(pool, ("schedule", plan.shape, chunks),
+                                        lambda pool=pool: schedule_for_pool(pool, plan.shape, chunks))
+                    for pool in plan.pools]
         except ValueError as exc:
             raise ValueError(f"plan {plan.method!r}: {exc}") from None
 
@@ -391,7 +397,8 @@ class CostModel:
         calls into ``calls`` (per worker) on the way."""
         d = plan.shape.head_dim
         for pool, sched in zip(plan.pools, schedules):
-            seg, _ = pool.kernel_segments(sched, ordered=False)
+            seg, _ = self.structures.get(pool, ("segments", plan.shape, sched.chunks),
+                                         lambda pool=pool, sched=sched: pool.kernel_segments(sched, ordered=False))
             if not len(seg["dest"]):
                 continue
             dest = self.topology.check_ids(seg["dest"])
@@ -466,6 +473,11 @@ class CostModel:
         slow = np.argmax(port_bw + port_lat, axis=0)
         cols = np.arange(busy.shape[1])
         return port_bw[slow, cols], port_lat[slow, cols], per_class + lat_class
+
+    def _pool_routes(self, pool, sched: ChunkSchedule, shape):
+        """``pool``'s :meth:`ChunkSchedule.phase_routes` under ``sched`` (its schedule for ``shape``;
+        built once per pool)."""
+        return self.structures.get(pool, ("routes", shape, sched.chunks), lambda: sched.phase_routes(pool.transfers))
 
     @staticmethod
     def _routes(plan: Plan, schedules: list[ChunkSchedule], per_pool: list | None = None) -> dict[str, Routes]:
@@ -548,7 +560,7 @@ class CostModel:
         n, k, M = self.topology.num_workers, len(LINK_CLASSES), schedules[0].chunks if schedules else 1
         sent_tot, recv_tot, link_tot = np.zeros((k, n)), np.zeros((k, n)), np.zeros((k, n))
         serial, per_chunk, chunk_bytes = np.zeros(n), {}, {}
-        per_pool = [sched.phase_routes(pool.transfers) for pool, sched in zip(plan.pools, schedules)]
+        per_pool = [self._pool_routes(pool, sched, plan.shape) for pool, sched in zip(plan.pools, schedules)]
         hops = self._relay_hops(plan, schedules, per_pool)
         for phase, r in self._routes(plan, schedules, per_pool).items():
             if phase not in hops:  # relay rounds need the rows themselves

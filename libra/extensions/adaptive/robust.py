@@ -25,6 +25,7 @@ from libra.plan import Plan, PoolPlan
 from libra.sim.cost import CostModel
 from libra.sim.profiles import HardwareProfile
 from libra.sim.profiles.ensemble import load_ensemble
+from libra.sim.structure import PoolStructures
 from libra.sim.topology import Topology
 from libra.workload import AttentionShape
 
@@ -84,7 +85,8 @@ class EnsembleGuard:
     def __init__(self, profile: HardwareProfile, ensemble: str, margin: float, pricing: PoolPricing):
         members, self.skipped = load_ensemble(ensemble).applicable_profiles(profile)
         self.names = tuple(members)
-        self.costs = tuple(CostModel(p, Topology(p, pricing.par)) for p in members.values())
+        structures = PoolStructures()  # one candidate's structure, built once for every member
+        self.costs = tuple(CostModel(p, Topology(p, pricing.par), structures=structures) for p in members.values())
         self.margin, self.pricing = margin, pricing
         self._order = list(range(len(self.costs)))
 
