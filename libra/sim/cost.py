@@ -338,7 +338,7 @@ class CostModel:
                              f"cost model got {profile.name!r}")
         self._jit = _cost_kernels(impl)
         # per-pool structure no profile changes: shared by the cost models that price one plan
-        self.structures = PoolStructures() if structures is None else structures
+        self.structures = PoolStructures(size=0) if structures is None else structures
         self.profile = profile
         self.topology = topology
         self.kernel = profile.kernel

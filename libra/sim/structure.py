@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-STRUCTURE_POOLS = 64
-"""How many pools' structures a :class:`PoolStructures` keeps (least recently used dropped)."""
+STRUCTURE_POOLS = 16
+"""How many pools' structures a shared :class:`PoolStructures` keeps (least recently used dropped):
+the candidates of one pool. A pool's structure at 256K is megabytes, so a cost model keeps none of
+its own (``size = 0``) unless given a shared one."""
 
 
 class PoolStructures:
@@ -29,6 +31,8 @@ class PoolStructures:
     def get(self, pool, what: tuple, build: Callable[[], object]):
         """The structure ``what`` (a hashable tag with its arguments) of ``pool``: built by ``build``
         on the first request, the same object after."""
+        if not self._size:
+            return build()
         key = (id(pool), what)
         hit = self._entries.get(key)
         if hit is not None and hit[0] is pool:
