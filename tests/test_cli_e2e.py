@@ -24,7 +24,7 @@ def test_dp_scaling_writes_normalized_scaling(tmp_path):
     assert ((df.scaling > 0) & (df.scaling <= 4.0 + 1e-9)).all()
     assert (tmp_path / "dp-scaling.png").stat().st_size > 0
     record = json.loads((tmp_path / "run.json").read_text())
-    assert record["config"]["dps"] == {"1m": [1, 4]} and record["profile"] == "h100-roce-v1"
+    assert record["config"]["dps"] == {"1m": [1, 4]} and record["profile"] == "h100-roce-v2"
     # a rerun reuses the finished points
     points = {p: p.stat().st_mtime_ns for p in tmp_path.glob(".points/*/*.json")}
     again = _run(["dp-scaling", "--settings", "1m", "--dps", "1,4", "--windows", "1", "--out", str(tmp_path)])

@@ -53,7 +53,7 @@ def test_grid_search_quick_cells_skips_and_determinism(tmp_path):
     assert cell["speedup"] == pytest.approx(u / c["straggler_ms"].mean())
     assert s[(s["head_split"] == 1) & (s["block_size"] == 8192)]["tiles_per_sequence"].iloc[0] == 32
     run = json.loads((a / "run.json").read_text())
-    assert run["experiment"] == "grid-search" and run["profile"]["name"] == "h100-roce-v1"
+    assert run["experiment"] == "grid-search" and run["profile"]["name"] == "h100-roce-v2"
     assert (a / "grid-search.png").stat().st_size > 0
     assert "skipped 256k H=1 B=3000" in ra.output
     points = {p: p.stat().st_mtime_ns for p in a.glob(".points/*/*.json")}

@@ -17,7 +17,7 @@ def test_straggler_on_a_users_layout(tmp_path, monkeypatch):
             "--methods", "ulysses,libra"]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
-    out = tmp_path / "runs" / "straggler" / "my_lengths-dp4-cp2-s32k-gbs8-p2-b4k-h2-m4-h100-roce-v1"
+    out = tmp_path / "runs" / "straggler" / "my_lengths-dp4-cp2-s32k-gbs8-p2-b4k-h2-m4-h100-roce-v2"
     df = pd.read_csv(out / "straggler.csv")
     assert set(df["setting"]) == {"dp4-cp2-s32k-gbs8"} and set(df["method"]) == {"ulysses", "libra"}
     summary = pd.read_csv(out / "straggler_summary.csv")

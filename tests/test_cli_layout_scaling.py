@@ -39,7 +39,7 @@ def test_a_users_layout_runs_records_and_stays_out_of_results(name, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     r = _invoke([name, *LAYOUT, *QUIET, *EXTRA[name]])
     assert r.exit_code == 0, r.output
-    out = tmp_path / "runs" / name / (TAG + PP_TAG[name] + "-h100-roce-v1")
+    out = tmp_path / "runs" / name / (TAG + PP_TAG[name] + "-h100-roce-v2")
     df = pd.read_csv(out / f"{name}.csv")
     assert set(df["setting"]) == {"dp4-cp2-s32k-gbs8"}
     assert not _paper_columns(df) and not _quotes_paper(r.output)

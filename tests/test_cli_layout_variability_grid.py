@@ -39,7 +39,7 @@ def test_variability_on_a_users_layout_goes_to_runs_without_paper_numbers(tmp_pa
     monkeypatch.chdir(tmp_path)
     r = invoke(["variability", *LAYOUT, "--block-size", "8K", "--windows", "1", "--no-progress"])
     assert r.exit_code == 0, r.output
-    out = tmp_path / "runs" / "variability" / "libra-prod-dp8-cp2-s64k-gbs16-b8k-h2-h100-roce-v1"
+    out = tmp_path / "runs" / "variability" / "libra-prod-dp8-cp2-s64k-gbs16-b8k-h2-h100-roce-v2"
     rec = json.loads((out / "run.json").read_text())["config"]["setting"]
     assert (rec["dp"], rec["cp"], rec["seq_len"], rec["gbs"], rec["tap"]["block_size"]) == (8, 2, 65536, 16, 8192)
     df = pd.read_csv(out / "variability.csv")
@@ -78,7 +78,7 @@ def test_grid_search_on_a_users_layout_goes_to_runs_without_paper_numbers(tmp_pa
     r = invoke(["grid-search", "--quick", "--no-progress", "--dp", "4", "--cp", "2", "--seq-len", "32K",
                 "--gbs", "8", "--head-splits", "1,2", "--pool-size", "2"])
     assert r.exit_code == 0, r.output
-    out = tmp_path / "runs" / "grid-search" / "libra-prod-dp4-cp2-s32k-gbs8-p2-h100-roce-v1"
+    out = tmp_path / "runs" / "grid-search" / "libra-prod-dp4-cp2-s32k-gbs8-p2-h100-roce-v2"
     s = pd.read_csv(out / "grid-search_summary.csv")
     assert set(s["setting"]) == {"dp4-cp2-s32k-gbs8"}
     assert sorted(set(s["block_size"])) == [1024, 2048, 4096, 8192]  # S/CP = 16K halved 1-4 times

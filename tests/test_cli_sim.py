@@ -32,7 +32,7 @@ def test_straggler_quick_is_deterministic(tmp_path):
     assert summary.loc["ulysses", "mean_norm"] == pytest.approx(1.0)
     assert summary.loc["libra", "mean_speedup"] > 1.0  # pooling beats Ulysses on the default workload
     run = json.loads((a / "run.json").read_text())
-    assert run["profile"]["name"] == "h100-roce-v1"
+    assert run["profile"]["name"] == "h100-roce-v2"
     assert (a / "straggler.png").stat().st_size > 0
     assert "libra" in ra.output and "paper_mean_speedup" in ra.output
     # a second run into the same folder reuses every point

@@ -121,12 +121,12 @@ def test_gpu_summary_compares_the_profile_runs_with_the_default(tmp_path):
             "config": {"workload": "libra-prod", "jitter": True, "methods": ["ulysses", "libra", "libra-adaptive"]}}))
 
     straggler(tmp_path / "gpu" / "straggler-libra-prod", "measured", 1.25)
-    straggler(tmp_path / "results" / "straggler-extensions", "h100-roce-v1", 1.5)
+    straggler(tmp_path / "results" / "straggler-extensions", "h100-roce-v2", 1.5)
     res = CliRunner().invoke(main, ["gpu-summary", str(tmp_path / "gpu"), "--results", str(tmp_path / "results")])
     assert res.exit_code == 0, res.output
     text = (tmp_path / "gpu" / "summary.md").read_text()
     assert "| libra-prod | 256k | measured | 3.00x | 3.75x | 1.250 |" in text
-    assert "| libra-prod | 256k | h100-roce-v1 | 3.00x | 4.50x | 1.500 |" in text
+    assert "| libra-prod | 256k | h100-roce-v2 | 3.00x | 4.50x | 1.500 |" in text
 
 
 @pytest.mark.slow

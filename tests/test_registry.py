@@ -134,7 +134,7 @@ def test_planners_take_the_run_tapconfig_whole():
     assert get_planner("libra", tap=tap).config == tap
     assert get_planner("libra-tap", tap=tap).tap == replace(tap, pipeline_chunks=1)
     kt = get_planner("libra-kt", tap=tap)
-    assert kt.tap == replace(tap, load_estimate="kernel-time") and kt.config.profile == "h100-roce-v1"
+    assert kt.tap == replace(tap, load_estimate="kernel-time") and kt.config.profile == "h100-roce-v2"
     assert get_planner("libra-kt", tap=tap, profile="h100-roce-v1").config.profile == "h100-roce-v1"
     distca = get_planner("distca-paper", tap=tap).tap
     assert (distca.block_size, distca.head_split, distca.tau, distca.pipeline_chunks, distca.comm_aware) == \

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from experiments.cli import main
 from experiments.common.report import discover, generate, verdict
 
-PROFILE = {"name": "h100-roce-v1", "description": "public-fact defaults, not a measurement"}
+PROFILE = {"name": "h100-roce-v2", "description": "public-fact defaults, not a measurement"}
 
 
 def write_run(folder, experiment, config, csv_name, df, sha="0123456789abcdef", profile=PROFILE):
@@ -67,7 +67,7 @@ def test_numbers_flow_from_csv_to_markdown(tmp_path):
              for ln in md.splitlines() if ln.startswith("| ") and ln.count("|") > 6}
     row = next(v for k, v in lines.items() if k.startswith("Fig. 12/256K/Libra mean-s"))
     assert "3.00x; worst step 3.00x" in row  # 300 / 100 from the CSV
-    assert "(h100-roce-v1, abcdef0-dirty)" in row and "results/somewhere/renamed" in row
+    assert "(h100-roce-v2, abcdef0-dirty)" in row and "results/somewhere/renamed" in row
     assert "agrees (ratios within 15%)" in row  # 3.00 vs 2.91 and 3.00 vs 3.14
     wlb = next(v for k, v in lines.items() if k.startswith("Fig. 12/256K/Libra vs WLB"))
     assert "mean -50.0%, max -60.0%" in wlb  # 1 - 100/200, 1 - 100/250
@@ -78,7 +78,7 @@ def test_numbers_flow_from_csv_to_markdown(tmp_path):
     assert "P=8: 1.23; P=64: 0.11" in fig4 and "synthetic libra-prod stands in" in fig4
     fig16 = next(v for k, v in lines.items() if k.startswith("Fig. 16/256K"))
     assert "H=4,B=8192: 2.00x; H=1,B=2048: 1.25x; H=1,B=16384: nan" in fig16
-    assert "profile h100-roce-v1 is public-fact based" in fig16
+    assert "profile h100-roce-v2 is public-fact based" in fig16
     assert "50 us (D=128), 120 us (D=256)" in md and "pytest-benchmark, feedbee" in md
     # rows without results say so, with the command that produces them
     fig13 = next(v for k, v in lines.items() if k.startswith("Fig. 13/1M"))
@@ -154,14 +154,14 @@ def test_an_ad_hoc_report_never_replaces_the_committed_one(tmp_path, monkeypatch
     # `report --results runs` (a user's own runs) wrote over results/REPRODUCTION.md by default
     from experiments.common.report import default_report_path
 
-    assert default_report_path("results", "h100-roce-v1").as_posix() == "results/REPRODUCTION.md"
-    assert default_report_path("runs", "h100-roce-v1").as_posix() == "runs/report/runs-h100-roce-v1/REPRODUCTION.md"
+    assert default_report_path("results", "h100-roce-v2").as_posix() == "results/REPRODUCTION.md"
+    assert default_report_path("runs", "h100-roce-v2").as_posix() == "runs/report/runs-h100-roce-v2/REPRODUCTION.md"
     assert default_report_path("results", "paper-inferred-v1").parts[:2] == ("runs", "report")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
     r = CliRunner().invoke(main, ["report", "--results", "runs"])
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "runs/report/runs-h100-roce-v1/REPRODUCTION.md").is_file()
+    assert (tmp_path / "runs/report/runs-h100-roce-v2/REPRODUCTION.md").is_file()
     assert not (tmp_path / "results").exists()
 
 

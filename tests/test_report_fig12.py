@@ -15,7 +15,7 @@ import pandas as pd
 
 from experiments.common.report import PAPER, Row, generate, reason
 
-PROFILE = {"name": "h100-roce-v1", "description": "public-fact defaults, not a measurement"}
+PROFILE = {"name": "h100-roce-v2", "description": "public-fact defaults, not a measurement"}
 PACKING = {"policy": "defer", "lookahead": 64}
 
 

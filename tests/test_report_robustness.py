@@ -87,7 +87,7 @@ def test_ranges_beside_the_headline_rows_and_in_the_section(tmp_path, tiny_run):
     assert f"- libra-prod 256K: libra-adaptive's worst ratio to libra over the ensemble {ada['vs_libra_min']:.3f}" in sec
     assert sec.count(f"target >= {ADAPTIVE_FLOOR:.2f} {met}\n") >= 1
     assert "- prolong: not run (`make robustness`)" in sec and "libra-prod: not run" not in sec
-    assert "Ensemble: `default-v1`." in sec
+    assert "Ensemble: `default-v2`." in sec
     sources = md.split("## Sources")[1]
     assert "`results/robustness/libra-prod` | robustness | libra-prod" in sources
 

@@ -1,6 +1,7 @@
 """Scoring plans with a profile other than the one they were planned with: ``--score-profile`` on
 ``straggler`` (and its byte-identity when it names the planning profile), the profile ensemble
-``default-v1`` and the `libra-bench robustness` run on a tiny layout."""
+ensembles (``default-v2`` for the occupancy default, ``default-v1`` for the length-curve profile) and
+the `libra-bench robustness` run on a tiny layout."""
 
 import json
 
@@ -21,22 +22,24 @@ from experiments.common.sim_common import (
 )
 from experiments.figures.straggler import StragglerConfig, run_straggler
 from libra.sim.cost import CostModel
-from libra.sim.profiles import load_profile
-from libra.sim.profiles.ensemble import load_ensemble
+from libra.sim.profiles import DEFAULT_PROFILE, load_profile
+from libra.sim.profiles.ensemble import load_ensemble, member_profile
 from libra.sim.topology import Topology
 from libra.sim.variability import DeviceJitter
 
 TINY = ["--dp", "2", "--cp", "2", "--seq-len", "16K", "--gbs", "4", "--windows", "1", "--no-progress"]
-BASE = load_profile("h100-roce-v1")
+BASE = load_profile(DEFAULT_PROFILE)
+V1 = load_profile("h100-roce-v1")
 
 
 def _member(name: str):
     return load_ensemble().profiles(BASE)[name]
 
 
-def test_the_default_ensemble_has_twelve_named_transformations_of_the_default_profile():
+def test_the_length_curve_ensemble_has_twelve_named_transformations_of_its_profile():
     ens = load_ensemble("default-v1")
     assert ens.base == "h100-roce-v1"
+    BASE = V1  # noqa: N806 -- the profile this ensemble transforms
     profiles = ens.profiles(BASE)
     assert list(profiles) == ["default", "heads-c0.25", "heads-c1", "heads-c4", "links-bw-x0.25", "links-bw-x0.5",
                               "links-bw-x2", "links-bw-x4", "latency-x4", "latency-x30", "kernel-half-length-x4",
@@ -58,9 +61,34 @@ def test_the_default_ensemble_has_twelve_named_transformations_of_the_default_pr
     assert profiles["kernel-rate-div2"].kernel.half_length == k.half_length
 
 
+def test_the_default_ensemble_transforms_the_occupancy_default():
+    ens = load_ensemble()
+    assert ens.name == "default-v2" and ens.base == BASE.name == DEFAULT_PROFILE
+    profiles = ens.profiles(BASE)
+    assert len(profiles) == 12 and profiles["default"] is BASE
+    occ = BASE.kernel.occupancy
+    block = profiles["kernel-block-cost-x4"].kernel.occupancy
+    slow = profiles["kernel-rate-div2"].kernel.occupancy
+    for p in ("forward", "backward"):
+        assert getattr(block, p).block_ms == pytest.approx(4 * getattr(occ, p).block_ms)
+        assert getattr(block, p).tile_ms == getattr(occ, p).tile_ms
+        assert getattr(slow, p).block_ms == pytest.approx(2 * getattr(occ, p).block_ms)
+        assert getattr(slow, p).tile_ms == pytest.approx(2 * getattr(occ, p).tile_ms)
+        assert getattr(slow, p).launch_ms == getattr(occ, p).launch_ms
+    # the heads factor prices on top of the occupancy model: every block 1 / h(n) slower
+    seg = {"q_len": np.array([4096, 512]), "kv_len": np.array([4096, 8192])}
+    heads4 = profiles["heads-c4"].kernel
+    for heads in (1, 8):
+        plain = BASE.kernel.occupancy_terms(seg, heads, 2, 128, backward=False)
+        penalised = heads4.occupancy_terms(seg, heads, 2, 128, backward=False)
+        for a, b in zip(plain, penalised):
+            np.testing.assert_allclose(b, a / heads4.heads_efficiency(heads))
+    assert heads4.heads_efficiency(1) < heads4.heads_efficiency(8) < 1
+
+
 def test_an_ensemble_member_that_cannot_apply_is_one_clear_error():
     with pytest.raises(ValueError, match="already has one"):
-        load_ensemble().profiles(load_profile("h200-occupancy-v1"))
+        load_ensemble().profiles(member_profile(BASE, {"name": "c1", "heads_half": 1.0}))
     with pytest.raises(ValueError, match="unknown profile ensemble"):
         load_ensemble("nope")
 
@@ -80,11 +108,11 @@ def test_a_malformed_ensemble_file_is_one_clear_error(tmp_path, data, match):
         load_ensemble(path)
 
 
-def test_a_length_curve_member_on_an_occupancy_profile_is_one_clear_error():
-    from libra.sim.profiles.ensemble import member_profile  # noqa: PLC0415
-
+def test_a_member_of_the_other_kernel_model_is_one_clear_error():
     with pytest.raises(ValueError, match="does not price with"):
-        member_profile(load_profile("h200-occupancy-v1"), {"name": "slow", "rate_scale": 0.5})
+        member_profile(load_profile("h200-occupancy-v1"), {"name": "long", "half_length_scale": 4.0})
+    with pytest.raises(ValueError, match="prices with the length curve"):
+        member_profile(V1, {"name": "blocks", "block_cost_scale": 4.0})
 
 
 def _straggler(tmp_path, name, score_profile):
@@ -113,7 +141,7 @@ def test_a_plan_scored_with_another_profile_is_priced_by_that_profile(tmp_path):
 
 def test_score_profile_equal_to_profile_is_the_run_without_it(tmp_path):
     outs = {}
-    for name, extra in (("plain", []), ("same", ["--score-profile", "h100-roce-v1"]),
+    for name, extra in (("plain", []), ("same", ["--score-profile", DEFAULT_PROFILE]),
                         ("other", ["--score-profile", "h200-occupancy-v1"])):
         out = tmp_path / name
         res = CliRunner().invoke(main, ["straggler", *TINY, "--methods", "ulysses,libra", "--out", str(out), *extra])
@@ -152,7 +180,7 @@ def test_robustness_on_a_tiny_layout(tmp_path):
     truth = steps[steps["variant"] == "truth"]
     assert set(truth["method"]) == {"libra-adaptive"} and truth["member"].nunique() == 11
     assert steps[steps["variant"] == "default-planned"].groupby("method")["member"].nunique().eq(12).all()
-    assert json.loads((out / "run.json").read_text())["config"]["ensemble"]["name"] == "default-v1"
+    assert json.loads((out / "run.json").read_text())["config"]["ensemble"]["name"] == "default-v2"
     assert (out / "robustness.png").exists()
 
 

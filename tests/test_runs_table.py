@@ -51,7 +51,7 @@ def runs(tmp_path_factory):
 def test_every_method_of_every_run_side_by_side(runs):
     tables = load_runs(runs)
     m = tables.methods.set_index(["folder", "method"])
-    for run, profile in (("a", "h100-roce-v1"), ("b", "paper-inferred-v1")):
+    for run, profile in (("a", "h100-roce-v2"), ("b", "paper-inferred-v1")):
         summary = pd.read_csv(runs / run / "straggler_summary.csv").set_index("method")
         row = m.loc[(f"runs/{run}", "libra")]
         assert (row["workload"], row["profile"]) == ("mine.txt", profile)

@@ -19,7 +19,7 @@ from experiments.measured.sim_check import SimCheckConfig, sim_check, summarize,
 from libra.config import TapConfig
 from libra.data.windows import gbs_windows
 from libra.sim.cost import CostModel
-from libra.sim.profiles import load_profile
+from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
 from libra.tap.pipeline import ChunkSchedule, schedule_for_pool
 
@@ -69,7 +69,7 @@ def test_cli_rows_predictions_equal_cost_model(tmp_path, plan):
         assert (tmp_path / name).stat().st_size > 0
     df = pd.read_csv(tmp_path / "sim_check.csv")
     assert sorted(df.worker) == list(range(4))
-    prof = load_profile("h100-roce-v1")
+    prof = load_profile(DEFAULT_PROFILE)
     cost = CostModel(prof, Topology(prof, CFG.par())).price(plan)
     for r in df.itertuples():
         assert r.pred_fwd_ms == pytest.approx(cost.compute_fwd_ms[r.worker])
@@ -205,14 +205,14 @@ def test_a_profile_of_another_device_type_gets_no_verdict(tmp_path):
     # the two devices are apart, not how good the model is -- no met / NOT met verdict, and a note
     from experiments.measured.gpu_common import sim_check_verdict
 
-    assert load_profile("h100-roce-v1").kernel_device_type == "cuda"
-    cpu = dataclasses.replace(load_profile("h100-roce-v1"), source={"environment": {"device": "cpu"}})
+    assert load_profile("h100-roce-v2").kernel_device_type == "cuda"
+    cpu = dataclasses.replace(load_profile("h100-roce-v2"), source={"environment": {"device": "cpu"}})
     assert cpu.kernel_device_type == "cpu"
     assert dataclasses.replace(cpu, source={"environment": {"device": "cuda:1"}}).kernel_device_type == "cuda"
     res = CliRunner().invoke(sim_check, [*TINY, "--out", str(tmp_path / "gpu-profile")])
     assert res.exit_code == 0, res.output
     assert "target median <= 10%: no verdict (another device's profile)" in res.output
-    assert "profile h100-roce-v1 models a cuda kernel and this run measured on cpu" in res.output
+    assert "profile h100-roce-v2 models a cuda kernel and this run measured on cpu" in res.output
     summary = json.loads((tmp_path / "gpu-profile" / "run.json").read_text())["summary"]
     assert (summary["device_type"], summary["profile_device_type"]) == ("cpu", "cuda")
     base = {"median_within_target": False, "device_type": "cpu"}

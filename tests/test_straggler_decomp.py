@@ -51,7 +51,7 @@ def test_summary_and_record(nojitter):
     assert s.loc["ulysses-sorted", "mean_speedup"] > 1.0              # cross-step sorting alone helps here
     run = json.loads((out / "run.json").read_text())
     assert run["experiment"] == "straggler" and run["config"]["jitter"] is False
-    assert run["config"]["planner_options"]["1m"]["libra-kt"]["profile"] == "h100-roce-v1"
+    assert run["config"]["planner_options"]["1m"]["libra-kt"]["profile"] == "h100-roce-v2"
     assert not (out / "straggler-extension.csv").exists() and (out / "straggler.png").stat().st_size > 0
     for label in ("pool_balanced_ratio", *FACTORS, "flops_limit_speedup", "window_speedup_min", "loss decomposition"):
         assert label in output

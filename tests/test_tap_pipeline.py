@@ -128,7 +128,8 @@ def test_runtime_sends_what_the_cost_model_prices(name, hq, hkv, H, M, seed):
         planner = get_planner("libra-adaptive", **_options("libra-adaptive", M, H, B, dp), chunkings=("tiles",))
     elif name == RELAY:
         planner = get_planner("libra-adaptive", **_options("libra-adaptive", M, H, B, dp),
-                              candidates=("fine-retain-link-relay",), rebalance_passes=0)  # keep its relays
+                              candidates=("fine-retain-link-relay",), rebalance_passes=0,  # keep its relays
+                              profile="h100-roce-v1")  # whose placement of these tiny pools fans KV out
     else:
         planner = get_planner(name, **_options(name, M, H, B, dp))
     plan = planner.plan_window(window, par, shape)[0]

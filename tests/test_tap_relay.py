@@ -102,7 +102,8 @@ def _relayed_plan():
     window = [PackedSequence(i, n, np.arange(len(n))) for i, n in enumerate(lengths)]
     shape = AttentionShape(8, 2, 16, 8)
     planner = get_planner("libra-adaptive", pool_size=4, block_size=16, head_split=1, pipeline_chunks=2,
-                          candidates=("fine-retain-link-relay",))
+                          candidates=("fine-retain-link-relay",),
+                          profile="h100-roce-v1")  # the length-curve profile's placement fans KV out here
     plan = planner.plan_window(window, ParallelConfig(dp=4, cp=2, gbs=4, seq_len=256), shape)[0]
     return plan.validate(), shape
 

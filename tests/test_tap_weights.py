@@ -12,7 +12,7 @@ from libra.config import ParallelConfig, TapConfig
 from libra.data.packing import PackedSequence
 from libra.plan import Plan, PoolPlan, SequenceLayout, TileTable
 from libra.sim.cost import CostModel
-from libra.sim.profiles import load_profile
+from libra.sim.profiles import DEFAULT_PROFILE, load_profile
 from libra.sim.topology import Topology
 from libra.tap import build_transfers, kernel_time_weights, make_tiles, place_tiles, plan_pool
 from libra.workload import AttentionShape
@@ -135,7 +135,8 @@ def test_libra_kt_plans_validate_and_record_the_estimate():
     for p, r in zip(plans, ref):
         p.validate()
         assert p.method == "libra-kt" and p.meta["load_estimate"] == "kernel-time"
-        assert p.meta["kernel_profile"] == "h100-roce-v1" and p.meta["kernel"] == KERNEL.to_dict()
+        assert p.meta["kernel_profile"] == DEFAULT_PROFILE
+        assert p.meta["kernel"] == load_profile(DEFAULT_PROFILE).kernel.to_dict()
         assert r.meta["load_estimate"] == "flops"
         # same VRSP pools as libra: only the placement inside a pool may differ
         assert [[s.seq_id for s in pool.sequences] for pool in p.pools] == \

@@ -52,7 +52,6 @@ import numpy as np
 from libra import jit as jit_modules
 from libra.arrays import sorted_unique
 from libra.plan import HEADS, Plan
-from libra.sim.occupancy import occupancy_terms
 from libra.sim.profiles import LINK_CLASSES, HardwareProfile
 from libra.sim.structure import PoolStructures
 from libra.sim.topology import Topology
@@ -418,7 +417,7 @@ class CostModel:
         for seg, dest, chunk, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
             every = chunk < 0  # a slice of the segment in every call
             for p in range(2):
-                w, f = occupancy_terms(occ, seg, heads, ncalls, d, backward=p == 1)
+                w, f = self.kernel.occupancy_terms(seg, heads, ncalls, d, backward=p == 1)
                 work[p] += _by_chunk(dest, chunk, w, n, M)
                 np.maximum.at(floor[p], (dest[~every], chunk[~every]), f[~every])
                 top = np.zeros(n)

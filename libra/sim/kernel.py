@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from libra.sim.occupancy import KERNEL_MODELS, OCCUPANCY, OccupancyModel
+from libra.sim.occupancy import KERNEL_MODELS, OCCUPANCY, OccupancyModel, occupancy_terms
 from libra.workload import attention_flops, sample_area
 
 _BACKWARD_CURVE = ("backward_rate_inf_tflops", "backward_half_length", "backward_exponent")
@@ -71,7 +71,7 @@ class KernelModel:
         model: ``"length-curve"`` (the default: this module's per-segment model) or
             ``"occupancy"``: the cost model prices kernel calls with :attr:`occupancy`
             (:mod:`libra.sim.occupancy`); the length curve then still sets the best rate (the
-            balance bound's unit).
+            balance bound's unit), and ``heads_half`` adds its factor on top (:meth:`occupancy_terms`).
         occupancy: the :class:`~libra.sim.occupancy.OccupancyModel` (a dict is accepted); needed by
             and only allowed with ``model = "occupancy"``.
 
@@ -210,6 +210,17 @@ class KernelModel:
         """Forward time of whole causal documents, one kernel call each (the calibration geometry)."""
         area = sample_area(np.asarray(lengths, dtype=np.int64))
         return self.launch_ms + self.segment_forward_ms(area, heads, head_dim)
+
+    def occupancy_terms(self, seg: dict, heads, calls, head_dim: int, backward: bool):
+        """``(work, floor)`` of kernel segments under :attr:`occupancy`
+        (:func:`libra.sim.occupancy.occupancy_terms`), every block slowed by ``1 / h(n)`` where
+        ``heads_half > 0``: a heads-per-call penalty on top of the occupancy model's own (fewer
+        heads, fewer blocks to fill the SMs with)."""
+        work, floor = occupancy_terms(self.occupancy, seg, heads, calls, head_dim, backward)
+        if not self.heads_half:
+            return work, floor
+        slow = 1.0 / self.heads_efficiency(heads)
+        return work * slow, floor * slow
 
     def best_rate_tflops(self) -> float:
         """Highest forward rate the model allows (long segments, reference heads)."""

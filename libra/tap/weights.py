@@ -28,7 +28,6 @@ import numpy as np
 
 from libra.plan import PoolIndex, SequenceLayout, TileTable, segments
 from libra.sim.kernel import KernelModel
-from libra.sim.occupancy import occupancy_terms
 from libra.tap.pipeline import ChunkSchedule, check_chunks
 from libra.workload import AttentionShape
 
@@ -79,7 +78,7 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
     seg = segments(sequences, tiles, index)
     heads = sched.heads_per_call(seg["heads"])
     if kernel.occupancy is not None:  # the calls' summed block work, forward + backward
-        t = sum(occupancy_terms(kernel.occupancy, seg, heads, sched.chunks, shape.head_dim, backward)[0]
+        t = sum(kernel.occupancy_terms(seg, heads, sched.chunks, shape.head_dim, backward)[0]
                 for backward in (False, True))
         return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
     t = kernel.chunked_forward_ms(seg["area"], heads, shape.head_dim, sched.chunks, seg["kv_len"])

@@ -18,7 +18,7 @@ from libra.sim.kernel import KernelModel
 
 SCHEMA_VERSION = 1
 PROFILE_DIR = Path(__file__).resolve().parent
-DEFAULT_PROFILE = "h100-roce-v1"
+DEFAULT_PROFILE = "h100-roce-v2"
 LINK_CLASSES = ("nvlink", "roce", "inter_supernode")
 """Link classes every profile defines, fastest first (Libra sec. 6.1: NVLink in a node, RoCE between)."""
 

@@ -10,8 +10,13 @@ itself). The transformations (:data:`TRANSFORMS`):
   normalised at the profile's ``reference_heads`` (:class:`libra.sim.kernel.KernelModel`); only on
   a profile without one (``heads_half = 0``), since two such factors do not compose into one;
 * ``bandwidth_scale`` / ``latency_scale``: every link class's bandwidth / latency times the value;
-* ``half_length_scale`` / ``rate_scale``: the length curve's half length / best rate (forward and,
-  where there is one, backward) times the value; only on a length-curve kernel model.
+* ``half_length_scale``: the length curve's half length (forward and, where there is one,
+  backward) times the value; only on a length-curve kernel model;
+* ``block_cost_scale``: the occupancy model's fixed cost per thread block (both passes) times the
+  value, its counterpart of a longer half length (short segments and blocks run further below the
+  best rate); only on an occupancy kernel model;
+* ``rate_scale``: the kernel's best rate times the value: the length curve's best rates, and on an
+  occupancy model also every block's and tile's cost divided by it.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from pathlib import Path
 from libra.sim.profiles import PROFILE_DIR, HardwareProfile, profile_from_dict
 
 ENSEMBLE_DIR = PROFILE_DIR / "ensembles"
-DEFAULT_ENSEMBLE = "default-v1"
-TRANSFORMS = ("heads_half", "bandwidth_scale", "latency_scale", "half_length_scale", "rate_scale")
+DEFAULT_ENSEMBLE = "default-v2"
+TRANSFORMS = ("heads_half", "bandwidth_scale", "latency_scale", "half_length_scale", "block_cost_scale",
+              "rate_scale")
 _CURVE = {"half_length_scale": ("half_length", "backward_half_length"),
           "rate_scale": ("rate_inf_tflops", "backward_rate_inf_tflops")}
+_LENGTH_CURVE_ONLY, _OCCUPANCY_ONLY = ("half_length_scale",), ("block_cost_scale",)
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,8 @@ def member_profile(base: HardwareProfile, member: dict) -> HardwareProfile:
     ``<base>+<member>`` and recording the member in its ``source``.
 
     Raises:
-        ValueError: ``heads_half`` on a profile that already has one, a length-curve transformation
-            on an occupancy kernel model, or a result the profile schema rejects.
+        ValueError: ``heads_half`` on a profile that already has one, a transformation of the other
+            kernel model than ``base``'s, or a result the profile schema rejects.
     """
     if set(member) == {"name"}:
         return base
@@ -123,6 +130,9 @@ def member_profile(base: HardwareProfile, member: dict) -> HardwareProfile:
         for key in keys:
             if kernel.get(key) is not None:
                 kernel[key] *= member.get(transform, 1.0)
+    for cost in (kernel["occupancy"]["forward"], kernel["occupancy"]["backward"]) if "occupancy" in kernel else ():
+        cost["block_ms"] *= member.get("block_cost_scale", 1.0) / member.get("rate_scale", 1.0)
+        cost["tile_ms"] /= member.get("rate_scale", 1.0)
     data["name"] = f"{base.name}+{member['name']}"
     data["source"] = {**data["source"], "ensemble_member": dict(member)}
     return profile_from_dict(data, origin=f"{base.name} + ensemble member {member['name']!r}")
@@ -130,12 +140,16 @@ def member_profile(base: HardwareProfile, member: dict) -> HardwareProfile:
 
 def member_conflict(base: HardwareProfile, member: dict) -> str | None:
     """Why ``base`` cannot take ``member``'s transformations (None: it can): a heads-per-call factor
-    on a profile that has one (two such factors do not compose into one), or a length-curve scale
-    on an occupancy kernel model (which prices without that curve)."""
+    on a profile that has one (two such factors do not compose into one), or a scale of the other
+    kernel model than ``base``'s (the half length on an occupancy model, the block cost on a length
+    curve)."""
     if "heads_half" in member and base.kernel.heads_half:
         return (f"ensemble member {member['name']!r} adds a heads-per-call factor, and profile "
                 f"{base.name} already has one (heads_half = {base.kernel.heads_half})")
-    if base.kernel.occupancy is not None and any(t in member for t in _CURVE):
-        return (f"ensemble member {member['name']!r} scales the length curve, which profile "
+    if base.kernel.occupancy is not None and any(t in member for t in _LENGTH_CURVE_ONLY):
+        return (f"ensemble member {member['name']!r} scales the length curve's half length, which profile "
                 f"{base.name}'s occupancy kernel model does not price with")
+    if base.kernel.occupancy is None and any(t in member for t in _OCCUPANCY_ONLY):
+        return (f"ensemble member {member['name']!r} scales the occupancy model's block cost, and profile "
+                f"{base.name} prices with the length curve")
     return None
