@@ -110,7 +110,7 @@ paper-inferred: $(STAMP)  ## profile sensitivity: fit the inter-supernode link t
 extensions: $(STAMP)  ## every registered method (adds libra-kt, libra-adaptive; not in the paper) on libra-prod
 	$(BENCH) straggler --workload libra-prod --methods all --out results/straggler-extensions $(RESULTS)
 
-robustness: $(STAMP)  ## every method's speedup over Ulysses and its range over the profile ensemble default-v1 (planned with the default profile vs each member's own) on libra-prod, Wikipedia and ProLong
+robustness: $(STAMP)  ## every method's speedup over Ulysses and its range over the profile ensemble default-v2 (planned with the default profile vs each member's own) on libra-prod, Wikipedia and ProLong
 	$(BENCH) robustness --workload libra-prod --out results/robustness/libra-prod $(RESULTS)
 	$(BENCH) robustness --workload $(WORKLOADS)/flexsp_wikipedia.txt.gz --out results/robustness/wikipedia $(RESULTS)
 	$(BENCH) robustness --workload $(WORKLOADS)/distca_dist_prolong.json --out results/robustness/prolong $(RESULTS)
