@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tap_strategies import gqa_pools, oracle_place, placed_with, pools, scattered_pools
 
-from libra.plan import SequenceLayout, TileTable
+from libra.plan import SequenceLayout, TileTable, pool_index
 from libra.tap import build_transfers, make_tiles, place_tiles
 from libra.tap.placement import (
+    PlacementArrays,
     PlacementPolicy,
     _place_dense,
     _place_grouped,
@@ -31,6 +32,11 @@ def _seq(seq_id, lengths, holders, per_rank):
 
 def _loads(placed, workers):
     return {w: float(placed.flops[placed.dest == w].sum()) for w in workers}
+
+
+def _arrays(sequences, wsorted, order, load, cap) -> PlacementArrays:
+    """The bundle ``place_tiles`` builds, with nothing reserved and every moved byte costing 1."""
+    return PlacementArrays(wsorted, order, load, cap, np.zeros(len(wsorted)), pool_index(sequences))
 
 
 def test_home_first_and_least_communication():
@@ -153,8 +159,9 @@ def test_grouped_equals_dense(pool):
     w = np.array(sorted(workers))
     cap = 1.03 * tiles.flops.sum() / len(w)
     order = np.argsort(-tiles.flops, kind="stable")
-    d1, f1 = _place_grouped(tiles, sequences, w, shape, order, cap)
-    d2, f2 = _place_dense(tiles, sequences, w, shape, order, cap)
+    arrays = _arrays(sequences, w, order, tiles.flops, cap)
+    d1, f1 = _place_grouped(tiles, shape, arrays)
+    d2, f2 = _place_dense(tiles, sequences, shape, arrays)
     assert np.array_equal(d1, d2) and f1 == f2
 
 
@@ -280,8 +287,9 @@ def test_grouped_and_dense_agree_under_weights(pool, tau, seed):
     wsorted = np.sort(np.asarray(workers))
     order = np.argsort(-w, kind="stable")
     cap = (1.0 + tau) * w.sum() / len(wsorted)
-    d1, f1 = _place_grouped(tiles, sequences, wsorted, shape, order, cap, w)
-    d2, f2 = _place_dense(tiles, sequences, wsorted, shape, order, cap, w)
+    arrays = _arrays(sequences, wsorted, order, w, cap)
+    d1, f1 = _place_grouped(tiles, shape, arrays)
+    d2, f2 = _place_dense(tiles, sequences, shape, arrays)
     assert d1.tolist() == d2.tolist() and f1 == f2
 
 

@@ -44,7 +44,8 @@ avoid per-worker function calls.
 Compiled placer: with numba installed (``pip install -e '.[fast]'``), :func:`place_tiles` runs the
 kernels of :mod:`libra.jit.placement` instead (``placer="auto"``, the default; force either
 with ``placer="numba"`` / ``"python"``). They make the same choices as the loops above (which stay
-the oracle and the fallback), from the same inputs (:func:`_grouped_base`, :func:`_dense_inputs`).
+the oracle and the fallback), from the same inputs: one :class:`PlacementArrays` per pool, built
+once by :func:`place_tiles`, and :func:`_grouped_base` / :func:`_dense_inputs` derived from it.
 :func:`default_placer` names the placer ``auto`` runs (record it with timings); :func:`warmup`
 compiles the kernels (once per process).
 """
@@ -55,13 +56,14 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
 from libra import jit as jit_modules
 from libra.arrays import lexsort, sorted_unique
 from libra.config import TapConfig, check_tau
-from libra.plan import SequenceLayout, TileTable, kv_need_start, pool_index
+from libra.plan import PoolIndex, SequenceLayout, TileTable, kv_need_start, pool_index
 from libra.tap.tiles import PoolTiles, kv_atoms
 from libra.workload import AttentionShape, kv_bytes, o_bytes, q_bytes
 
@@ -162,6 +164,34 @@ PAPER_POLICY = PlacementPolicy()
 """Algorithm 2 as in the paper: heaviest first, every moved byte costs 1, nothing reserved."""
 
 
+class PlacementArrays(NamedTuple):
+    """One pool's Algorithm 2 inputs beside its tiles (Libra sec. 4.3.2): what :func:`place_tiles`
+    resolves once from ``weights``, ``tau`` and a :class:`PlacementPolicy`, handed whole to every
+    placer (grouped, dense, and the compiled kernels, which :func:`_place_compiled` gives them
+    one by one), so that all of them place from the very same arrays. No placer writes to them.
+
+    Attributes:
+        wsorted: int64 ``(W,)`` the pool's global worker ids, ascending; a placer's worker index is
+            a position here, so "lowest index" on ties is the lowest id.
+        order: int64 ``(T,)`` the order tiles are placed in (a permutation of the tiles).
+        load: float64 ``(T,)`` each tile's load: its FLOPs or the caller's ``weights``.
+        cap: the soft target ``C`` (:func:`soft_target`).
+        base: float64 ``(W,)`` each worker's load before any tile, in ``wsorted`` order
+            (:func:`reserved_loads`; zeros in the paper).
+        index: the pool's :class:`~libra.plan.PoolIndex` (its global token axis).
+        lw: int64 ``(W, W)`` cost of a byte between workers (:func:`link_matrix`), or None: every
+            moved byte costs 1, as in the paper (the only case the grouped placers take).
+    """
+
+    wsorted: np.ndarray
+    order: np.ndarray
+    load: np.ndarray
+    cap: float
+    base: np.ndarray
+    index: PoolIndex
+    lw: np.ndarray | None = None
+
+
 def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: Sequence[int],
                 shape: AttentionShape, tau: float = TapConfig.tau, weights=None,
                 policy: PlacementPolicy = PAPER_POLICY, placer: str = "auto") -> tuple[TileTable, int]:
@@ -213,14 +243,13 @@ def place_tiles(tiles: TileTable, sequences: Sequence[SequenceLayout], workers: 
     order = (np.argsort(-load, kind="stable") if policy.order is None  # heaviest first
              else _check_order(policy.order, n_tiles))
     lw = None if policy.link_cost is None else link_matrix(policy.link_cost, wsorted)
-    comm_aware = policy.comm_aware
+    arrays = PlacementArrays(wsorted, order, load, cap, base, idx, lw)
     if jit is not None:
-        dest_idx, fallback = _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx,
-                                             comm_aware, lw, base)
-    elif comm_aware:
+        dest_idx, fallback = _place_compiled(jit, tiles, sequences, shape, arrays, policy.comm_aware)
+    elif policy.comm_aware:
         dense = lw is not None or not is_block_partition(tiles)
-        dest_idx, fallback = (_place_dense(tiles, sequences, wsorted, shape, order, cap, load, idx, lw, base) if dense
-                              else _place_grouped(tiles, sequences, wsorted, shape, order, cap, load, idx, base))
+        dest_idx, fallback = (_place_dense(tiles, sequences, shape, arrays) if dense
+                              else _place_grouped(tiles, shape, arrays))
     else:
         dest_idx, fallback = _place_flops_only(load.tolist(), order, base, cap)
     cols = {k: getattr(tiles, k) for k in TileTable.FIELDS}
@@ -257,16 +286,18 @@ def placer_module(placer: str):
     return jit_modules.select("placement", placer, "placer")
 
 
-def _place_compiled(jit, tiles, sequences, wsorted, shape, order, cap, load, idx, comm_aware, lw, base):
+def _place_compiled(jit, tiles, sequences, shape, arrays: PlacementArrays, comm_aware: bool):
     """``(dest pool indices, fallbacks)`` from the compiled kernels (same choices as the Python
     placers: grouped for SH-tiles, dense for other tiles or link-priced placement, least-loaded
-    when not comm-aware), from the ``(W,)`` starting loads ``base``."""
+    when not comm-aware). The kernels take their arrays one by one, so the bundle is unpacked
+    here, the one place that knows both signatures."""
+    a = arrays
     if not comm_aware:
-        return jit.place_flops_only(order, load, cap, base)
-    if lw is None and is_block_partition(tiles):
-        return jit.place_grouped(_grouped_base(tiles, idx, wsorted, shape), order, load, cap, base)
-    return jit.place_dense(_dense_inputs(tiles, sequences, wsorted, shape, idx, lw), tiles.seq, order, load, cap,
-                           base)
+        return jit.place_flops_only(a.order, a.load, a.cap, a.base)
+    if a.lw is None and is_block_partition(tiles):
+        return jit.place_grouped(_grouped_base(tiles, a.index, a.wsorted, shape), a.order, a.load, a.cap, a.base)
+    return jit.place_dense(_dense_inputs(tiles, sequences, a.wsorted, shape, a.index, a.lw), tiles.seq, a.order,
+                           a.load, a.cap, a.base)
 
 
 def reserved_loads(reserved, workers, wsorted: np.ndarray) -> np.ndarray:
@@ -387,30 +418,28 @@ def _dense_inputs(tiles, sequences, wsorted, shape, index=None, lw=None) -> dict
             "lw": lw}
 
 
-def _place_dense(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None, lw=None, reserved=None):
+def _place_dense(tiles, sequences, shape, arrays: PlacementArrays):
     """Reference Algorithm 2 on token-segment bitmaps: scores every worker for every tile.
 
     Exact for any tiles (used when tiles of one sequence are not a block partition, and by the
     tests as the oracle for :func:`_place_grouped`). ``missing[s][b, w, k]`` = KV bytes (priced
-    by link with ``lw``) of atom ``b`` that worker ``w`` lacks in token segment ``k`` of sequence
-    ``s`` (:func:`_missing_bytes`). ``tile_load``:
-    ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`;
-    ``lw``: the ``(W, W)`` cost of a byte between workers (:func:`link_matrix`; default bytes);
-    ``reserved``: ``(W,)`` starting loads (default 0).
+    by link with ``arrays.lw``; None: bytes) of atom ``b`` that worker ``w`` lacks in token
+    segment ``k`` of sequence ``s`` (:func:`_missing_bytes`). Tiles go in ``arrays.order`` with
+    loads ``arrays.load`` onto workers starting at ``arrays.base`` (:class:`PlacementArrays`).
     """
-    n_workers = len(wsorted)
-    d = _dense_inputs(tiles, sequences, wsorted, shape, index, lw)
+    cap = arrays.cap
+    d = _dense_inputs(tiles, sequences, arrays.wsorted, shape, arrays.index, arrays.lw)
     missing = _missing_bytes(d)
     qo_cost = d["lw"].astype(np.float64)  # row h: the cost of one Q/O byte between Q-home h and each worker
-    loads = np.zeros(n_workers) if reserved is None else np.array(reserved, dtype=np.float64)
+    loads = np.array(arrays.base, dtype=np.float64)  # a copy: the bundle is never written
     dest = np.empty(len(tiles), dtype=np.int64)
     fallback = 0
     seq_l, widx_l = tiles.seq.tolist(), d["home"].tolist()
     qo_l = d["qo"].astype(np.float64).tolist()
     s0_l, s1_l, a0_l, a1_l = d["seg0"].tolist(), d["seg1"].tolist(), d["a0"].tolist(), d["a1"].tolist()
-    flops_l = (tiles.flops if tile_load is None else tile_load).tolist()
+    flops_l = arrays.load.tolist()
     inf = np.inf
-    for t in order.tolist():
+    for t in arrays.order.tolist():
         f, h = flops_l[t], widx_l[t]
         miss = missing[seq_l[t]]
         i0, i1, b0, b1 = s0_l[t], s1_l[t], a0_l[t], a1_l[t]
@@ -442,7 +471,7 @@ def is_block_partition(tiles: TileTable) -> bool:
     return bool(np.all((seq[1:] != seq[:-1]) | same | (qe[:-1] <= qs[1:])))
 
 
-def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None, index=None, reserved=None):
+def _place_grouped(tiles, shape, arrays: PlacementArrays):
     """Algorithm 2 on per-KV-group state (exact for block-partitioned tiles, the SH-tile case).
 
     A tile's KV need splits into its *first* sample's prefix ``[s_f, n_f)`` (which may reach back
@@ -454,20 +483,20 @@ def _place_grouped(tiles, sequences, wsorted, shape, order, cap, tile_load=None,
     Q-home can cost less than ``Q + O + all KV bytes``; every other worker costs exactly that, so
     among them only the least-loaded one (a lazy heap) can win. The Q-home wins outright when it
     has room and holds the tile's whole KV interval (cost 0; everyone else pays at least Q + O).
-    All positions are on the pool's global token axis (:func:`pool_index`). ``tile_load``:
-    ``(T,)`` per-tile load (default ``tiles.flops``); ``index``: the pool's :class:`PoolIndex`
-    (built when None); ``reserved``: ``(W,)`` starting loads (default 0).
+    All positions are on the pool's global token axis (``arrays.index``). Tiles go in
+    ``arrays.order`` with loads ``arrays.load`` onto workers starting at ``arrays.base``
+    (:class:`PlacementArrays`; ``arrays.lw`` must be None: every moved byte costs 1).
 
     Per-tile inputs come from :func:`_grouped_tiles`; the running state, the choice and the one
     scoring rule live in :class:`_KVGroupState`.
     """
-    idx = pool_index(sequences) if index is None else index
-    rows, home, free, atom_bytes = _grouped_tiles(tiles, idx, wsorted, shape)
-    state = _KVGroupState(np.zeros(len(wsorted)) if reserved is None else reserved, cap, atom_bytes)
+    cap = arrays.cap
+    rows, home, free, atom_bytes = _grouped_tiles(tiles, arrays.index, arrays.wsorted, shape)
+    state = _KVGroupState(arrays.base, cap, atom_bytes)
     loads, heap, push = state.loads, state.heap, heapq.heappush
-    load_l = (tiles.flops if tile_load is None else tile_load).tolist()
+    load_l = arrays.load.tolist()
     dest = [0] * len(tiles)
-    for t in order.tolist():
+    for t in arrays.order.tolist():
         f, h = load_l[t], home[t]
         if free[t] and loads[h] + f <= cap:
             w = h  # the Q-home holds all it needs: cost 0, and nothing new to record
