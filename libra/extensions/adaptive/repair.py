@@ -23,9 +23,40 @@ makes the same moves (numba). Deterministic: a pure function of its inputs.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from libra.tap.placement import placer_module
+
+
+class _RepairArrays(NamedTuple):
+    """One repair's arrays, built once by :func:`repair_overload` and read by either loop (the
+    Python :func:`_repair_python` takes them whole, the compiled kernel one by one), so both run
+    on the very same inputs.
+
+    Attributes:
+        dest: int64 ``(T,)`` pool index of each tile's worker; the loops update it in place.
+        load: float64 ``(T,)`` tile loads.
+        loads: float64 ``(W,)`` each worker's load (its base plus its tiles); updated in place.
+        cap: the soft target ``C``.
+        over: the workers above ``cap``, in repair order (the most loaded first, ties by id).
+        by_worker: tile ids grouped by worker, each worker's in leaving order (decreasing priority,
+            ties by tile index); ``starts``: int ``(W + 1,)``: worker ``w``'s tiles are
+            ``by_worker[starts[w]:starts[w + 1]]``.
+        home: int64 ``(T,)`` pool index of each tile's Q-home.
+        lw: int64 ``(W, W)`` cost of a byte between workers.
+    """
+
+    dest: np.ndarray
+    load: np.ndarray
+    loads: np.ndarray
+    cap: float
+    over: np.ndarray
+    by_worker: np.ndarray
+    starts: np.ndarray
+    home: np.ndarray
+    lw: np.ndarray
 
 
 def repair_overload(dest: np.ndarray, load: np.ndarray, base: np.ndarray, cap: float, priority: np.ndarray,
@@ -59,10 +90,13 @@ def repair_overload(dest: np.ndarray, load: np.ndarray, base: np.ndarray, cap: f
     over = over[np.lexsort((over, -loads[over]))]  # the most loaded first, ties by id
     by_worker = np.lexsort((np.arange(len(dest)), -np.asarray(priority, dtype=np.float64), dest))
     starts = np.searchsorted(dest[by_worker], np.arange(len(base) + 1))
+    r = _RepairArrays(dest, load, loads, float(cap), over, by_worker, starts, np.asarray(home, dtype=np.int64),
+                      np.asarray(lw, dtype=np.int64))
     jit = placer_module(placer)
-    run = _repair_python if jit is None else jit.repair_overload
-    moved = run(dest, load, loads, float(cap), over, by_worker, starts, np.asarray(home, dtype=np.int64),
-                np.asarray(lw, dtype=np.int64))
+    if jit is None:
+        moved = _repair_python(r)
+    else:  # the compiled kernel takes its arrays one by one
+        moved = jit.repair_overload(r.dest, r.load, r.loads, r.cap, r.over, r.by_worker, r.starts, r.home, r.lw)
     return dest, int(moved)
 
 
@@ -78,14 +112,15 @@ def _check(dest, load, base, priority, home, lw) -> None:
             raise ValueError(f"repair_overload: {name} must index the {n} workers")
 
 
-def _repair_python(dest, load, loads, cap, over, by_worker, starts, home, lw) -> int:
-    """The repair loop (``dest`` and ``loads`` updated in place); returns the tiles moved.
-
-    ``over``: the workers above ``cap`` in repair order; ``by_worker[starts[w]:starts[w + 1]]``:
-    worker ``w``'s tiles in leaving order."""
+def _repair_python(r: _RepairArrays) -> int:
+    """The repair loop (``r.dest`` and ``r.loads`` updated in place); returns the tiles moved.
+    Each overloaded worker (``r.over``, in order) sheds its tiles in leaving order
+    (:class:`_RepairArrays`) until it is within ``r.cap`` or none of its tiles fits elsewhere."""
+    dest, load, loads, cap, by_worker, starts, home, lw = (r.dest, r.load, r.loads, r.cap, r.by_worker, r.starts,
+                                                           r.home, r.lw)
     moved = 0
     ids = np.arange(len(loads))
-    for w in over.tolist():
+    for w in r.over.tolist():
         for t in by_worker[starts[w]:starts[w + 1]].tolist():
             if loads[w] <= cap:
                 break
