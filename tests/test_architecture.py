@@ -29,7 +29,6 @@ MAX_PARAMETERS = 8
 MAX_KERNEL_PARAMETERS = 12
 """A compiled kernel (``libra/jit/``) takes its arrays one by one, up to this many."""
 MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take more than MAX_PARAMETERS
-    "libra/jit/exchange.py:transfer_rows": "compiled kernel: every pool index array of the exchange",
     "libra/tap/placement.py:_place_compiled": "adapter that hands Alg. 2's arrays to the compiled placer",
     "libra/tap/placement.py:_place_dense": "Alg. 2's dense loop on the arrays _place_compiled also takes",
     "libra/tap/placement.py:_place_grouped": "Alg. 2's grouped loop on the same arrays",
