@@ -269,13 +269,15 @@ def _kv_rows(u_dst, u_atom, u_lo, u_hi, h_start, h_end, h_worker, w, span, n_ato
 
 
 @_njit
-def transfer_rows(home, dest, seq, q_start, q_end, head_start, head_end, base, offs, h_start, h_end, h_worker,
-                  h_seq, group, n_seq, q_unit, kv_unit):
+def transfer_rows(home, dest, seq, q_start, q_end, head_start, head_end, index, group, n_seq, q_unit, kv_unit):
     """``(ok, columns)``: the TransferTable columns ``(kind, src, dst, seq, tok_start, tok_end,
     head_start, head_end, nbytes)``, Q rows, KV rows, then O rows (Q reversed); ``ok`` False (and
     empty columns) when a value is negative, a tile is empty, a packed key would overflow or an id
-    is too large (the caller then takes the numpy path). ``group``: query heads per KV head;
+    is too large (the caller then takes the numpy path). ``index``: the pool's
+    :class:`~libra.plan.layout.PoolIndex` (or a plain tuple of its six arrays in its field order),
+    passed whole because its arrays always travel together; ``group``: query heads per KV head;
     ``q_unit``, ``kv_unit``: bytes of one token of one head of Q and of K+V."""
+    base, offs, h_start, h_end, h_worker, h_seq = index
     ok, w, hr, t, t1, span = _radix(home, dest, q_start, q_end, head_start, head_end, base, h_start, h_end,
                                     h_worker, group, n_seq)
     nq, nk = 0, 0

@@ -341,8 +341,8 @@ def warmup() -> float:
 def _compiled(jit, tiles: TileTable, shape: AttentionShape, idx: PoolIndex, n_seq: int) -> TransferTable | None:
     """The kernel's table; None when the kernel declines (see :func:`_radix`)."""
     ok, cols = jit.transfer_rows(tiles.q_home, tiles.dest, tiles.seq, tiles.q_start, tiles.q_end, tiles.head_start,
-                                 tiles.head_end, idx.base, idx.offs, idx.h_start, idx.h_end, idx.h_worker, idx.h_seq,
-                                 shape.group_size, n_seq, q_bytes(1, 1, shape.head_dim, shape.dtype_bytes),
+                                 tiles.head_end, idx, shape.group_size, n_seq,
+                                 q_bytes(1, 1, shape.head_dim, shape.dtype_bytes),
                                  kv_bytes(1, 1, shape.head_dim, shape.dtype_bytes))
     return TransferTable(**dict(zip(TransferTable.FIELDS, cols))) if ok else None
 
