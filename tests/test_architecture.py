@@ -36,8 +36,6 @@ MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take mo
     "libra/extensions/adaptive/repair.py:_repair_python": "the Python twin of a compiled kernel's arrays",
     "experiments/measured/microbench.py:make_config": "microbench's options await a config dataclass",
     "experiments/measured/microbench.py:_time_calls": "one rank's timing loop: its tensors and timing options",
-    "experiments/measured/gpu_common.py:time_whole_sequence": "kernel geometry and timing options await a config",
-    "experiments/measured/gpu_common.py:make_inputs": "kernel geometry of one input set, one by one",
 }
 
 

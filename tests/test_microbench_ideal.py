@@ -148,8 +148,8 @@ def test_paired_ideal_times_the_sequence_this_rank_holds(monkeypatch):
 
     timed = []
     monkeypatch.setattr(gpu_common, "time_whole_sequence",
-                        lambda backend, lengths, qh, kvh, d, dtype, device, warmup, repeats, seed, **k:
-                        timed.append((seed, warmup, repeats)) or {"ms": float(sum(lengths))})
+                        lambda backend, lengths, geom, timing, seed:
+                        timed.append((seed, timing.warmup, timing.repeats)) or {"ms": float(sum(lengths))})
     cfg = {"q_heads": 4, "kv_heads": 2, "head_dim": 8, "warmup": 0, "repeats": 1, "seed": 100, "backward": True}
     par = ParallelConfig(dp=2, cp=2, gbs=4, seq_len=512)
     window = gbs_windows("libra-prod", 512, 4, 1, seed=3)[0]

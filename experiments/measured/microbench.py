@@ -402,12 +402,12 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
 def _paired_ideal_ms(plan, me: int, cfg: dict, backend, dtype, device) -> float:
     """This rank's part of one repetition's paired ideal (module docstring): the time (ms) of one
     whole-sequence attention call of the packed sequence its DP rank holds in ``plan``."""
-    from experiments.measured.gpu_common import time_whole_sequence  # noqa: PLC0415
+    from experiments.measured.gpu_common import KernelGeometry, TimingOptions, time_whole_sequence  # noqa: PLC0415
 
     seq = next(s for s in plan.pool_of_worker(me).sequences if me in s.holder_worker)
-    return time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], dtype,
-                               device, 0, 1, seed=cfg["seed"] + seq.seq_id,
-                               backward=cfg["backward"])["ms"]
+    geom = KernelGeometry(cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], dtype, device)
+    once = TimingOptions(warmup=0, repeats=1, backward=cfg["backward"])  # one call right after each repetition
+    return time_whole_sequence(backend, seq.sample_lengths, geom, once, seed=cfg["seed"] + seq.seq_id)["ms"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,7 +424,7 @@ def measure_ideal(cfg: dict, window_ids: list[int]) -> dict:
     """
     import torch  # noqa: PLC0415
 
-    from experiments.measured.gpu_common import time_whole_sequence  # noqa: PLC0415
+    from experiments.measured.gpu_common import KernelGeometry, TimingOptions, time_whole_sequence  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
     from libra.runtime.kernels import get_backend  # noqa: PLC0415
 
@@ -433,14 +433,14 @@ def measure_ideal(cfg: dict, window_ids: list[int]) -> dict:
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     backend = get_backend(cfg["backend"], device)
+    geom = KernelGeometry(cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], dtype, device)
+    timing = TimingOptions(warmup=cfg["warmup"], repeats=cfg["repeats"], backward=cfg["backward"])
     windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
     out = {}
     for w in window_ids:
         rows = []
         for seq in windows[w]:
-            t = time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"],
-                                    dtype, device, cfg["warmup"], cfg["repeats"], seed=cfg["seed"] + seq.seq_id,
-                                    backward=cfg["backward"])
+            t = time_whole_sequence(backend, seq.sample_lengths, geom, timing, seed=cfg["seed"] + seq.seq_id)
             rows.append({"window": int(w), "seq_id": int(seq.seq_id), "ideal_seq_ms": t["ms"],
                          "fwd_ms": t["fwd_ms"], "bwd_ms": t["bwd_ms"]})
         out[str(w)] = rows
