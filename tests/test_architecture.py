@@ -35,7 +35,6 @@ MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take mo
     "libra/tap/placement.py:_place_grouped": "Alg. 2's grouped loop on the same arrays",
     "libra/extensions/adaptive/repair.py:_repair_python": "the Python twin of a compiled kernel's arrays",
     "experiments/measured/microbench.py:make_config": "microbench's options await a config dataclass",
-    "experiments/measured/microbench.py:_time_calls": "one rank's timing loop: its tensors and timing options",
 }
 
 

@@ -167,9 +167,9 @@ def _warmups_of_bench_rank(rank, world, cfg, keys):
     seen = []
     real = mb._time_calls
 
-    def recording(runner, q, k, v, do, repeats, warmup, *args, **kwargs):
-        seen.append(warmup)
-        return real(runner, q, k, v, do, repeats, warmup, *args, **kwargs)
+    def recording(runner, inputs, timing, *args, **kwargs):
+        seen.append(timing.warmup)
+        return real(runner, inputs, timing, *args, **kwargs)
 
     mb._time_calls = recording
     mb.bench_rank(rank, world, cfg, keys)

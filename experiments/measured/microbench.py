@@ -231,9 +231,15 @@ def _local_tensors(ranges, seq_ids, shape, dtype, device, seed):
     return [torch.cat(parts[n]).to(device=device, dtype=dtype) for n in ("q", "k", "v", "do")]
 
 
-def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_group, after_each=None):
+def _time_calls(runner, inputs, timing, device, world_group=None, after_each=None):
     """Per repetition: barrier, then one complete core-attention call, then ``after_each()`` (when
     given; untimed here, it times itself: the paired ideal's ms).
+
+    Args:
+        inputs: this worker's ``(q, k, v, do)`` (:func:`_local_tensors`).
+        timing: ``warmup`` untimed then ``repeats`` timed repetitions; ``backward``: each call runs
+            ``out.backward(do)`` too (:class:`experiments.measured.gpu_common.TimingOptions`).
+        world_group: the group of the barrier (None: the default group).
 
     Returns ``(wall s, process CPU s, compute s, comm wait s, after_each ms)`` arrays of the timed
     repetitions (the last NaN without ``after_each``) and the peak transient bytes.
@@ -241,8 +247,10 @@ def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_gr
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
+    q, k, v, do = inputs
+    warmup, backward = timing.warmup, timing.backward
     times, cpu, compute, wait, after, peak = [], [], [], [], [], 0
-    for r in range(warmup + repeats):
+    for r in range(warmup + timing.repeats):
         qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
         stats = runner.stats
         if isinstance(stats, dict):
@@ -331,6 +339,7 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     """
     import torch  # noqa: PLC0415
 
+    from experiments.measured.gpu_common import TimingOptions  # noqa: PLC0415
     from experiments.measured.training.ranks import gather_rank_records, spawn_coords  # noqa: PLC0415
     from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
@@ -350,10 +359,10 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
             warmup = max(cfg["warmup"], FIRST_STEP_WARMUP) if i == 0 and method not in warmed else cfg["warmup"]
             warmed.add(method)
             runner, ranges, seq_ids, chunks, P = _runner(method, plan, cfg, groups, backend, shape, me)
-            q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
+            inputs = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
             ideal = partial(_paired_ideal_ms, plan, me, cfg, backend, dtype, device) if cfg["paired_ideal"] else None
-            times, cpu, compute, wait, paired, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], warmup,
-                                                                  cfg["backward"], device, None, after_each=ideal)
+            timing = TimingOptions(warmup=warmup, repeats=cfg["repeats"], backward=cfg["backward"])
+            times, cpu, compute, wait, paired, peak = _time_calls(runner, inputs, timing, device, after_each=ideal)
             st = runner.stats
             sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
             sent = sent / max(1, warmup + cfg["repeats"]) if isinstance(st, dict) else sent

@@ -178,17 +178,19 @@ def _interleave(step: dict, cfg: dict, env: tuple, warmup: int, world: int) -> d
     the ``(world, k)`` matrix of every rank's measurements (microbench's layout, :func:`_step_row`)."""
     import torch  # noqa: PLC0415
 
+    from experiments.measured.gpu_common import TimingOptions  # noqa: PLC0415
     from libra.runtime.groups import all_gather_single  # noqa: PLC0415
 
     groups, backend, shape, me, dtype, device = env
+    once = TimingOptions(warmup=0, repeats=1, backward=cfg["backward"])  # one call per method per round
     prepared = {}
     for m, plan in step.items():
         runner, ranges, seq_ids, chunks, P = _runner(m, plan, cfg, groups, backend, shape, me)
         prepared[m] = (runner, _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"]), chunks, P)
     got = {m: [] for m in step}
     for r in range(warmup + cfg["repeats"]):
-        for m, (runner, (q, k, v, do), _, _) in prepared.items():
-            res = _time_calls(runner, q, k, v, do, 1, 0, cfg["backward"], device, None)
+        for m, (runner, inputs, _, _) in prepared.items():
+            res = _time_calls(runner, inputs, once, device)
             if r >= warmup:
                 got[m].append([float(x[0]) for x in res[:4]])
     out = {}
