@@ -34,7 +34,6 @@ MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take mo
     "libra/tap/placement.py:_place_dense": "Alg. 2's dense loop on the arrays _place_compiled also takes",
     "libra/tap/placement.py:_place_grouped": "Alg. 2's grouped loop on the same arrays",
     "libra/extensions/adaptive/repair.py:_repair_python": "the Python twin of a compiled kernel's arrays",
-    "experiments/measured/microbench.py:make_config": "microbench's options await a config dataclass",
 }
 
 
