@@ -29,10 +29,6 @@ MAX_PARAMETERS = 8
 MAX_KERNEL_PARAMETERS = 12
 """A compiled kernel (``libra/jit/``) takes its arrays one by one, up to this many."""
 MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take more than MAX_PARAMETERS
-    "experiments/measured/microbench.py:make_config": "microbench's options await a config dataclass",
-    "experiments/measured/microbench.py:_time_calls": "one rank's timing loop: its tensors and timing options",
-    "experiments/measured/gpu_common.py:time_whole_sequence": "kernel geometry and timing options await a config",
-    "experiments/measured/gpu_common.py:make_inputs": "kernel geometry of one input set, one by one",
 }
 
 

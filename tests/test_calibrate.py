@@ -22,12 +22,18 @@ from experiments.measured.calibrate import (
     piece_points,
 )
 from experiments.measured.gpu_common import (
+    KernelGeometry,
     MeasureOptions,
+    TimingOptions,
     device_info,
+    input_set_bytes,
+    make_inputs,
     resolve_backend,
     resolve_device,
     resolve_dtype,
+    rotation_sets,
     time_calls,
+    time_whole_sequence,
 )
 from libra.sim.kernel import KernelModel
 from libra.sim.profiles import load_profile
@@ -220,6 +226,27 @@ def test_helpers():
     assert calls == [0, 1, 2, 3, 4] and ms.shape == (3,) and np.all(ms >= 0)
     with pytest.raises(ValueError, match="repeats >= 1"):
         time_calls(calls.append, cpu, warmup=0, repeats=0)
+
+
+def test_input_sets_and_the_ideal_follow_their_kernel_geometry_and_timing():
+    from libra.runtime.kernels import Segments
+
+    cpu = torch.device("cpu")
+    seg = Segments([3, 5], [3, 5])
+    geom = KernelGeometry(4, 2, 8, torch.float64, cpu)
+    (a,), (b,) = make_inputs(seg, geom, 1, seed=7), make_inputs(seg, geom, 1, seed=7)
+    assert a.q.shape == (8, 4, 8) and a.k.shape == (8, 2, 8) and a.q.dtype == torch.float64
+    assert torch.equal(a.v, b.v) and a.out is None  # seeded; no backend, no forward
+    per = input_set_bytes(seg, geom)
+    assert per == (3 * 8 * 4 + 2 * 8 * 2) * 8 * 8 + 8 * 4 * 4  # q, dout, out and k, v; lse in float32
+    assert rotation_sets(seg, geom, 4, 2 * per) == 2 and rotation_sets(seg, geom, 4, 1) == 1
+    with pytest.raises(ValueError, match="head_dim must be a positive integer"):
+        KernelGeometry(4, 2, 0, torch.float32, cpu)
+    with pytest.raises(ValueError, match="repeats >= 1"):
+        TimingOptions(warmup=0, repeats=0)
+    fwd_only = TimingOptions(warmup=1, repeats=2, backward=False)
+    t = time_whole_sequence(resolve_backend("auto", cpu), [16, 16], replace(geom, dtype=torch.float32), fwd_only, 0)
+    assert t["ms"] > 0 and t["fwd_ms"] > 0 and t["bwd_ms"] == 0.0
 
 
 @pytest.mark.gpu

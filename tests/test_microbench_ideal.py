@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -18,6 +19,16 @@ from click.testing import CliRunner
 
 from experiments.cli import main
 from experiments.measured import microbench as mb
+
+
+def _tiny(**over) -> mb.MicrobenchConfig:
+    """A one-rank configuration (each test's changes in ``over``)."""
+    args = dict(dp=1, cp=1, seq_len=512, gbs=2, tap=replace(mb.DEFAULT_TAP, pool_size=1, block_size=128), q_heads=4,
+                kv_heads=2, head_dim=8, dtype="fp32", device="cpu", backend="auto", comm="p2p", methods="ulysses,libra",
+                windows=1, workload="libra-prod", seed=0, repeats=1, warmup=0, backward=True, timeout=60.0,
+                paired_ideal=False)
+    return mb.MicrobenchConfig(**{**args, **over})
+
 
 BASE = ["microbench", "--dp", "2", "--cp", "1", "--pool-size", "2", "--gbs", "2", "--head-split", "2",
         "--q-heads", "4", "--kv-heads", "2", "--no-progress", "--timeout", "60"]
@@ -115,7 +126,7 @@ def _allv(times_s, paired_ms):
 
 
 def test_step_row_paired_ratio_is_the_median_per_repetition_ratio():
-    cfg = {"workload": "w", "cp": 2, "repeats": 3, "dtype": "fp32", "backward": True}
+    cfg = _tiny(dp=2, cp=2, gbs=2, tap=replace(mb.DEFAULT_TAP, block_size=128), workload="w", repeats=3)
     # 4 ranks x 3 repetitions; the host is twice as slow in repetition 1, for the step and its ideal alike
     times = [[0.030, 0.060, 0.033], [0.020, 0.040, 0.020], [0.010, 0.020, 0.010], [0.010, 0.020, 0.010]]
     ideal = [[40.0, 80.0, 44.0], [40.0, 80.0, 44.0], [8.0, 16.0, 8.8], [8.0, 16.0, 8.8]]
@@ -128,7 +139,7 @@ def test_step_row_paired_ratio_is_the_median_per_repetition_ratio():
     ideal[1] = [40.0, 80.0, 88.0]
     drift = mb._step_row("libra", 0, 0, _allv(times, ideal), cfg, 2, "cpu-flash", "cpu")
     assert drift["paired_ratio"] == pytest.approx(2.5)  # median of 2.5, 2.5, 33/24.2
-    off = mb._step_row("libra", 0, 0, _allv([[0.03], [0.02]], [[float("nan")]] * 2), {**cfg, "cp": 1, "repeats": 1},
+    off = mb._step_row("libra", 0, 0, _allv([[0.03], [0.02]], [[float("nan")]] * 2), replace(cfg, cp=1, repeats=1),
                        2, "b", "cpu")
     assert off["paired_ratio"] != off["paired_ratio"]  # --no-paired-ideal: NaN, and the summary drops it
     rows = [{**off, "seq_ids": "0", "mean_worker_ms": 1.0, "peak_transient_bytes": 1, "cpu_ms": 1.0}]
@@ -148,15 +159,15 @@ def test_paired_ideal_times_the_sequence_this_rank_holds(monkeypatch):
 
     timed = []
     monkeypatch.setattr(gpu_common, "time_whole_sequence",
-                        lambda backend, lengths, qh, kvh, d, dtype, device, warmup, repeats, seed, **k:
-                        timed.append((seed, warmup, repeats)) or {"ms": float(sum(lengths))})
-    cfg = {"q_heads": 4, "kv_heads": 2, "head_dim": 8, "warmup": 0, "repeats": 1, "seed": 100, "backward": True}
+                        lambda backend, lengths, geom, timing, seed:
+                        timed.append((seed, timing.warmup, timing.repeats)) or {"ms": float(sum(lengths))})
+    cfg = _tiny(warmup=2, repeats=3, seed=100)  # the paired ideal is one call whatever the step's timing
     par = ParallelConfig(dp=2, cp=2, gbs=4, seq_len=512)
     window = gbs_windows("libra-prod", 512, 4, 1, seed=3)[0]
     for plan in get_planner("libra", pool_size=2, block_size=64, pipeline_chunks=2).plan_window(
             window, par, AttentionShape(8, 2, 8, 4)):
         for me in range(4):
-            ms = mb._paired_ideal_ms(plan, me, cfg, None, None, None)
+            ms = mb._paired_ideal_ms(plan, me, cfg, None, None)
             (seq,) = [s for pool in plan.pools for s in pool.sequences if me in s.holder_worker.tolist()]
             assert me // 2 == seq.holder_worker[0] // 2 and ms == seq.num_tokens
             assert timed[-1] == (100 + seq.seq_id, 0, 1)  # one untimed-warm-up-free call per repetition
@@ -167,9 +178,9 @@ def _warmups_of_bench_rank(rank, world, cfg, keys):
     seen = []
     real = mb._time_calls
 
-    def recording(runner, q, k, v, do, repeats, warmup, *args, **kwargs):
-        seen.append(warmup)
-        return real(runner, q, k, v, do, repeats, warmup, *args, **kwargs)
+    def recording(runner, inputs, timing, *args, **kwargs):
+        seen.append(timing.warmup)
+        return real(runner, inputs, timing, *args, **kwargs)
 
     mb._time_calls = recording
     mb.bench_rank(rank, world, cfg, keys)
@@ -180,14 +191,9 @@ def _warmups_of_bench_rank(rank, world, cfg, keys):
 def test_each_methods_first_step_is_warmed_up_whatever_warmup(tmp_path):
     # one-time costs of a process's first call (autograd threads, gloo pair connections) made the
     # first method of a --warmup 0 run (--quick) 11x its ideal, so its speedups followed --methods' order
-    from dataclasses import replace
-
     from dist_utils import run_ranks
 
-    cfg = mb.make_config(dp=1, cp=1, seq_len=512, gbs=2, tap=replace(mb.DEFAULT_TAP, pool_size=1, block_size=128),
-                         q_heads=4, kv_heads=2, head_dim=8, dtype="fp32", device="cpu", backend="auto", comm="p2p",
-                         methods="ulysses,libra", windows=1, workload="libra-prod", seed=0, repeats=1, warmup=0,
-                         backward=True, timeout=60.0, paired_ideal=False)
+    cfg = _tiny()
     keys = [("ulysses", 0), ("libra", 0)]
     (seen,) = run_ranks(_warmups_of_bench_rank, 1, tmp_path, cfg, keys)
     assert seen == [1, 0, 1, 0]  # two steps per method: the first of each warmed once, the rest as asked

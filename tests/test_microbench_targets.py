@@ -17,16 +17,16 @@ from libra.data.windows import gbs_windows
 WORKLOADS = Path(__file__).resolve().parents[1] / "workloads"
 
 
-def _cfg(seq_len: int, block: int, workload: str, **over) -> dict:
+def _cfg(seq_len: int, block: int, workload: str, **over) -> mb.MicrobenchConfig:
     args = dict(dp=2, cp=1, seq_len=seq_len, gbs=2, tap=replace(mb.DEFAULT_TAP, block_size=block, head_split=2),
                 q_heads=8, kv_heads=2, head_dim=64, dtype="fp32", device="cpu", backend="auto", comm="p2p",
                 methods="ulysses,libra", windows=1, workload=workload, seed=0, repeats=3, warmup=1, backward=True,
                 timeout=60.0)
-    return mb.make_config(**{**args, **over})
+    return mb.MicrobenchConfig(**{**args, **over})
 
 
-def _targets(cfg: dict) -> list[Target]:
-    wins = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
+def _targets(cfg: mb.MicrobenchConfig) -> list[Target]:
+    wins = gbs_windows(cfg.workload, cfg.seq_len, cfg.gbs, cfg.windows, seed=cfg.seed)
     return reference_targets(cfg, wins)
 
 
@@ -74,7 +74,7 @@ def test_microbench_prints_and_records_its_targets(tmp_path, monkeypatch):
     seen = []
 
     def targets(cfg, windows):
-        seen.append((cfg["seq_len"], len(windows)))
+        seen.append((cfg.seq_len, len(windows)))
         return [Target("libra", "cpu_vs_ulysses", 99.0, "a quick run")]
 
     monkeypatch.setattr(mb, "reference_targets", targets)

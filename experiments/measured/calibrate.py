@@ -62,6 +62,7 @@ from experiments.common.options import IntListType, SizeType, quick_option
 from experiments.common.runner import RUNS_ROOT, ExperimentRun, git_sha
 from experiments.common.runs_table import run_caption
 from experiments.measured.gpu_common import (
+    KernelGeometry,
     MeasureOptions,
     cpu_threads,
     device_info,
@@ -195,8 +196,9 @@ def measure_call(backend, seg: Segments, qh: int, kvh: int, cfg: CalibrateConfig
         ``{"fwd": summary, "bwd": summary, "rotation": n_sets}`` (summaries of
         :func:`experiments.measured.gpu_common.summarize_ms`).
     """
-    n = rotation_sets(seg, qh, kvh, cfg.head_dim, dtype, cfg.rotate, cfg.rotate_mb << 20)
-    sets = make_inputs(seg, qh, kvh, cfg.head_dim, dtype, device, n, seed, backend=backend)
+    geom = KernelGeometry(qh, kvh, cfg.head_dim, dtype, device)
+    n = rotation_sets(seg, geom, cfg.rotate, cfg.rotate_mb << 20)
+    sets = make_inputs(seg, geom, n, seed, backend=backend)
 
     def fwd(i):
         s = sets[i % n]

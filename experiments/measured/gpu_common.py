@@ -5,7 +5,9 @@
 * :func:`time_calls`: warm-up, then one timing per repeat -- CUDA events on a GPU (the kernel
   stream's own clock, no host overhead between events), ``time.perf_counter`` on CPU -- with the
   caller rotating over several pre-allocated input sets so caches do not flatter the figures;
-* :func:`make_inputs`: seeded, pre-allocated kernel input sets for one varlen batch;
+* :func:`make_inputs`: seeded, pre-allocated kernel input sets for one varlen batch of a
+  :class:`KernelGeometry` (heads, head width, dtype, device); :class:`TimingOptions` says how a
+  call is timed (warm-up, repeats, backward);
 * :func:`worker_pieces`: a worker's kernel work list (its merged segments) with the token and
   head coordinates needed to gather its inputs from a pool's packed tensors;
 * :func:`device_info`: device, driver, torch, CUDA and kernel versions recorded with every result;
@@ -207,23 +209,64 @@ class KernelInputs:
     lse: torch.Tensor | None = None
 
 
-def input_set_bytes(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype) -> int:
+@dataclass(frozen=True)
+class KernelGeometry:
+    """What one varlen call's inputs are besides their lengths: query and KV heads per call, head
+    width, dtype and device. One geometry serves every :class:`Segments` a sweep point or a run
+    times, so the lengths stay apart (the caller's ``seg``).
+
+    Raises:
+        ValueError: a non-positive head count or width.
+    """
+
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        for name in ("q_heads", "kv_heads", "head_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    """How a call is timed: ``warmup`` untimed calls, then ``repeats`` timed ones; ``backward``:
+    each call runs the backward pass after its forward.
+
+    Raises:
+        ValueError: ``warmup < 0`` or ``repeats < 1``.
+    """
+
+    warmup: int = 0
+    repeats: int = 1
+    backward: bool = True
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.repeats < 1:
+            raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={self.warmup}, repeats={self.repeats}")
+
+
+def input_set_bytes(seg: Segments, geom: KernelGeometry) -> int:
     """Bytes of one :class:`KernelInputs` set (q, dout, out and k, v; lse in float32)."""
-    el = torch.empty(0, dtype=dtype).element_size()
-    return (3 * seg.total_q * qh + 2 * seg.total_k * kvh) * d * el + seg.total_q * qh * 4
+    el = torch.empty(0, dtype=geom.dtype).element_size()
+    return (3 * seg.total_q * geom.q_heads + 2 * seg.total_k * geom.kv_heads) * geom.head_dim * el \
+        + seg.total_q * geom.q_heads * 4
 
 
-def rotation_sets(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, wanted: int,
-                  budget_bytes: int) -> int:
+def rotation_sets(seg: Segments, geom: KernelGeometry, wanted: int, budget_bytes: int) -> int:
     """How many input sets to rotate over: ``wanted``, fewer if they would exceed ``budget_bytes``
     (at least 1; long segments are far larger than any cache anyway)."""
-    per = max(input_set_bytes(seg, qh, kvh, d, dtype), 1)
+    per = max(input_set_bytes(seg, geom), 1)
     return int(max(1, min(wanted, budget_bytes // per)))
 
 
-def make_inputs(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, device: torch.device,
-                n_sets: int, seed: int, backend: AttentionBackend | None = None) -> list[KernelInputs]:
-    """``n_sets`` seeded input sets (standard normal, generated on the device); with ``backend``,
+def make_inputs(seg: Segments, geom: KernelGeometry, n_sets: int, seed: int,
+                backend: AttentionBackend | None = None) -> list[KernelInputs]:
+    """``n_sets`` seeded input sets (standard normal, generated on ``geom.device``); with ``backend``,
     each set also holds the forward's ``out`` and ``lse`` so backward can be timed alone.
 
     Raises:
@@ -231,15 +274,17 @@ def make_inputs(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, de
     """
     if n_sets < 1:
         raise ValueError(f"need at least one input set, got {n_sets}")
+    device = geom.device
     gen = torch.Generator(device=device)
     gen.manual_seed(int(seed))
     sets = []
     for _ in range(n_sets):
         def rnd(rows, heads):
-            return torch.randn(rows, heads, d, generator=gen, device=device, dtype=torch.float32).to(dtype)
+            return torch.randn(rows, heads, geom.head_dim, generator=gen, device=device,
+                               dtype=torch.float32).to(geom.dtype)
 
-        s = KernelInputs(q=rnd(seg.total_q, qh), k=rnd(seg.total_k, kvh), v=rnd(seg.total_k, kvh),
-                         dout=rnd(seg.total_q, qh))
+        s = KernelInputs(q=rnd(seg.total_q, geom.q_heads), k=rnd(seg.total_k, geom.kv_heads),
+                         v=rnd(seg.total_k, geom.kv_heads), dout=rnd(seg.total_q, geom.q_heads))
         if backend is not None:
             with torch.no_grad():
                 s.out, s.lse = backend.forward(s.q, s.k, s.v, seg)
@@ -248,19 +293,20 @@ def make_inputs(seg: Segments, qh: int, kvh: int, d: int, dtype: torch.dtype, de
     return sets
 
 
-def time_whole_sequence(backend: AttentionBackend, sample_lengths, qh: int, kvh: int, d: int, dtype: torch.dtype,
-                        device: torch.device, warmup: int, repeats: int, seed: int, backward: bool = True) -> dict:
+def time_whole_sequence(backend: AttentionBackend, sample_lengths, geom: KernelGeometry, timing: TimingOptions,
+                        seed: int) -> dict:
     """Median time of one packed sequence's whole-sequence attention on this process alone.
 
     The measured *ideal* of a balanced runtime: every sample is one causal segment of
     one ``backend`` call (no tiles, no communication, no runtime around it), forward and, with
-    ``backward``, the backward of the same call; the caller sets threads and dtype as its ranks do.
+    ``timing.backward``, the backward of the same call; the caller sets threads and dtype as its ranks do.
 
     Returns:
-        ``{"ms", "fwd_ms", "bwd_ms"}`` medians over ``repeats`` (``bwd_ms`` 0 without backward).
+        ``{"ms", "fwd_ms", "bwd_ms"}`` medians over ``timing.repeats`` (``bwd_ms`` 0 without backward).
     """
     seg = Segments(sample_lengths, sample_lengths)
-    s = make_inputs(seg, qh, kvh, d, dtype, device, 1, seed)[0]
+    s = make_inputs(seg, geom, 1, seed)[0]
+    device, warmup, backward = geom.device, timing.warmup, timing.backward
     fwd, bwd = [], []
 
     def call(i):
@@ -276,7 +322,7 @@ def time_whole_sequence(backend: AttentionBackend, sample_lengths, qh: int, kvh:
             fwd.append(t1 - t0)
             bwd.append(time.perf_counter() - t1)
 
-    total = time_calls(call, torch.device("cpu"), warmup, repeats)  # host clock around synchronised calls
+    total = time_calls(call, torch.device("cpu"), warmup, timing.repeats)  # host clock around synchronised calls
     return {"ms": float(np.median(total)), "fwd_ms": float(np.median(fwd)) * 1e3,
             "bwd_ms": float(np.median(bwd)) * 1e3 if backward else 0.0}
 

@@ -46,6 +46,7 @@ from experiments.common.runner import RUNS_ROOT, ExperimentRun
 from experiments.common.runs_table import run_caption
 from experiments.measured.calibrate import fit_heads_ratio
 from experiments.measured.gpu_common import (
+    KernelGeometry,
     device_info,
     device_options,
     device_slug,
@@ -165,11 +166,12 @@ def measure_point(key: dict, backend, cfg: KernelSweepConfig, device, dtype) -> 
     seg = geometry(key["layout"], int(key["length"]), cfg)
     heads = int(key["heads"])
     kvh = kv_heads_per_call(heads, cfg.group)
+    geom = KernelGeometry(heads, kvh, cfg.head_dim, dtype, device)
     area = float(np.sum(sample_area(seg.q_lens)))
     res: dict = {}
     try:
-        n = rotation_sets(seg, heads, kvh, cfg.head_dim, dtype, cfg.rotate, cfg.rotate_mb << 20)
-        sets = make_inputs(seg, heads, kvh, cfg.head_dim, dtype, device, n,
+        n = rotation_sets(seg, geom, cfg.rotate, cfg.rotate_mb << 20)
+        sets = make_inputs(seg, geom, n,
                            seed=cfg.seed + 131 * int(key["length"]) + heads + 7 * LAYOUTS.index(key["layout"]),
                            backend=backend)
 

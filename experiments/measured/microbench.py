@@ -82,7 +82,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -132,62 +132,138 @@ RANK_THREADS = 1
 # --------------------------------------------------------------------------------------------
 
 
-def make_config(*, dp, cp, seq_len, gbs, tap: TapConfig, q_heads, kv_heads, head_dim, dtype, device, backend, comm,
-                methods, windows, workload, seed, repeats, warmup, backward, timeout, profile=None,
-                oversubscribe=False, paired_ideal=True) -> dict:
-    """Validated, JSON-ready configuration (raises ValueError naming the bad value); the TAP layout
-    is ``config["tap"]`` (:func:`tap_of` reads it back). ``profile``: the hardware profile of the
-    :data:`PROFILED` methods (None: their default); ``oversubscribe``: more CPU ranks than cores was
-    allowed; ``paired_ideal``: each rank times the paired ideal after each repetition (module docstring)."""
-    from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
-    from libra.workload import AttentionShape  # noqa: PLC0415
+@dataclass(frozen=True, kw_only=True)
+class MicrobenchConfig:
+    """One microbench run's configuration, checked when it is built, so a bad value fails before any
+    process starts (ValueError naming it). :meth:`to_record` is what ``run.json`` records as
+    ``config`` (the TAP layout under ``config.tap``); the ranks get the object itself.
 
-    par = ParallelConfig(dp=dp, cp=cp, gbs=gbs, seq_len=seq_len)
-    shape = AttentionShape(q_heads, kv_heads, head_dim, 2)
-    check_layout(par, tap, shape)
-    for name, value, low in (("windows", windows, 1), ("repeats", repeats, 1), ("warmup", warmup, 0),
-                             ("seed", seed, 0)):
-        if value < low:
-            raise ValueError(f"--{name} must be >= {low}, got {value}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    if comm not in COMM_MODES:
-        raise ValueError(f"unknown comm mode {comm!r}; choose from {', '.join(COMM_MODES)}")
-    if not timeout > 0:
-        raise ValueError(f"--timeout must be > 0, got {timeout}")
-    method_list = tuple(m.strip() for m in methods.split(",") if m.strip()) if isinstance(methods, str) else tuple(methods)
-    if not method_list:
-        raise ValueError("empty --methods")
-    for m in method_list:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    if "ulysses" in method_list and q_heads % cp:
-        raise ValueError(f"ulysses needs CP={cp} to divide q_heads={q_heads}")
-    if profile is not None:
-        if not set(PROFILED) & set(method_list):
-            raise ValueError(f"--profile sets the kernel model of {' and '.join(PROFILED)}: add one to --methods")
-        from libra.sim.profiles import load_profile  # noqa: PLC0415
+    Attributes:
+        dp, cp, seq_len, gbs: the parallel layout (:attr:`par`).
+        tap: the TAP layout every planner is given whole (:func:`make_planner`).
+        q_heads, kv_heads, head_dim, dtype: the attention geometry; ``dtype`` one of :data:`DTYPES`.
+        device, backend, comm: where the ranks run, their kernel backend (``auto`` resolves per
+            device) and their exchange (a mode of :data:`libra.runtime.executor.COMM_MODES`).
+        methods: of :data:`METHODS`, in the order they are measured (a comma list is split).
+        windows, workload, seed: how many GBS windows of which length source, and the seed of the
+            length stream and of the inputs.
+        repeats, warmup, backward: timed and untimed repetitions per step, forward + backward or
+            forward only (:attr:`timing`).
+        timeout: collective timeout (s).
+        profile: the hardware profile of the :data:`PROFILED` methods (None: their default).
+        oversubscribe: more CPU ranks than cores was allowed.
+        threads: torch threads of each CPU rank (:data:`RANK_THREADS`: recorded, not chosen).
+        paired_ideal: each rank times the paired ideal after each repetition (module docstring).
+    """
 
-        load_profile(profile)  # an unknown name or a bad file fails here, before any process starts
-    return {"dp": dp, "cp": cp, "seq_len": seq_len, "gbs": gbs, "tap": asdict(tap), "q_heads": q_heads,
-            "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype, "device": device, "backend": backend,
-            "comm": comm, "methods": list(method_list), "windows": windows, "workload": workload, "seed": seed,
-            "repeats": repeats, "warmup": warmup, "backward": bool(backward), "timeout": float(timeout),
-            "profile": None if profile is None else str(profile), "oversubscribe": bool(oversubscribe),
-            "threads": RANK_THREADS, "paired_ideal": bool(paired_ideal)}
+    dp: int
+    cp: int
+    seq_len: int
+    gbs: int
+    tap: TapConfig
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    device: str
+    backend: str
+    comm: str
+    methods: tuple[str, ...]
+    windows: int
+    workload: str
+    seed: int
+    repeats: int
+    warmup: int
+    backward: bool
+    timeout: float
+    profile: str | None = None
+    oversubscribe: bool = False
+    threads: int = field(default=RANK_THREADS, init=False)
+    paired_ideal: bool = True
+
+    def __post_init__(self) -> None:
+        from libra.workload import AttentionShape  # noqa: PLC0415
+
+        check_layout(self.par, self.tap, AttentionShape(self.q_heads, self.kv_heads, self.head_dim, 2))
+        self._check_options()
+        methods = self.methods
+        method_list = tuple(m.strip() for m in methods.split(",") if m.strip()) if isinstance(methods, str) \
+            else tuple(methods)
+        self._check_methods(method_list)
+        # the record's types whatever the caller passed (run.json and the config hash see these)
+        for name, value in (("methods", method_list), ("backward", bool(self.backward)),
+                            ("timeout", float(self.timeout)), ("oversubscribe", bool(self.oversubscribe)),
+                            ("profile", None if self.profile is None else str(self.profile)),
+                            ("paired_ideal", bool(self.paired_ideal))):
+            object.__setattr__(self, name, value)
+
+    def _check_options(self) -> None:
+        from libra.runtime.executor import COMM_MODES  # noqa: PLC0415
+
+        for name, low in (("windows", 1), ("repeats", 1), ("warmup", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if value < low:
+                raise ValueError(f"--{name} must be >= {low}, got {value}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose from {', '.join(DTYPES)}")
+        if self.comm not in COMM_MODES:
+            raise ValueError(f"unknown comm mode {self.comm!r}; choose from {', '.join(COMM_MODES)}")
+        if not self.timeout > 0:
+            raise ValueError(f"--timeout must be > 0, got {self.timeout}")
+
+    def _check_methods(self, method_list: tuple[str, ...]) -> None:
+        if not method_list:
+            raise ValueError("empty --methods")
+        for m in method_list:
+            if m not in METHODS:
+                raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        if "ulysses" in method_list and self.q_heads % self.cp:
+            raise ValueError(f"ulysses needs CP={self.cp} to divide q_heads={self.q_heads}")
+        if self.profile is not None:
+            if not set(PROFILED) & set(method_list):
+                raise ValueError(f"--profile sets the kernel model of {' and '.join(PROFILED)}: add one to --methods")
+            from libra.sim.profiles import load_profile  # noqa: PLC0415
+
+            load_profile(self.profile)  # an unknown name or a bad file fails here, before any process starts
+
+    @property
+    def par(self) -> ParallelConfig:
+        """The parallel layout (DP, CP, GBS, S)."""
+        return ParallelConfig(dp=self.dp, cp=self.cp, gbs=self.gbs, seq_len=self.seq_len)
+
+    @property
+    def timing(self):
+        """How each step is timed: :class:`experiments.measured.gpu_common.TimingOptions` of
+        ``warmup``, ``repeats`` and ``backward`` (a method's first step may warm up more)."""
+        from experiments.measured.gpu_common import TimingOptions  # noqa: PLC0415  (imports torch)
+
+        return TimingOptions(warmup=self.warmup, repeats=self.repeats, backward=self.backward)
+
+    @property
+    def torch_dtype(self):
+        """The torch dtype of ``dtype``."""
+        from experiments.measured.gpu_common import DTYPES as TORCH_DTYPES  # noqa: PLC0415  (imports torch)
+
+        return TORCH_DTYPES[self.dtype]
+
+    def geometry(self, device):
+        """The :class:`experiments.measured.gpu_common.KernelGeometry` of this run's whole-sequence
+        calls on ``device``: its heads, head width and :attr:`torch_dtype`."""
+        from experiments.measured.gpu_common import KernelGeometry  # noqa: PLC0415
+
+        return KernelGeometry(self.q_heads, self.kv_heads, self.head_dim, self.torch_dtype, device)
+
+    def to_record(self) -> dict:
+        """The JSON-ready record ``run.json`` keeps as ``config``: every field by name, ``tap`` as a dict."""
+        return {**asdict(self), "methods": list(self.methods)}
 
 
-def tap_of(cfg: dict) -> TapConfig:
-    """The TapConfig of a :func:`make_config` configuration."""
-    return TapConfig(**cfg["tap"])
-
-
-def make_planner(method: str, cfg: dict):
+def make_planner(method: str, cfg: MicrobenchConfig):
     """The registry planner of ``method`` given the run's TapConfig whole (and ``--profile``, which
     the :data:`PROFILED` methods plan with)."""
     from baselines.registry import get_planner  # noqa: PLC0415
 
-    return get_planner(method, tap=tap_of(cfg), profile=cfg.get("profile"))
+    return get_planner(method, tap=cfg.tap, profile=cfg.profile)
 
 
 def usable_cores() -> int:
@@ -231,9 +307,15 @@ def _local_tensors(ranges, seq_ids, shape, dtype, device, seed):
     return [torch.cat(parts[n]).to(device=device, dtype=dtype) for n in ("q", "k", "v", "do")]
 
 
-def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_group, after_each=None):
+def _time_calls(runner, inputs, timing, device, world_group=None, after_each=None):
     """Per repetition: barrier, then one complete core-attention call, then ``after_each()`` (when
     given; untimed here, it times itself: the paired ideal's ms).
+
+    Args:
+        inputs: this worker's ``(q, k, v, do)`` (:func:`_local_tensors`).
+        timing: ``warmup`` untimed then ``repeats`` timed repetitions; ``backward``: each call runs
+            ``out.backward(do)`` too (:class:`experiments.measured.gpu_common.TimingOptions`).
+        world_group: the group of the barrier (None: the default group).
 
     Returns ``(wall s, process CPU s, compute s, comm wait s, after_each ms)`` arrays of the timed
     repetitions (the last NaN without ``after_each``) and the peak transient bytes.
@@ -241,8 +323,10 @@ def _time_calls(runner, q, k, v, do, repeats, warmup, backward, device, world_gr
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
+    q, k, v, do = inputs
+    warmup, backward = timing.warmup, timing.backward
     times, cpu, compute, wait, after, peak = [], [], [], [], [], 0
-    for r in range(warmup + repeats):
+    for r in range(warmup + timing.repeats):
         qq, kk, vv = (x.detach().requires_grad_(backward) for x in (q, k, v))
         stats = runner.stats
         if isinstance(stats, dict):
@@ -283,21 +367,21 @@ def _runner(method, plan, cfg, groups, backend, shape, me):
     from libra.runtime.groups import RankGrid, build_groups  # noqa: PLC0415
 
     pool = plan.pool_of_worker(me)
-    P = len(pool.workers) // cfg["cp"]
+    P = len(pool.workers) // cfg.cp
     if method == "ulysses":
         seq = pool.sequences[0]
         runner = UlyssesAttention(seq.sample_lengths, groups[1].cp, shape.num_q_heads, shape.num_kv_heads,
                                   backend=backend)
-        n = cfg["seq_len"] // cfg["cp"]
-        c = me % cfg["cp"]
+        n = cfg.seq_len // cfg.cp
+        c = me % cfg.cp
         return runner, [(0, c * n, (c + 1) * n)], [seq.seq_id], 1, P
     if P not in groups:
-        groups[P] = build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=P), timeout_s=cfg["timeout"])
-    runner = prepare(plan, groups[P].pool, backend=backend, comm=cfg["comm"], check_finite=False)
+        groups[P] = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=P), timeout_s=cfg.timeout)
+    runner = prepare(plan, groups[P].pool, backend=backend, comm=cfg.comm, check_finite=False)
     return runner, runner.program.local_ranges, [s.seq_id for s in pool.sequences], runner.program.chunks, P
 
 
-def _setup(rank: int, cfg: dict):
+def _setup(rank: int, cfg: MicrobenchConfig):
     """Device, kernel backend, dtype, head shape and the process groups of one rank."""
     import torch  # noqa: PLC0415
 
@@ -305,20 +389,20 @@ def _setup(rank: int, cfg: dict):
     from libra.runtime.kernels import get_backend  # noqa: PLC0415
     from libra.workload import AttentionShape  # noqa: PLC0415
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64, "fp16": torch.float16}[cfg["dtype"]]
-    device = torch.device(cfg["device"])
+    dtype = cfg.torch_dtype
+    device = torch.device(cfg.device)
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank % max(1, torch.cuda.device_count()))))
         torch.cuda.set_device(device)
-    backend = get_backend(cfg["backend"], device)
-    shape = AttentionShape(cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], torch.empty(0, dtype=dtype).element_size())
-    pool_sizes = sorted({1, tap_of(cfg).pool_size, cfg["dp"]})
-    groups = {p: build_groups(RankGrid(dp=cfg["dp"], cp=cfg["cp"], pool_size=p), timeout_s=cfg["timeout"])
+    backend = get_backend(cfg.backend, device)
+    shape = AttentionShape(cfg.q_heads, cfg.kv_heads, cfg.head_dim, torch.empty(0, dtype=dtype).element_size())
+    pool_sizes = sorted({1, cfg.tap.pool_size, cfg.dp})
+    groups = {p: build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=p), timeout_s=cfg.timeout)
               for p in pool_sizes}
     return device, backend, dtype, shape, groups
 
 
-def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None = None, send=None) -> dict:
+def bench_rank(rank: int, world: int, cfg: MicrobenchConfig, keys: list, coords: dict | None = None, send=None) -> dict:
     """Run every (method, window) point of ``keys`` on this rank (process group initialised).
 
     ``coords``: the launcher's place of this rank (:func:`experiments.measured.training.ranks.torchrun_coords`;
@@ -332,31 +416,30 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
     import torch  # noqa: PLC0415
 
     from experiments.measured.training.ranks import gather_rank_records, spawn_coords  # noqa: PLC0415
-    from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
     from libra.runtime.groups import all_gather_single  # noqa: PLC0415
 
     device, backend, dtype, shape, groups = _setup(rank, cfg)
-    par = ParallelConfig(dp=cfg["dp"], cp=cfg["cp"], gbs=cfg["gbs"], seq_len=cfg["seq_len"])
+    par, geom = cfg.par, cfg.geometry(device)
     me = groups[1].cp.worker
-    windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
-    ranks = gather_rank_records(groups[tap_of(cfg).pool_size], coords or spawn_coords(rank, world), device)
+    windows = gbs_windows(cfg.workload, cfg.seq_len, cfg.gbs, cfg.windows, seed=cfg.seed)
+    ranks = gather_rank_records(groups[cfg.tap.pool_size], coords or spawn_coords(rank, world), device)
     out = {"ranks": ranks} if rank == 0 else {}
     warmed = set()  # methods whose first step ran (FIRST_STEP_WARMUP)
     for method, w in keys:
         planner = make_planner(method, cfg)
         rows = []
         for i, plan in enumerate(planner.plan_window(windows[w], par, shape)):
-            warmup = max(cfg["warmup"], FIRST_STEP_WARMUP) if i == 0 and method not in warmed else cfg["warmup"]
+            warmup = max(cfg.warmup, FIRST_STEP_WARMUP) if i == 0 and method not in warmed else cfg.warmup
             warmed.add(method)
             runner, ranges, seq_ids, chunks, P = _runner(method, plan, cfg, groups, backend, shape, me)
-            q, k, v, do = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"])
-            ideal = partial(_paired_ideal_ms, plan, me, cfg, backend, dtype, device) if cfg["paired_ideal"] else None
-            times, cpu, compute, wait, paired, peak = _time_calls(runner, q, k, v, do, cfg["repeats"], warmup,
-                                                                  cfg["backward"], device, None, after_each=ideal)
+            inputs = _local_tensors(ranges, seq_ids, shape, dtype, device, cfg.seed)
+            ideal = partial(_paired_ideal_ms, plan, me, cfg, backend, geom) if cfg.paired_ideal else None
+            times, cpu, compute, wait, paired, peak = _time_calls(runner, inputs, replace(cfg.timing, warmup=warmup),
+                                                                  device, after_each=ideal)
             st = runner.stats
             sent = st["sent_bytes"] if isinstance(st, dict) else sum(st.sent_bytes.values())
-            sent = sent / max(1, warmup + cfg["repeats"]) if isinstance(st, dict) else sent
+            sent = sent / max(1, warmup + cfg.repeats) if isinstance(st, dict) else sent
             mine = torch.tensor(np.concatenate([times, cpu, compute, wait, paired, [peak, sent, P]]), dtype=torch.float64)
             allv = torch.zeros(world * mine.numel(), dtype=torch.float64, device=device)
             all_gather_single(allv, mine.to(device))
@@ -373,17 +456,17 @@ def bench_rank(rank: int, world: int, cfg: dict, keys: list, coords: dict | None
 
 
 def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
-    R = cfg["repeats"]
+    R = cfg.repeats
     times, cpu, compute, wait, paired = (allv[:, i * R:(i + 1) * R] for i in range(5))
     peak, sent, P = (allv[:, 5 * R + i] for i in range(3))
-    ideal_rep = paired.mean(axis=0) / cfg["cp"]  # per repetition: mean over ranks of their sequence, / CP
+    ideal_rep = paired.mean(axis=0) / cfg.cp  # per repetition: mean over ranks of their sequence, / CP
     per_rep_max = times.max(axis=0)
     rep = int(np.argsort(per_rep_max)[len(per_rep_max) // 2])  # the median repetition
     w = int(np.argmax(times[:, rep]))
-    return {"workload": cfg["workload"], "setting": "custom", "method": method, "window": int(window),
+    return {"workload": cfg.workload, "setting": "custom", "method": method, "window": int(window),
             "step": int(step), "straggler_ms": float(per_rep_max[rep] * 1e3), "compute_ms": float(compute[w, rep] * 1e3),
             "comm_exposed_ms": float(max(times[w, rep] - compute[w, rep], 0.0) * 1e3),
-            "straggler_worker": w, "straggler_pool": int(w // (cfg["cp"] * max(1, int(P[w])))),
+            "straggler_worker": w, "straggler_pool": int(w // (cfg.cp * max(1, int(P[w])))),
             "comm_serial_ms": float("nan"), "comm_wait_ms": float(wait[w, rep] * 1e3),
             "mean_worker_ms": float(times[:, rep].mean() * 1e3), "min_worker_ms": float(times[:, rep].min() * 1e3),
             # measured analogue of the simulator's perfect-balance bound: mean worker compute
@@ -393,21 +476,21 @@ def _step_row(method, window, step, allv, cfg, chunks, backend, device) -> dict:
             # process CPU time per rank (each rank's median repetition), mean over ranks
             "cpu_ms": float(np.median(cpu, axis=1).mean() * 1e3),
             "bytes_sent": int(sent.sum()), "peak_transient_bytes": int(peak.max()), "pipeline_chunks": int(chunks),
-            "measured": True, "backend": backend, "device": device.split(":")[0], "dtype": cfg["dtype"],
-            "repeats": R, "backward": cfg["backward"],
+            "measured": True, "backend": backend, "device": device.split(":")[0], "dtype": cfg.dtype,
+            "repeats": R, "backward": cfg.backward,
             "paired_ideal_ms": float(np.median(ideal_rep)),
             "paired_ratio": float(np.median(per_rep_max * 1e3 / ideal_rep))}
 
 
-def _paired_ideal_ms(plan, me: int, cfg: dict, backend, dtype, device) -> float:
+def _paired_ideal_ms(plan, me: int, cfg: MicrobenchConfig, backend, geom) -> float:
     """This rank's part of one repetition's paired ideal (module docstring): the time (ms) of one
-    whole-sequence attention call of the packed sequence its DP rank holds in ``plan``."""
+    whole-sequence attention call of the packed sequence its DP rank holds in ``plan`` (``geom``:
+    :meth:`MicrobenchConfig.geometry` on this rank's device)."""
     from experiments.measured.gpu_common import time_whole_sequence  # noqa: PLC0415
 
     seq = next(s for s in plan.pool_of_worker(me).sequences if me in s.holder_worker)
-    return time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"], dtype,
-                               device, 0, 1, seed=cfg["seed"] + seq.seq_id,
-                               backward=cfg["backward"])["ms"]
+    once = replace(cfg.timing, warmup=0, repeats=1)  # one call right after each repetition
+    return time_whole_sequence(backend, seq.sample_lengths, geom, once, seed=cfg.seed + seq.seq_id)["ms"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,7 +498,7 @@ def _paired_ideal_ms(plan, me: int, cfg: dict, backend, dtype, device) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-def measure_ideal(cfg: dict, window_ids: list[int]) -> dict:
+def measure_ideal(cfg: MicrobenchConfig, window_ids: list[int]) -> dict:
     """Whole-sequence attention time of every packed sequence of the given windows, on this process
     alone (:func:`experiments.measured.gpu_common.time_whole_sequence`; module docstring: the ideal).
 
@@ -428,26 +511,24 @@ def measure_ideal(cfg: dict, window_ids: list[int]) -> dict:
     from libra.data.windows import gbs_windows  # noqa: PLC0415
     from libra.runtime.kernels import get_backend  # noqa: PLC0415
 
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64, "fp16": torch.float16}[cfg["dtype"]]
-    device = torch.device(cfg["device"])
+    device = torch.device(cfg.device)
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    backend = get_backend(cfg["backend"], device)
-    windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
+    backend = get_backend(cfg.backend, device)
+    geom, timing = cfg.geometry(device), cfg.timing
+    windows = gbs_windows(cfg.workload, cfg.seq_len, cfg.gbs, cfg.windows, seed=cfg.seed)
     out = {}
     for w in window_ids:
         rows = []
         for seq in windows[w]:
-            t = time_whole_sequence(backend, seq.sample_lengths, cfg["q_heads"], cfg["kv_heads"], cfg["head_dim"],
-                                    dtype, device, cfg["warmup"], cfg["repeats"], seed=cfg["seed"] + seq.seq_id,
-                                    backward=cfg["backward"])
+            t = time_whole_sequence(backend, seq.sample_lengths, geom, timing, seed=cfg.seed + seq.seq_id)
             rows.append({"window": int(w), "seq_id": int(seq.seq_id), "ideal_seq_ms": t["ms"],
                          "fwd_ms": t["fwd_ms"], "bwd_ms": t["bwd_ms"]})
         out[str(w)] = rows
     return out
 
 
-def _ideal_rank(rank: int, world: int, cfg: dict, window_ids: list[int]) -> dict:
+def _ideal_rank(rank: int, world: int, cfg: MicrobenchConfig, window_ids: list[int]) -> dict:
     return measure_ideal(cfg, window_ids)
 
 
@@ -472,7 +553,7 @@ def add_ideal(rows: list[dict], ideal_rows: list[dict], cp: int) -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 
-def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], deadline_s: float,
+def run_spawned(nproc: int, cfg: MicrobenchConfig, keys: list, ideal_windows: list[int], deadline_s: float,
                 on_point=None) -> dict:
     """One process for the ideal, ``nproc`` gloo ranks, then the ideal again (:func:`merge_ideals`:
     a host whose speed drifts while the ranks run shows in ``ideal_drift``, and the ideal is the
@@ -495,7 +576,7 @@ def run_spawned(nproc: int, cfg: dict, keys: list, ideal_windows: list[int], dea
             extra = (None, messages.send) if fn is bench_rank else ()
             try:
                 results = run_local_ranks(fn, world, cfg, todo, *extra, deadline_s=deadline_s,
-                                          pg_timeout_s=cfg["timeout"], threads=RANK_THREADS, what=what, poll=poll)
+                                          pg_timeout_s=cfg.timeout, threads=RANK_THREADS, what=what, poll=poll)
             finally:
                 poll()  # the points finished before an interrupt or a failure are kept
             values = raise_first_failure(results, what)
@@ -522,7 +603,7 @@ def merge_ideals(runs: list[dict]) -> dict:
     return out
 
 
-def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int], on_point=None) -> dict | None:
+def run_torchrun(cfg: MicrobenchConfig, keys: list, ideal_windows: list[int], on_point=None) -> dict | None:
     """Inside torchrun: init from the environment (NCCL on CUDA, gloo on CPU); rows on rank 0, which
     also measures the ideal while the other ranks wait, and calls ``on_point`` with each finished point.
 
@@ -533,8 +614,8 @@ def run_torchrun(cfg: dict, keys: list, ideal_windows: list[int], on_point=None)
 
     from experiments.measured.training.ranks import torchrun_coords  # noqa: PLC0415
 
-    backend = "nccl" if cfg["device"].startswith("cuda") else "gloo"
-    dist.init_process_group(backend, timeout=_dt.timedelta(seconds=cfg["timeout"]))
+    backend = "nccl" if cfg.device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, timeout=_dt.timedelta(seconds=cfg.timeout))
     try:
         rank = dist.get_rank()
         todo = [keys, ideal_windows]
@@ -624,7 +705,7 @@ def _missing_point(key):
     raise RuntimeError(f"point {key} was neither cached nor computed by the ranks")
 
 
-def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) -> tuple[list[dict], list] | None:
+def _measure(run: ExperimentRun, cfg: MicrobenchConfig, world: int, under_torchrun: bool) -> tuple[list[dict], list] | None:
     """Compute the points (and ideals) not cached yet: every step row with its ideal and the ranks'
     records (empty when every point was cached and no rank ran), or None on a non-zero torchrun rank.
 
@@ -633,8 +714,8 @@ def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) ->
     a progress line in logs; Ctrl-C or a failed rank says how many are cached and that a rerun resumes."""
     from libra.runtime.launch import RankDeadlineError, RankFailure  # noqa: PLC0415
 
-    windows = range(cfg["windows"])
-    keys = [[m, w] for m in cfg["methods"] for w in windows]
+    windows = range(cfg.windows)
+    keys = [[m, w] for m in cfg.methods for w in windows]
     todo = [k for k in keys if run.cached(k) is None]
     ideal_todo = [w for w in windows if run.cached(["ideal", w]) is None]
     got = {}
@@ -651,7 +732,7 @@ def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) ->
                 if got is None:  # non-zero torchrun ranks write nothing
                     return None
             elif todo or ideal_todo:
-                got = run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg["timeout"] * 4, on_point=on_point)
+                got = run_spawned(world, cfg, todo, ideal_todo, deadline_s=cfg.timeout * 4, on_point=on_point)
         except KeyboardInterrupt:
             click.echo(f"\ninterrupted: {_cached_text(run, keys)}", err=True)
             raise click.exceptions.Exit(130) from None
@@ -662,7 +743,7 @@ def _measure(run: ExperimentRun, cfg: dict, world: int, under_torchrun: bool) ->
     for w in ideal_todo:
         run.record(["ideal", w], got["ideal"][str(w)])
     ideal_rows = [r for w in windows for r in run.cached(["ideal", w])]
-    return add_ideal(run.map(keys, _missing_point, desc="microbench"), ideal_rows, cfg["cp"]), got.get("ranks", [])
+    return add_ideal(run.map(keys, _missing_point, desc="microbench"), ideal_rows, cfg.cp), got.get("ranks", [])
 
 
 def _cached_text(run: ExperimentRun, keys: list) -> str:
@@ -738,16 +819,17 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
     try:
         tap = replace(DEFAULT_TAP, pool_size=pool_size, block_size=p["block_size"], head_split=head_split, tau=tau,
                       pipeline_chunks=pipeline_chunks)
-        cfg = make_config(dp=dp, cp=cp, seq_len=p["seq_len"], gbs=gbs, tap=tap, q_heads=q_heads, kv_heads=kv_heads,
-                          head_dim=p["head_dim"], dtype=dtype, device=device, backend=backend, comm=comm,
-                          methods=methods, windows=p["windows"], workload=workload, seed=seed, repeats=p["repeats"],
-                          warmup=p["warmup"], backward=not forward_only, timeout=timeout, profile=profile,
-                          oversubscribe=oversubscribe, paired_ideal=paired_ideal)
+        cfg = MicrobenchConfig(dp=dp, cp=cp, seq_len=p["seq_len"], gbs=gbs, tap=tap, q_heads=q_heads,
+                               kv_heads=kv_heads, head_dim=p["head_dim"], dtype=dtype, device=device, backend=backend,
+                               comm=comm, methods=methods, windows=p["windows"], workload=workload, seed=seed,
+                               repeats=p["repeats"], warmup=p["warmup"], backward=not forward_only, timeout=timeout,
+                               profile=profile, oversubscribe=oversubscribe, paired_ideal=paired_ideal)
         world, under_torchrun = _world(nproc, dp, cp, device, oversubscribe)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    run = ExperimentRun("microbench", cfg, out_dir=out, force=force, quiet=no_progress,
-                        layouts=[{k: v for k, v in cfg.items() if k in ("dp", "cp", "seq_len", "gbs", "tap")}])
+    record = cfg.to_record()
+    run = ExperimentRun("microbench", record, out_dir=out, force=force, quiet=no_progress,
+                        layouts=[{k: v for k, v in record.items() if k in ("dp", "cp", "seq_len", "gbs", "tap")}])
     if not under_torchrun or os.environ["RANK"] == "0":  # the folder rank 0 writes: checked before any rank starts
         run.claim_folder()
     t0 = time.perf_counter()
@@ -758,23 +840,21 @@ def microbench(ctx, nproc, dp, cp, seq_len, gbs, pool_size, block_size, head_spl
     rows, ranks = measured
     from experiments.measured.training.ranks import nodes_of  # noqa: PLC0415  (imports torch: keeps `--help` fast)
 
-    _finish(run, rows, {"measured": True, "ranks": ranks, "nodes": nodes_of(ranks) if ranks else None, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
+    _finish(run, cfg, rows, {"measured": True, "ranks": ranks, "nodes": nodes_of(ranks) if ranks else None, "launch": "torchrun" if under_torchrun else f"spawn --nproc {world}",
                         "world_size": world, "usable_cores": usable_cores(),
                         "bench_wall_s": round(time.perf_counter() - t0, 3),
                         # CPU timings on a shared host are only as quiet as the host: record its load
                         "loadavg_1m": [load_start, os.getloadavg()[0] if hasattr(os, "getloadavg") else None]})
 
 
-def _finish(run: ExperimentRun, rows: list[dict], extra: dict) -> None:
+def _finish(run: ExperimentRun, cfg: MicrobenchConfig, rows: list[dict], extra: dict) -> None:
     """Write the step CSV, the summary, the plot and run.json; print the summary."""
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
     df = pd.DataFrame(rows)
     df = df[STRAGGLER_COLUMNS + [c for c in df.columns if c not in STRAGGLER_COLUMNS]]
     summary = summarize(df)
-    cfg = run.config
-    targets = reference_targets(cfg, gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"],
-                                                 seed=cfg["seed"]))
+    targets = reference_targets(cfg, gbs_windows(cfg.workload, cfg.seq_len, cfg.gbs, cfg.windows, seed=cfg.seed))
     extra = {**extra, "kernel_backend": df["backend"].iloc[0], "device": df["device"].iloc[0],
              "targets": [asdict(t) for t in targets]}
     paths = run.finish(df, plot=lambda d, p: plot(d, p, run_caption(run.config)), extra=extra,

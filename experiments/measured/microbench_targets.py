@@ -24,7 +24,7 @@ import pandas as pd
 
 REFERENCE_LAYOUT = {"dp": 2, "cp": 1, "gbs": 2, "q_heads": 8, "kv_heads": 2, "head_dim": 64, "dtype": "fp32",
                     "device": "cpu", "backward": True}
-"""The reference command's layout (``microbench`` configuration keys)."""
+"""The reference command's layout (fields of ``microbench``'s configuration)."""
 REFERENCE_TAP = {"pool_size": 2, "head_split": 2, "pipeline_chunks": 2}
 """Its TAP options besides the block size (the microbench's default M = 2)."""
 SKEWED_IDEAL_RATIO = {(8192, 1024): 1.08, (16384, 2048): 1.05}
@@ -56,10 +56,9 @@ class Target:
                 f"one run -- the target's figure is the median of >= 3 runs)")
 
 
-def _is_reference(cfg: dict) -> bool:
-    tap = cfg["tap"]
-    return (all(cfg.get(k) == v for k, v in REFERENCE_LAYOUT.items())
-            and all(tap.get(k) == v for k, v in REFERENCE_TAP.items()))
+def _is_reference(cfg) -> bool:
+    return (all(getattr(cfg, k) == v for k, v in REFERENCE_LAYOUT.items())
+            and all(getattr(cfg.tap, k) == v for k, v in REFERENCE_TAP.items()))
 
 
 def _skewed(windows, seq_len: int) -> bool:
@@ -72,12 +71,14 @@ def _uniform(windows, length: int) -> bool:
     return bool(windows) and all(int(n) == length for w in windows for s in w for n in s.sample_lengths)
 
 
-def reference_targets(cfg: dict, windows) -> list[Target]:
-    """The targets that a run of configuration ``cfg`` (``microbench``'s) over ``windows``
-    (:func:`libra.data.windows.gbs_windows`' GBS windows) measures; [] for any other run."""
+def reference_targets(cfg, windows) -> list[Target]:
+    """The targets that a run of configuration ``cfg`` (an
+    :class:`experiments.measured.microbench.MicrobenchConfig`, not imported here: microbench imports
+    this module) over ``windows`` (:func:`libra.data.windows.gbs_windows`' GBS windows) measures; []
+    for any other run."""
     if not _is_reference(cfg):
         return []
-    S, B = cfg["seq_len"], cfg["tap"]["block_size"]
+    S, B = cfg.seq_len, cfg.tap.block_size
     bound = SKEWED_IDEAL_RATIO.get((S, B))
     if bound is not None and _skewed(windows, S):
         return [Target("libra", "ideal_ratio", bound, f"S={S}, one {S}-token sample against {S // 1024} x 1024")]

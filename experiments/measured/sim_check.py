@@ -43,6 +43,7 @@ from experiments.common.options import SizeType, quick_option, tap_options
 from experiments.common.runner import RUNS_ROOT, ExperimentRun
 from experiments.common.runs_table import run_caption
 from experiments.measured.gpu_common import (
+    KernelGeometry,
     MeasureOptions,
     OnePoolLayout,
     cpu_threads,
@@ -147,8 +148,9 @@ def measure_worker(backend, calls, head_dim: int, dtype, device, cfg: SimCheckCo
     """Median forward and backward ms of all of one worker's calls run back to back."""
     prepared = []
     for j, (seg, qh, kvh) in enumerate(calls):
-        n = rotation_sets(seg, qh, kvh, head_dim, dtype, cfg.rotate, (cfg.rotate_mb << 20) // max(len(calls), 1))
-        prepared.append((seg, make_inputs(seg, qh, kvh, head_dim, dtype, device, n, seed + 7919 * j, backend)))
+        geom = KernelGeometry(qh, kvh, head_dim, dtype, device)
+        n = rotation_sets(seg, geom, cfg.rotate, (cfg.rotate_mb << 20) // max(len(calls), 1))
+        prepared.append((seg, make_inputs(seg, geom, n, seed + 7919 * j, backend)))
 
     def fwd(i):
         with torch.no_grad():

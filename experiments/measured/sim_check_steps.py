@@ -46,6 +46,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -57,12 +58,12 @@ from experiments.common.runs_table import run_caption
 from experiments.measured.microbench import (
     FIRST_STEP_WARMUP,
     RANK_THREADS,
+    MicrobenchConfig,
     _local_tensors,
     _runner,
     _setup,
     _time_calls,
     check_cpu_ranks,
-    make_config,
     make_planner,
     usable_cores,
 )
@@ -73,11 +74,37 @@ TERMS = ("compute", "exposed", "total")
 """The terms compared: kernel time, exposed communication, step time (all forward + backward, ms)."""
 
 
-def steps_config(layout: dict, profile: str, nproc: int) -> dict:
+@dataclass(frozen=True)
+class StepsConfig:
+    """A whole-step check: what the ranks run (``bench``, microbench's configuration, whose runners,
+    inputs and timing they share) and what the pricing adds. :meth:`to_record` is ``run.json``'s
+    ``config``.
+
+    Attributes:
+        bench: layout, methods, windows and timing of the measured steps.
+        price_profile: the profile the Plans are priced under (``--profile``).
+        nproc: ranks spawned (= DP * CP).
+        shared_cores: the usable cores the ranks share when there are more ranks than cores (the
+            model's compute is then priced with :func:`processor_sharing`); None: a core each.
+    """
+
+    bench: MicrobenchConfig
+    price_profile: str
+    nproc: int
+    shared_cores: int | None = None
+
+    def to_record(self) -> dict:
+        """microbench's record plus the pricing's fields (``interleaved``: the methods always run in
+        turn here, recorded so a run.json says how it was measured)."""
+        return {**self.bench.to_record(), "price_profile": self.price_profile, "nproc": self.nproc,
+                "interleaved": True, "shared_cores": self.shared_cores}
+
+
+def steps_config(layout: dict, profile: str, nproc: int) -> StepsConfig:
     """The validated configuration of a whole-step check (raises ValueError naming the bad value).
 
-    ``layout``: :func:`experiments.measured.microbench.make_config`'s keyword arguments but
-    ``profile`` (which the profiled planners also plan with here); ``nproc`` must equal DP*CP.
+    ``layout``: :class:`experiments.measured.microbench.MicrobenchConfig`'s fields but ``profile``
+    (which the profiled planners also plan with here); ``nproc`` must equal DP*CP.
     """
     from experiments.measured.microbench import PROFILED  # noqa: PLC0415
     from libra.sim.profiles import load_profile  # noqa: PLC0415
@@ -88,14 +115,14 @@ def steps_config(layout: dict, profile: str, nproc: int) -> dict:
     load_profile(profile)  # an unknown name or a bad file fails here
     methods = layout["methods"]
     names = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else list(methods)
-    cfg = make_config(**layout, profile=profile if set(PROFILED) & set(names) else None, paired_ideal=False)
-    if nproc != cfg["dp"] * cfg["cp"]:
-        raise ValueError(f"--nproc {nproc} must equal DP*CP = {cfg['dp']}*{cfg['cp']} = {cfg['dp'] * cfg['cp']}")
-    check_cpu_ranks(nproc, cfg["device"], cfg["oversubscribe"])
+    bench = MicrobenchConfig(**layout, profile=profile if set(PROFILED) & set(names) else None, paired_ideal=False)
+    if nproc != bench.dp * bench.cp:
+        raise ValueError(f"--nproc {nproc} must equal DP*CP = {bench.dp}*{bench.cp} = {bench.dp * bench.cp}")
+    check_cpu_ranks(nproc, bench.device, bench.oversubscribe)
     cores = usable_cores()
     # more ranks than cores: the ranks share them (processor_sharing), which the model must price
     shared = cores if nproc * RANK_THREADS > cores else None
-    return {**cfg, "price_profile": str(profile), "nproc": nproc, "interleaved": True, "shared_cores": shared}
+    return StepsConfig(bench=bench, price_profile=str(profile), nproc=nproc, shared_cores=shared)
 
 
 def processor_sharing(compute_ms: np.ndarray, cores: int) -> np.ndarray:
@@ -121,29 +148,29 @@ def processor_sharing(compute_ms: np.ndarray, cores: int) -> np.ndarray:
 # --------------------------------------------------------------------------------------------
 
 
-def steps_rank(rank: int, world: int, cfg: dict, window_ids: list[int], send=None) -> dict:
+def steps_rank(rank: int, world: int, cfg: StepsConfig, window_ids: list[int], send=None) -> dict:
     """Every window of ``window_ids`` on this rank: plan it with every method, then run its steps
     with the methods interleaved (module docstring). Rank 0 prices the Plans and returns
     ``{str(window): rows}`` (and sends ``{"key", "rows"}`` through ``send`` per window); others ``{}``."""
-    from libra.config import ParallelConfig  # noqa: PLC0415
     from libra.data.windows import gbs_windows  # noqa: PLC0415
 
-    device, backend, dtype, shape, groups = _setup(rank, cfg)
-    par = ParallelConfig(dp=cfg["dp"], cp=cfg["cp"], gbs=cfg["gbs"], seq_len=cfg["seq_len"])
+    bench = cfg.bench
+    device, backend, dtype, shape, groups = _setup(rank, bench)
+    par = bench.par
     me = groups[1].cp.worker
-    windows = gbs_windows(cfg["workload"], cfg["seq_len"], cfg["gbs"], cfg["windows"], seed=cfg["seed"])
-    planners = {m: make_planner(m, cfg) for m in cfg["methods"]}
+    windows = gbs_windows(bench.workload, bench.seq_len, bench.gbs, bench.windows, seed=bench.seed)
+    planners = {m: make_planner(m, bench) for m in bench.methods}
     cost = _cost_model(cfg, par) if rank == 0 else None
     out, first = {}, True
     for w in window_ids:
-        plans = {m: planners[m].plan_window(windows[w], par, shape) for m in cfg["methods"]}
+        plans = {m: planners[m].plan_window(windows[w], par, shape) for m in bench.methods}
         rows = []
-        for i in range(len(plans[cfg["methods"][0]])):
-            step = {m: plans[m][i] for m in cfg["methods"]}
+        for i in range(len(plans[bench.methods[0]])):
+            step = {m: plans[m][i] for m in bench.methods}
             priced = {m: _priced(cost, p) for m, p in step.items()} if rank == 0 else None
-            warmup = max(cfg["warmup"], FIRST_STEP_WARMUP) if first else cfg["warmup"]
+            warmup = max(bench.warmup, FIRST_STEP_WARMUP) if first else bench.warmup
             first = False
-            gathered = _interleave(step, cfg, (groups, backend, shape, me, dtype, device), warmup, world)
+            gathered = _interleave(step, bench, (groups, backend, shape, me, dtype, device), warmup, world)
             if rank == 0:
                 rows += _step_rows(w, step, priced, gathered, cfg)
         if rank == 0:
@@ -153,12 +180,12 @@ def steps_rank(rank: int, world: int, cfg: dict, window_ids: list[int], send=Non
     return out
 
 
-def _cost_model(cfg: dict, par):
+def _cost_model(cfg: StepsConfig, par):
     from libra.sim.cost import CostModel  # noqa: PLC0415
     from libra.sim.profiles import load_profile  # noqa: PLC0415
     from libra.sim.topology import Topology  # noqa: PLC0415
 
-    prof = load_profile(cfg["price_profile"])
+    prof = load_profile(cfg.price_profile)
     return CostModel(prof, Topology(prof, par))
 
 
@@ -173,7 +200,7 @@ def _priced(cost, plan) -> dict:
             "choice": ";".join(plan.meta.get("adaptive_choice", ())), "chunks": int(plan.pipeline_chunks)}
 
 
-def _interleave(step: dict, cfg: dict, env: tuple, warmup: int, world: int) -> dict:
+def _interleave(step: dict, cfg: MicrobenchConfig, env: tuple, warmup: int, world: int) -> dict:
     """Run ``warmup + repeats`` rounds, each one call of every method in turn; returns per method
     the ``(world, k)`` matrix of every rank's measurements (microbench's layout, :func:`_step_row`)."""
     import torch  # noqa: PLC0415
@@ -181,37 +208,38 @@ def _interleave(step: dict, cfg: dict, env: tuple, warmup: int, world: int) -> d
     from libra.runtime.groups import all_gather_single  # noqa: PLC0415
 
     groups, backend, shape, me, dtype, device = env
+    once = replace(cfg.timing, warmup=0, repeats=1)  # one call per method per round
     prepared = {}
     for m, plan in step.items():
         runner, ranges, seq_ids, chunks, P = _runner(m, plan, cfg, groups, backend, shape, me)
-        prepared[m] = (runner, _local_tensors(ranges, seq_ids, shape, dtype, device, cfg["seed"]), chunks, P)
+        prepared[m] = (runner, _local_tensors(ranges, seq_ids, shape, dtype, device, cfg.seed), chunks, P)
     got = {m: [] for m in step}
-    for r in range(warmup + cfg["repeats"]):
-        for m, (runner, (q, k, v, do), _, _) in prepared.items():
-            res = _time_calls(runner, q, k, v, do, 1, 0, cfg["backward"], device, None)
+    for r in range(warmup + cfg.repeats):
+        for m, (runner, inputs, _, _) in prepared.items():
+            res = _time_calls(runner, inputs, once, device)
             if r >= warmup:
                 got[m].append([float(x[0]) for x in res[:4]])
     out = {}
     for m, (runner, _, _, P) in prepared.items():
         st = runner.stats
-        sent = st["sent_bytes"] / (warmup + cfg["repeats"]) if isinstance(st, dict) else sum(st.sent_bytes.values())
+        sent = st["sent_bytes"] / (warmup + cfg.repeats) if isinstance(st, dict) else sum(st.sent_bytes.values())
         peak = st["peak_transient_bytes"] if isinstance(st, dict) else st.peak_transient_bytes
         t = np.array(got[m]).T  # (4, R): wall, cpu, compute, wait
-        mine = np.concatenate([*t, np.full(cfg["repeats"], np.nan), [peak, sent, P]])
+        mine = np.concatenate([*t, np.full(cfg.repeats, np.nan), [peak, sent, P]])
         allv = torch.zeros(world * mine.size, dtype=torch.float64, device=device)
         all_gather_single(allv, torch.tensor(mine, dtype=torch.float64).to(device))
         out[m] = allv.view(world, -1).cpu().numpy()
     return out
 
 
-def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: dict) -> list[dict]:
+def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: StepsConfig) -> list[dict]:
     """One row per (method, rank) and one straggler row per method of one step."""
-    R, rows = cfg["repeats"], []
+    R, rows = cfg.bench.repeats, []
     for m, plan in step.items():
         allv = gathered[m]
         pr = priced[m]
-        if cfg.get("shared_cores"):  # the host's ranks share its cores: the model priced one core each
-            compute = processor_sharing(pr["compute"], cfg["shared_cores"])
+        if cfg.shared_cores:  # the host's ranks share its cores: the model priced one core each
+            compute = processor_sharing(pr["compute"], cfg.shared_cores)
             pr = {**pr, "compute": compute, "total": compute + pr["exposed"]}
         wall, compute = allv[:, :R] * 1e3, allv[:, 2 * R:3 * R] * 1e3
         head = {"method": m, "window": int(window), "step": int(plan.ga_index), "plan_digest": pr["digest"],
@@ -317,7 +345,7 @@ def plot_steps(df: pd.DataFrame, path: Path, caption: str | None = None) -> None
 # --------------------------------------------------------------------------------------------
 
 
-def run_steps_check(cfg: dict, out: str | None, force: bool = False, quiet: bool = False) -> dict:
+def run_steps_check(cfg: StepsConfig, out: str | None, force: bool = False, quiet: bool = False) -> dict:
     """Measure the windows not cached yet, price, and write (module docstring).
 
     Returns ``{"df", "order", "summary", "paths", "out_dir"}``.
@@ -333,17 +361,17 @@ def run_steps_check(cfg: dict, out: str | None, force: bool = False, quiet: bool
         run_local_ranks,
     )
 
-    run = ExperimentRun("sim_check_steps", cfg, out_dir=out, force=force, quiet=quiet)
+    run = ExperimentRun("sim_check_steps", cfg.to_record(), out_dir=out, force=force, quiet=quiet)
     run.claim_folder()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     t0 = time.perf_counter()
-    keys = [["steps", w] for w in range(cfg["windows"])]
+    keys = [["steps", w] for w in range(cfg.bench.windows)]
     todo = [k[1] for k in keys if run.cached(k) is None]
     if todo:
         with relayed_messages(lambda msg: run.record(msg["key"], msg["rows"])) as (messages, poll):
             try:
-                res = run_local_ranks(steps_rank, cfg["nproc"], cfg, todo, messages.send,
-                                      deadline_s=cfg["timeout"] * 4, pg_timeout_s=cfg["timeout"],
+                res = run_local_ranks(steps_rank, cfg.nproc, cfg, todo, messages.send,
+                                      deadline_s=cfg.bench.timeout * 4, pg_timeout_s=cfg.bench.timeout,
                                       threads=RANK_THREADS, what="sim-check ranks", poll=poll)
             finally:
                 poll()
@@ -360,12 +388,12 @@ def run_steps_check(cfg: dict, out: str | None, force: bool = False, quiet: bool
     summary = {"methods": summarize_steps(df), "order_gap": ORDER_GAP,
                "order_pairs_checked": int(len(checked)),
                "order_pairs_agree": int(checked.order_agrees.astype(bool).sum()) if len(checked) else 0,
-               "oversubscribed": cfg["nproc"] * RANK_THREADS > usable_cores(), "shared_cores": cfg["shared_cores"],
+               "oversubscribed": cfg.nproc * RANK_THREADS > usable_cores(), "shared_cores": cfg.shared_cores,
                "loadavg_before": list(load_before) if load_before else None,
                "loadavg_after": list(load_after) if load_after else None,
                "bench_wall_s": round(time.perf_counter() - t0, 3)}
     paths = run.finish(df, lambda d, p: plot_steps(d, p, run_caption(run.config)),
-                       extra={"summary": summary, "usable_cores": usable_cores(), "launch": f"spawn --nproc {cfg['nproc']}"},
+                       extra={"summary": summary, "usable_cores": usable_cores(), "launch": f"spawn --nproc {cfg.nproc}"},
                        files={"sim_check_order.csv": order.to_csv(index=False)})
     return {"df": df, "order": order, "summary": summary, "paths": paths, "out_dir": run.out_dir}
 
