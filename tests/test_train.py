@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,12 +15,14 @@ from experiments.measured.train import (
     TOKENS,
     TrainConfig,
     draw,
+    run_tap,
     run_training,
     sample_lengths,
     summary,
     summary_table,
     train,
 )
+from experiments.measured.training.config import CPU_TAP_DEFAULTS, TAP_FIELDS
 from experiments.measured.training.data import IGNORE, PieceDataset, collate_packed
 from experiments.measured.training.loop import _plans_for_step
 from experiments.measured.training.model import ModelConfig
@@ -29,10 +32,10 @@ from libra.sampler import LibraSampler, SamplePiece
 SMALL = ModelConfig(vocab_size=64, hidden=32, layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8, ffn=64)
 
 
-def _cfg(attention, nproc, cp, dtype="float64", **kw):
-    return TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=2, seq_len=256, gbs=4, block_size=32,
-                       head_split=2, pipeline_chunks=2, model=SMALL, dtype=dtype, lr=1e-2, seed=7,
-                       timeout_s=60.0, **kw)
+def _cfg(attention, nproc, cp, dtype="float64", pool_size=None, tau=None, **kw):
+    tap = run_tap(nproc, cp, pool_size=pool_size, block_size=32, head_split=2, tau=tau, pipeline_chunks=2)
+    return TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=2, seq_len=256, gbs=4, tap=tap, model=SMALL,
+                       dtype=dtype, lr=1e-2, seed=7, timeout_s=60.0, **kw)
 
 
 @pytest.mark.slow
@@ -53,7 +56,7 @@ def test_reference_ulysses_and_libra_train_identically():
     for name, p in ref32["params"].items():
         torch.testing.assert_close(lib32["params"][name], p, rtol=1e-3, atol=2e-5, msg=name)
     # a change to the data is visible: the test can fail
-    other = run_training(TrainConfig(**{**_cfg("reference", 1, 1).to_dict(), "seed": 8, "model": SMALL}))[0]
+    other = run_training(replace(_cfg("reference", 1, 1), seed=8))[0]
     assert abs(other["steps"][0]["loss"] - ref_loss[0]) > 1e-6
 
 
@@ -117,8 +120,10 @@ def test_piece_dataset_labels_follow_the_sample_across_a_split():
     (dict(nproc=4, cp=3), "CP=3 must divide nproc=4"),
     (dict(attention="reference", cp=2), "needs CP=1"),
     (dict(nproc=4, cp=2, gbs=3), "GBS=3 must be a positive multiple of DP=2"),
-    (dict(nproc=8, cp=2, pool_size=3), "P=3 must divide DP=4"),
-    (dict(block_size=100), "block size B=100 must divide S/CP=512"),
+    (dict(nproc=8, cp=2, tap=run_tap(8, 2, pool_size=3)), "P=3 must divide DP=4"),
+    (dict(tap=run_tap(4, 2, block_size=100)), "block size B=100 must divide S/CP=512"),
+    (dict(tap={"pool_size": 2}), "TrainConfig.tap must be a TapConfig"),
+    (dict(tap=run_tap(4, 2, comm_aware=False)), r"\['comm_aware'\] keep TapConfig's defaults"),
     (dict(dtype="float16"), "unknown dtype 'float16'"),
     (dict(steps=0), "steps must be a positive integer, got 0"),
     (dict(planner="libra-fast"), "unknown planner 'libra-fast'"),
@@ -147,6 +152,8 @@ def test_train_command_single_process_writes_results(tmp_path):
     assert record["world_size"] == 1 and record["nodes"] == 1 and record["ranks"][0]["local_rank"] == 0
     bad = CliRunner().invoke(train, ["--nproc", "4", "--cp", "3", "--out", str(tmp_path)])
     assert bad.exit_code != 0 and "CP=3 must divide nproc=4" in bad.output
+    bad = CliRunner().invoke(train, ["--nproc", "1", "--cp", "2", "--out", str(tmp_path)])  # CP above nproc: named as such
+    assert bad.exit_code != 0 and "CP=2 must divide nproc=1" in bad.output
 
 
 def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
@@ -161,8 +168,8 @@ def test_tap_options_come_from_tapconfig_with_this_commands_defaults():
 
 def test_tau_is_part_of_the_tap_layout_and_the_run_record(tmp_path):
     cfg = _cfg("libra", 4, 2, pool_size=2)
-    assert cfg.tau == TapConfig.tau and cfg.tap == TapConfig(pool_size=2, block_size=32, head_split=2,
-                                                             pipeline_chunks=2)
+    assert cfg.tap.tau == TapConfig.tau and cfg.tap == TapConfig(pool_size=2, block_size=32, head_split=2,
+                                                                 pipeline_chunks=2)
     res = CliRunner().invoke(train, ["--nproc", "1", "--cp", "1", "--attention", "reference", "--steps", "1",
                                      "--seq-len", "128", "--gbs", "2", "--layers", "1", "--hidden", "32",
                                      "--tau", "0.25", "--out", str(tmp_path)])
@@ -171,7 +178,20 @@ def test_tau_is_part_of_the_tap_layout_and_the_run_record(tmp_path):
     assert config["tau"] == 0.25 and config["block_size"] == 128 and config["pipeline_chunks"] == 2
     with pytest.raises(ValueError, match="tau must be a number >= 0"):
         _cfg("libra", 4, 2, tau=-1.0)
-    assert _cfg("libra", 4, 2, tau=0.25).loop_config().tau == 0.25  # the training planner gets it
+    assert _cfg("libra", 4, 2, tau=0.25).loop_config().tap.tau == 0.25  # the training planner gets it
+
+
+def test_train_config_owns_its_tap_layout_and_records_it_flat():
+    """A run's TapConfig defaults to P = DP with the CPU-sized B and M (TapConfig's H and tau); run.json
+    records its fields flat beside the run's own, as records did before the config held a TapConfig."""
+    cfg = TrainConfig(nproc=8, cp=2)
+    assert cfg.tap == run_tap(8, 2) == TapConfig(pool_size=4, **CPU_TAP_DEFAULTS)
+    assert CPU_TAP_DEFAULTS == {"block_size": 128, "pipeline_chunks": 2}
+    record = replace(cfg, tap=run_tap(8, 2, pool_size=2, tau=0.25)).to_record()
+    assert "tap" not in record and list(record)[:6] == ["nproc", "cp", "attention", "steps", "seq_len", "gbs"]
+    assert {k: record[k] for k in TAP_FIELDS} == {"pool_size": 2, "block_size": 128, "head_split": 2, "tau": 0.25,
+                                                  "pipeline_chunks": 2}
+    assert list(record)[6:11] == list(TAP_FIELDS) and record["workload"] == "libra-prod"
 
 
 def test_printed_table_and_png_bars_are_the_same_median_with_its_unit():

@@ -419,15 +419,15 @@ def _measure(workload, seed, out, force, nproc, steps, quiet=False):
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     run = ExperimentRun("e2e-measured", {"workload": workload, "seed": seed, "nproc": nproc, "steps": steps,
-                                         "train": [c.to_dict() for c in cfgs]}, out_dir=out, force=force,
-                        quiet=quiet, layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_dict()}])
+                                         "train": [c.to_record() for c in cfgs]}, out_dir=out, force=force,
+                        quiet=quiet, layouts=[{"dp": cfgs[0].dp, **cfgs[0].to_record()}])
     run.claim_folder()
     _train_points(run, methods, cfgs)
     results = [{"steps": run.cached(["method", m])} for m in methods]
     df = pd.DataFrame(measured_rows(workload, methods, cfgs, results))
     timed = timed_steps(df, "window")
     over = f"{timed['window'].nunique()} step(s)" + (" after the first" if len(timed) < len(df) else "")
-    finish_throughput(run, df, "median", over, rows=timed, layout=layout_tag({"dp": cfgs[0].dp, **cfgs[0].to_dict()}))
+    finish_throughput(run, df, "median", over, rows=timed, layout=layout_tag({"dp": cfgs[0].dp, **cfgs[0].to_record()}))
     click.echo(f"wrote {run.csv_path}")
 
 

@@ -34,16 +34,17 @@ within seconds with one line naming it (``Error: training ranks: rank 1 exited (
 ``--timeout`` bounds how long a rank waits on a peer.
 
 The TAP options (``--pool-size``, ``--block-size``, ``--head-split``, ``--tau``,
-``--pipeline-chunks``) come from :func:`experiments.common.options.tap_options`, with
-:class:`TrainConfig`'s defaults (P = DP, CPU-sized B and M); ``run.json`` records them with the
-rest of the TrainConfig.
+``--pipeline-chunks``) come from :func:`experiments.common.options.tap_options`, with a training
+run's defaults (:func:`~experiments.measured.training.config.run_tap`: P = DP, the CPU-sized B and M
+of :data:`~experiments.measured.training.config.CPU_TAP_DEFAULTS`); the command builds the run's
+TapConfig from them, which :class:`TrainConfig` holds and validates, and ``run.json`` records its
+fields flat with the rest of the TrainConfig (:meth:`TrainConfig.to_record`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import fields
 from pathlib import Path
 
 import click
@@ -60,14 +61,14 @@ from experiments.common.options import (
     tap_options,
 )
 from experiments.measured.training.checkpoint import CHECKPOINT_NAME
-from experiments.measured.training.config import TAP_FIELDS, TrainConfig, sample_lengths
+from experiments.measured.training.config import CPU_TAP_DEFAULTS, TrainConfig, run_tap, sample_lengths
 from experiments.measured.training.launch import run_training
 from experiments.measured.training.loop import ATTENTION, DTYPES, PLANNERS
 from experiments.measured.training.model import ModelConfig
 from experiments.measured.training.ranks import nodes_of
 from libra.data.loaders import SUFFIX_LIST
 
-__all__ = ["TrainConfig", "draw", "run_training", "sample_lengths", "summary", "summary_table", "train"]
+__all__ = ["TrainConfig", "draw", "run_tap", "run_training", "sample_lengths", "summary", "summary_table", "train"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,11 +138,8 @@ def _plot(df: pd.DataFrame, path: Path, caption: str | None = None) -> None:
 QUICK = {"steps": 2, "seq_len": 256, "layers": 1, "hidden": 32}
 """``--quick``'s values (each unless given)."""
 
-# TrainConfig's TAP defaults (P's, None, means DP: the option's default then reads "DP")
-_TAP_DEFAULTS = {f.name: f.default for f in fields(TrainConfig) if f.name in TAP_FIELDS and f.default is not None}
 
-
-@click.command("train", context_settings={"default_map": _TAP_DEFAULTS})
+@click.command("train", context_settings={"default_map": dict(CPU_TAP_DEFAULTS)})
 @click.option("--nproc", type=click.IntRange(min=1), default=None, show_default="4; under torchrun WORLD_SIZE",
               help="processes = DP x CP (under torchrun leave it out: the world size is WORLD_SIZE)")
 @click.option("--cp", type=click.IntRange(min=1), default=2, show_default=True, help="context-parallel degree CP")
@@ -194,10 +192,11 @@ def train(ctx, nproc, cp, attention, planner, profile, measure_speeds, steps, se
     nproc = _world_size(nproc, launched)
     try:
         model = ModelConfig(layers=layers, hidden=hidden, num_experts=experts)
-        cfg = TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=steps, seq_len=seq_len, gbs=gbs,
-                          pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
-                          pipeline_chunks=pipeline_chunks, workload=workload, model=model, dtype=dtype, lr=lr,
-                          seed=seed, planner=planner, profile=profile, measure_speeds=measure_speeds, timeout_s=timeout)
+        tap = run_tap(nproc, cp, pool_size=pool_size, block_size=block_size, head_split=head_split, tau=tau,
+                      pipeline_chunks=pipeline_chunks)
+        cfg = TrainConfig(nproc=nproc, cp=cp, attention=attention, steps=steps, seq_len=seq_len, gbs=gbs, tap=tap,
+                          workload=workload, model=model, dtype=dtype, lr=lr, seed=seed, planner=planner,
+                          profile=profile, measure_speeds=measure_speeds, timeout_s=timeout)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     writer = not launched or os.environ["RANK"] == "0"
@@ -279,7 +278,7 @@ def _write(run, result: dict, cfg: TrainConfig, source: str) -> None:
     from experiments.common.runner import layout_tag  # noqa: PLC0415
     from experiments.common.runs_table import run_caption  # noqa: PLC0415
 
-    caption = run_caption(run.config, layout_tag({"dp": cfg.dp, **cfg.to_dict()}))
+    caption = run_caption(run.config, layout_tag({"dp": cfg.dp, **cfg.to_record()}))
     paths = run.finish(df, lambda d, p: _plot(d, p, caption), extra={"world_size": cfg.nproc, "nodes": nodes_of(ranks), "ranks": ranks, **speeds})
     if speeds:
         click.echo("measured attention speed per rank: " + " ".join(f"{v:.3f}" for v in speeds["device_speeds"]))
@@ -310,10 +309,10 @@ def _prepare_run(cfg: TrainConfig, out, force: bool):
 
     warn_if_repeated(resolve_workload(cfg.workload), (cfg.steps + 1) * cfg.gbs * cfg.seq_len,
                      f"{cfg.steps} step(s) of GBS {cfg.gbs} x S {cfg.seq_len} tokens")
-    layout = {"dp": cfg.dp, **cfg.to_dict()}
-    run = ExperimentRun("train", cfg.to_dict(), out_dir=out, force=force, layouts=[layout])
+    layout = {"dp": cfg.dp, **cfg.to_record()}
+    run = ExperimentRun("train", cfg.to_record(), out_dir=out, force=force, layouts=[layout])
     run.claim_folder()
     return run
 
 
-next(p for p in train.params if p.name == "pool_size").show_default = "DP"  # TrainConfig resolves None to DP
+next(p for p in train.params if p.name == "pool_size").show_default = "DP"  # run_tap resolves None to DP

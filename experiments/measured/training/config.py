@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -11,8 +11,29 @@ from experiments.measured.training.model import ModelConfig
 from libra.config import TapConfig
 
 TAP_FIELDS = ("pool_size", "block_size", "head_split", "tau", "pipeline_chunks")
-"""The :class:`TapConfig` fields a training run takes (its other fields keep TapConfig's defaults)."""
+"""The :class:`TapConfig` fields a training run takes and records (its other fields keep TapConfig's
+defaults)."""
 
+# A training run's TAP defaults where they differ from TapConfig's (the paper's sec. 6.3 layout:
+# B = 4096, M = 4), because the run trains a small model on CPU. B must divide S/CP: the default
+# S = 1024 at CP = 2 leaves 512 tokens per rank, where the paper's 4096 does not fit and B = 128 makes
+# four blocks (one at --quick's S = 256). M must divide hq/H: the small model's 4 query heads at H = 2
+# leave 2, so M = 2 is the most it takes. P defaults to DP and H, tau to TapConfig's (:func:`run_tap`).
+CPU_TAP_DEFAULTS = {"block_size": 128, "pipeline_chunks": 2}
+"""A training run's CPU-sized B and M (the comment above says why they differ from the paper's)."""
+
+
+def run_tap(nproc: int, cp: int, **given) -> TapConfig:
+    """A training run's TAP layout: P = DP (``nproc / CP``), :data:`CPU_TAP_DEFAULTS`' B and M,
+    TapConfig's H and tau, with the ``given`` TapConfig fields (None values keep these) replacing them.
+
+    A CP above ``nproc`` still gets P = 1 here: :class:`TrainConfig` rejects that layout by name.
+
+    Raises:
+        ValueError: a value :class:`TapConfig` rejects.
+    """
+    layout = {"pool_size": max(nproc // cp, 1), **CPU_TAP_DEFAULTS}
+    return TapConfig(**{**layout, **{k: v for k, v in given.items() if v is not None}})
 
 
 @dataclass(frozen=True)
@@ -25,9 +46,10 @@ class TrainConfig:
         attention: ``reference``, ``ulysses`` or ``libra``.
         steps: optimizer steps.
         seq_len: packed-sequence length ``S``; ``gbs``: packed sequences per step (default ``2 * DP``).
-        pool_size: Libra's ``P`` (default ``DP``); block_size ``B``, head_split ``H``, tau (soft
-            load-target slack), pipeline_chunks ``M`` (Libra sec. 4.3, 4.4): the TAP layout,
-            :attr:`tap`. B and M default to CPU-sized values; H and tau to TapConfig's.
+        tap: the TAP layout (Libra sec. 4.3, 4.4): pool size ``P``, block size ``B``, head split
+            ``H``, tau (soft load-target slack), Pipeliner chunks ``M``; None: :func:`run_tap`'s
+            (P = DP, CPU-sized B and M, TapConfig's H and tau). Its other fields keep TapConfig's
+            defaults (the run records :data:`TAP_FIELDS` only).
         workload: length preset or file the sample lengths come from.
         model: the model shape; dtype: ``float64``, ``float32`` or ``bfloat16``.
         lr, seed: AdamW learning rate and the run's seed (data order, init, tokens).
@@ -42,7 +64,8 @@ class TrainConfig:
 
     Raises:
         ValueError: naming the bad value (unknown attention/dtype, ``CP`` not dividing ``nproc``,
-            ``DP`` not dividing ``gbs``, ``P`` not dividing ``DP``, ``CP`` not dividing ``S``, ...).
+            ``DP`` not dividing ``gbs``, ``P`` not dividing ``DP``, ``CP`` not dividing ``S``, a
+            ``tap`` that is no TapConfig or sets fields beyond :data:`TAP_FIELDS`, ...).
     """
 
     nproc: int = 4
@@ -51,11 +74,7 @@ class TrainConfig:
     steps: int = 5
     seq_len: int = 1024
     gbs: int | None = None
-    pool_size: int | None = None
-    block_size: int = 128  # CPU-sized (the paper: 4096)
-    head_split: int = TapConfig.head_split
-    tau: float = TapConfig.tau
-    pipeline_chunks: int = 2  # the small model's hq/H = 2 (the paper: 4)
+    tap: TapConfig | None = None
     workload: str = "libra-prod"
     model: ModelConfig = field(default_factory=ModelConfig)
     dtype: str = "float32"
@@ -83,16 +102,16 @@ class TrainConfig:
             raise ValueError(f"{self.attention} attention needs CP >= 2, got CP={self.cp}")
         dp = self.nproc // self.cp
         gbs = 2 * dp if self.gbs is None else self.gbs
-        pool = dp if self.pool_size is None else self.pool_size
+        tap = run_tap(self.nproc, self.cp) if self.tap is None else self.tap
         object.__setattr__(self, "gbs", gbs)
-        object.__setattr__(self, "pool_size", pool)
+        object.__setattr__(self, "tap", tap)
         if isinstance(gbs, bool) or not isinstance(gbs, int) or gbs < 1 or gbs % dp:
             raise ValueError(f"GBS={gbs!r} must be a positive multiple of DP={dp}")
-        if isinstance(pool, bool) or not isinstance(pool, int) or pool < 1 or dp % pool:
-            raise ValueError(f"pool size P={pool!r} must divide DP={dp}")
+        self._check_tap()
+        if dp % tap.pool_size:
+            raise ValueError(f"pool size P={tap.pool_size!r} must divide DP={dp}")
         if self.seq_len % self.cp:
             raise ValueError(f"CP={self.cp} must divide S={self.seq_len}")
-        tap = self.tap  # validates B, H, tau and M
         if self.attention == "libra":
             from libra.config import ParallelConfig, check_layout
 
@@ -101,6 +120,16 @@ class TrainConfig:
         self._check_planner()
         if not self.lr > 0 or not self.timeout_s > 0:
             raise ValueError(f"lr={self.lr!r} and timeout_s={self.timeout_s!r} must be > 0")
+
+    def _check_tap(self) -> None:
+        """``tap`` is a TapConfig (which validated its own values) whose fields beyond
+        :data:`TAP_FIELDS` keep TapConfig's defaults: run.json records only those."""
+        if not isinstance(self.tap, TapConfig):
+            raise ValueError(f"TrainConfig.tap must be a TapConfig, got {self.tap!r}")
+        fixed = [f.name for f in fields(TapConfig) if f.name not in TAP_FIELDS
+                 and getattr(self.tap, f.name) != f.default]
+        if fixed:
+            raise ValueError(f"a training run takes the TAP fields {TAP_FIELDS}; {fixed} keep TapConfig's defaults")
 
     def _check_planner(self) -> None:
         """The planner options: a known planner, only for Libra attention; a profile only for a
@@ -123,26 +152,20 @@ class TrainConfig:
     def dp(self) -> int:
         return self.nproc // self.cp
 
-    @property
-    def tap(self) -> TapConfig:
-        """The run's TAP layout (P resolved; fields the run does not set keep TapConfig's defaults).
-
-        Raises:
-            ValueError: a value :class:`TapConfig` rejects.
-        """
-        return TapConfig(**{name: getattr(self, name) for name in TAP_FIELDS})
-
     def loop_config(self) -> LoopConfig:
         return LoopConfig(attention=self.attention, dp=self.dp, cp=self.cp, seq_len=self.seq_len, gbs=self.gbs,
-                          steps=self.steps, pool_size=self.pool_size, block_size=self.block_size,
-                          head_split=self.head_split, pipeline_chunks=self.pipeline_chunks, model=self.model,
-                          dtype=self.dtype, lr=self.lr, seed=self.seed, tau=self.tau, planner=self.planner,
-                          profile=self.profile, measure_speeds=self.measure_speeds)
+                          steps=self.steps, tap=self.tap, model=self.model, dtype=self.dtype, lr=self.lr,
+                          seed=self.seed, planner=self.planner, profile=self.profile,
+                          measure_speeds=self.measure_speeds)
 
-    def to_dict(self) -> dict:
-        """The config as run.json records it; the planner options only where set, so a run of the
-        paper's planner keeps the content key it had before they existed."""
-        out = asdict(self)
+    def to_record(self) -> dict:
+        """The config as run.json records it: flat, the TAP layout's :data:`TAP_FIELDS` in place of
+        ``tap`` (the record runs had before the config held a TapConfig, so existing run folders keep
+        their content key and resume); the planner options only where set, so a run of the paper's
+        planner keeps the content key it had before they existed."""
+        out = {}
+        for name, value in asdict(self).items():
+            out.update({k: value[k] for k in TAP_FIELDS} if name == "tap" else {name: value})
         for name, default in (("planner", PLANNERS[0]), ("profile", None), ("measure_speeds", False)):
             if out[name] == default:
                 del out[name]

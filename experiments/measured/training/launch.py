@@ -72,9 +72,9 @@ def _rank_main(rank: int, world: int, cfgs: list[TrainConfig], reports: StepRepo
     built = {}
 
     def ctx_of(cfg):
-        key = (cfg.dp, cfg.cp, cfg.pool_size, cfg.timeout_s)
+        key = (cfg.dp, cfg.cp, cfg.tap.pool_size, cfg.timeout_s)
         if key not in built:  # creating groups is collective and slow under gloo: reuse them
-            groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
+            groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.tap.pool_size), rank=rank,
                                   timeout_s=cfg.timeout_s)
             built[key] = groups, gather_rank_records(groups, spawn_coords(rank, world))
         groups, ranks = built[key]
@@ -155,7 +155,7 @@ def _torchrun(cfg: TrainConfig, on_message: Callable[[dict], None] | None = None
             device = f"cuda:{local}"
         resume = [load_checkpoint(checkpoint) if rank == 0 and checkpoint is not None else None]
         dist.broadcast_object_list(resume, src=0)
-        groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.pool_size), rank=rank,
+        groups = build_groups(RankGrid(dp=cfg.dp, cp=cfg.cp, pool_size=cfg.tap.pool_size), rank=rank,
                               timeout_s=cfg.timeout_s)
         ranks = gather_rank_records(groups, torchrun_coords(), device)
         ctx = RankContext(rank, rank // cfg.cp, rank % cfg.cp, groups.cp, groups.pool, device)

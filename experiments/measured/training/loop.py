@@ -53,7 +53,8 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "bfloat16": torch.
 
 @dataclass(frozen=True)
 class LoopConfig:
-    """What one training run needs (validated by :class:`experiments.measured.train.TrainConfig`)."""
+    """What one training run needs (validated by :class:`experiments.measured.train.TrainConfig`;
+    ``tap``: its TAP layout, which the planner is given whole)."""
 
     attention: str
     dp: int
@@ -61,15 +62,11 @@ class LoopConfig:
     seq_len: int
     gbs: int
     steps: int
-    pool_size: int
-    block_size: int
-    head_split: int
-    pipeline_chunks: int
+    tap: TapConfig
     model: ModelConfig
     dtype: str
     lr: float
     seed: int
-    tau: float = TapConfig.tau
     planner: str = PLANNERS[0]
     profile: str | None = None
     measure_speeds: bool = False
@@ -98,10 +95,8 @@ def make_planner(cfg: LoopConfig, device_speeds=None):
     -- ``libra-adaptive`` -- the measured ``device_speeds`` (None: equal speeds)."""
     from baselines.registry import get_planner
 
-    tap = TapConfig(pool_size=cfg.pool_size, block_size=cfg.block_size, head_split=cfg.head_split, tau=cfg.tau,
-                    pipeline_chunks=cfg.pipeline_chunks)
     speeds = {} if device_speeds is None else {"device_speeds": tuple(device_speeds)}
-    return get_planner(cfg.planner, tap=tap, profile=cfg.profile, **speeds)
+    return get_planner(cfg.planner, tap=cfg.tap, profile=cfg.profile, **speeds)
 
 
 def plan_step(cfg: LoopConfig, shape, metadata: dict, planner=None):
@@ -161,7 +156,7 @@ def train_loop(cfg: LoopConfig, lengths: np.ndarray, ctx: RankContext, resume: d
         opt.load_state_dict(copy.deepcopy(resume["opt"]))
         start, log = int(resume["next_step"]), list(resume["steps"])
     use_vrsp = cfg.attention == "libra"
-    sampler = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=cfg.pool_size if use_vrsp else 1,
+    sampler = LibraSampler(lengths, cfg.seq_len, cfg.gbs, cfg.dp, pool_size=cfg.tap.pool_size if use_vrsp else 1,
                            dp_rank=ctx.dp_rank, seed=cfg.seed, use_vrsp=use_vrsp)
     if cfg.steps > sampler.steps_per_epoch:
         raise ValueError(f"steps={cfg.steps} exceeds the {sampler.steps_per_epoch} steps the data holds")
