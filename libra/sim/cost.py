@@ -46,6 +46,7 @@ Terms are named and summed (vidur style):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -298,15 +299,56 @@ def _per_worker(t: np.ndarray) -> np.ndarray:
     return t if t.ndim == 1 else t.sum(axis=1)
 
 
-def _by_chunk(dest, chunk, t, n: int, M: int) -> np.ndarray:
-    """``(n, M)`` sums of segment times ``t`` per worker and chunk; chunk -1 spreads over all M."""
-    out = np.zeros((n, M))
-    every = chunk < 0
-    out += np.bincount(dest[every], weights=t[every], minlength=n)[:, None] / M
-    one = ~every
-    out += np.bincount(dest[one] * M + chunk[one], weights=t[one], minlength=n * M).reshape(n, M)
-    return out
+class _ChunkBins:
+    """Where one pool's kernel segments land: worker ``dest`` and Pipeliner chunk ``chunk`` (-1: a
+    slice of the segment in every chunk) of ``n`` workers and ``M`` chunks. Depends on the plan
+    alone, so it is built once per pool and shared by every profile that prices it."""
 
+    def __init__(self, dest: np.ndarray, chunk: np.ndarray, n: int, M: int):
+        self.dest, self.n, self.M = dest, n, M
+        self.every = chunk < 0
+        self.one = ~self.every
+        self.dest_every = dest[self.every]
+        self.keys_one = dest[self.one] * M + chunk[self.one]
+
+    def sums(self, t: np.ndarray) -> np.ndarray:
+        """``(n, M)`` sums of segment times ``t`` per worker and chunk; chunk -1 spreads over all M."""
+        n, M = self.n, self.M
+        out = np.zeros((n, M))
+        out += np.bincount(self.dest_every, weights=t[self.every], minlength=n)[:, None] / M
+        out += np.bincount(self.keys_one, weights=t[self.one], minlength=n * M).reshape(n, M)
+        return out
+
+    @cached_property
+    def _max_one(self) -> tuple:
+        return _bin_groups(self.keys_one)
+
+    @cached_property
+    def _max_every(self) -> tuple:
+        return _bin_groups(self.dest_every)
+
+    def max_into(self, out: np.ndarray, values: np.ndarray) -> None:
+        """``out[w, c] = max(out[w, c], values of the segments on worker w in chunk c)`` (``(n, M)``;
+        a segment in every chunk counts in each). One sort per pool instead of ``np.maximum.at``'s
+        per-element loop; a max rounds nothing, so the result is exactly ``np.maximum.at``'s."""
+        _max_by(out.reshape(-1), self._max_one, values[self.one])
+        top = np.zeros(self.n)
+        _max_by(top, self._max_every, values[self.every])
+        np.maximum(out, top[:, None], out=out)
+
+
+def _bin_groups(keys: np.ndarray) -> tuple:
+    """``(order, starts, unique keys)``: ``keys`` sorted (stable) and where each key's run starts."""
+    order = np.argsort(keys, kind="stable")
+    k = keys[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]]) if len(k) else np.zeros(0, dtype=np.int64)
+    return order, starts, k[starts]
+
+
+def _max_by(out: np.ndarray, groups: tuple, values: np.ndarray) -> None:
+    order, starts, keys = groups
+    if len(keys):
+        out[keys] = np.maximum(out[keys], np.maximum.reduceat(values[order], starts))
 
 
 def plan_chunks(plan: Plan, pipeline_chunks: int | None = None) -> int:
@@ -377,12 +419,12 @@ class CostModel:
         fwd, bwd = np.zeros((n, M) if per_chunk else n), np.zeros((n, M) if per_chunk else n)
         flops, calls = np.zeros(n), np.zeros(n)
         d, k = plan.shape.head_dim, self.kernel
-        for seg, dest, chunk, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
+        for seg, bins, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
             times = [k.chunked_forward_ms(seg["area"], heads, d, ncalls, seg["kv_len"])]
             if k.has_backward_curve:
                 times.append(k.chunked_backward_ms(seg["area"], heads, d, ncalls, seg["kv_len"]))
             for acc, t in zip((fwd, bwd), times):
-                acc += _by_chunk(dest, chunk, t, n, M) if per_chunk else np.bincount(dest, weights=t, minlength=n)
+                acc += bins.sums(t) if per_chunk else np.bincount(bins.dest, weights=t, minlength=n)
         launch = calls * k.launch_ms
         if per_chunk:
             launch = launch[:, None] / M  # one launch per chunk
@@ -391,19 +433,29 @@ class CostModel:
         return flops, fwd, (bwd + launch * k.backward_time_ratio if k.has_backward_curve else None)
 
     def _worker_segments(self, plan: Plan, schedules: list[ChunkSchedule], flops, calls):
-        """Each pool's kernel segments as the runtime runs them (merged), with their workers and
-        :meth:`ChunkSchedule.segment_calls`; adds each pool's FLOPs into ``flops`` and its kernel
-        calls into ``calls`` (per worker) on the way."""
-        d = plan.shape.head_dim
+        """``(segments, _ChunkBins, heads per call, calls)`` of each pool's kernel segments as the
+        runtime runs them (merged; :meth:`ChunkSchedule.segment_calls`); adds each pool's FLOPs into
+        ``flops`` and its kernel calls into ``calls`` (per worker) on the way."""
+        d, n = plan.shape.head_dim, len(flops)
         for pool, sched in zip(plan.pools, schedules):
             seg, _ = self.structures.get(pool, ("segments", plan.shape, sched.chunks),
                                          lambda pool=pool, sched=sched: pool.kernel_segments(sched, ordered=False))
             if not len(seg["dest"]):
                 continue
-            dest = self.topology.check_ids(seg["dest"])
-            yield (seg, dest, *sched.segment_calls(seg))
-            flops += np.bincount(dest, weights=attention_flops(seg["area"], 1, d) * seg["heads"], minlength=len(flops))
-            calls[sorted_unique(dest)] = sched.chunks
+            # what follows depends on the segments and the worker count alone: built once per pool
+            bins, heads, ncalls, pool_flops, workers = self.structures.get(
+                seg, ("calls", n), lambda seg=seg, sched=sched: self._segment_calls(seg, sched, d, n))
+            yield seg, bins, heads, ncalls
+            flops += pool_flops
+            calls[workers] = sched.chunks
+
+    def _segment_calls(self, seg: dict, sched: ChunkSchedule, head_dim: int, n: int):
+        """``(_ChunkBins, heads per call, calls, (n,) FLOPs per worker, workers)`` of one pool's
+        kernel segments (:meth:`ChunkSchedule.segment_calls`)."""
+        dest = self.topology.check_ids(seg["dest"])
+        flops = np.bincount(dest, weights=attention_flops(seg["area"], 1, head_dim) * seg["heads"], minlength=n)
+        chunk, heads, ncalls = sched.segment_calls(seg)
+        return _ChunkBins(dest, chunk, n, sched.chunks), heads, ncalls, flops, sorted_unique(dest)
 
     def _occupancy_compute(self, plan: Plan, schedules: list[ChunkSchedule]):
         """:meth:`_compute` under the occupancy kernel model (:mod:`libra.sim.occupancy`): each
@@ -414,15 +466,14 @@ class CostModel:
         occ, d = self.kernel.occupancy, plan.shape.head_dim
         work, floor = np.zeros((2, n, M)), np.zeros((2, n, M))
         flops, calls = np.zeros(n), np.zeros(n)
-        for seg, dest, chunk, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
-            every = chunk < 0  # a slice of the segment in every call
+        for seg, bins, heads, ncalls in self._worker_segments(plan, schedules, flops, calls):
+            # the blocks depend on the (cached, shared) segments alone: keyed by that object, built once
+            geometry = self.structures.get(seg, ("blocks", occ.block_q, occ.block_k),
+                                           lambda seg=seg: occ.block_tiles(seg["q_len"], seg["kv_len"]))
             for p in range(2):
-                w, f = self.kernel.occupancy_terms(seg, heads, ncalls, d, backward=p == 1)
-                work[p] += _by_chunk(dest, chunk, w, n, M)
-                np.maximum.at(floor[p], (dest[~every], chunk[~every]), f[~every])
-                top = np.zeros(n)
-                np.maximum.at(top, dest[every], f[every])
-                floor[p] = np.maximum(floor[p], top[:, None])
+                w, f = self.kernel.occupancy_terms(seg, heads, ncalls, d, p == 1, geometry)
+                work[p] += bins.sums(w)
+                bins.max_into(floor[p], f)
         launch = np.array([occ.forward.launch_ms, occ.backward.launch_ms])[:, None, None] * (calls > 0)[None, :, None]
         fwd, bwd = np.maximum(work, floor) + launch
         if not any(s.chunking != HEADS for s in schedules):

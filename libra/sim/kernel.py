@@ -211,12 +211,12 @@ class KernelModel:
         area = sample_area(np.asarray(lengths, dtype=np.int64))
         return self.launch_ms + self.segment_forward_ms(area, heads, head_dim)
 
-    def occupancy_terms(self, seg: dict, heads, calls, head_dim: int, backward: bool):
+    def occupancy_terms(self, seg: dict, heads, calls, head_dim: int, backward: bool, geometry: tuple | None = None):
         """``(work, floor)`` of kernel segments under :attr:`occupancy`
-        (:func:`libra.sim.occupancy.occupancy_terms`), every block slowed by ``1 / h(n)`` where
-        ``heads_half > 0``: a heads-per-call penalty on top of the occupancy model's own (fewer
-        heads, fewer blocks to fill the SMs with)."""
-        work, floor = occupancy_terms(self.occupancy, seg, heads, calls, head_dim, backward)
+        (:func:`libra.sim.occupancy.occupancy_terms`, ``geometry`` its blocks where the caller has
+        them), every block slowed by ``1 / h(n)`` where ``heads_half > 0``: a heads-per-call penalty
+        on top of the occupancy model's own (fewer heads, fewer blocks to fill the SMs with)."""
+        work, floor = occupancy_terms(self.occupancy, seg, heads, calls, head_dim, backward, geometry)
         if not self.heads_half:
             return work, floor
         slow = 1.0 / self.heads_efficiency(heads)

@@ -121,22 +121,18 @@ class OccupancyModel:
         longest = np.where(blocks > 0, (kv - last_rows / 2) / self.block_k, 0.0)
         return blocks.astype(np.float64), keys / self.block_k, longest
 
-    def _tile_ms(self, backward: bool, head_dim: int) -> float:
+    def tile_ms(self, backward: bool, head_dim: int) -> float:
+        """One pass's cost of a ``block_q x block_k`` tile at width ``head_dim``."""
         return self.pass_cost(backward).tile_ms * head_dim / self.reference_head_dim
 
     def work_ms(self, q_len, kv_len, heads, head_dim: int, backward: bool = False) -> np.ndarray:
         """``(G,)`` each segment's share of a call's time when the SMs are full (launch and the
         longest-block floor excluded): ``heads * sum of its blocks' cost / multiprocessors``."""
-        blocks, tiles, _ = self.block_tiles(q_len, kv_len)
-        c = self.pass_cost(backward)
-        cost = c.block_ms * blocks + self._tile_ms(backward, head_dim) * tiles
-        return np.asarray(heads, dtype=np.float64) * cost / self.multiprocessors
+        return occupancy_terms(self, {"q_len": q_len, "kv_len": kv_len}, heads, 1, head_dim, backward)[0]
 
     def longest_block_ms(self, q_len, kv_len, head_dim: int, backward: bool = False) -> np.ndarray:
         """``(G,)`` cost of each segment's longest block (0 for an empty segment)."""
-        blocks, _, longest = self.block_tiles(q_len, kv_len)
-        c = self.pass_cost(backward)
-        return np.where(blocks > 0, c.block_ms + self._tile_ms(backward, head_dim) * longest, 0.0)
+        return occupancy_terms(self, {"q_len": q_len, "kv_len": kv_len}, 1, 1, head_dim, backward)[1]
 
     def call_ms(self, q_len, kv_len, heads, head_dim: int, backward: bool = False) -> float:
         """Time of one kernel call running segments ``q_len, kv_len`` with ``heads`` query heads each."""
@@ -146,17 +142,25 @@ class OccupancyModel:
 
     def best_backward_ratio(self, head_dim: int) -> float:
         """Backward / forward time of long calls (their tile costs)."""
-        return self._tile_ms(True, head_dim) / self._tile_ms(False, head_dim)
+        return self.tile_ms(True, head_dim) / self.tile_ms(False, head_dim)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def occupancy_terms(model: OccupancyModel, seg: dict, heads, calls, head_dim: int, backward: bool):
+def occupancy_terms(model: OccupancyModel, seg: dict, heads, calls, head_dim: int, backward: bool,
+                    geometry: tuple | None = None):
     """``(work, floor)`` of kernel segments run as ``calls`` calls of ``heads`` heads each: the
-    additive time over all their calls and the longest block each call of theirs waits for."""
-    work = np.asarray(calls, dtype=np.float64) * model.work_ms(seg["q_len"], seg["kv_len"], heads, head_dim, backward)
-    return work, model.longest_block_ms(seg["q_len"], seg["kv_len"], head_dim, backward)
+    additive time over all their calls and the longest block each call of theirs waits for.
+
+    ``geometry``: the segments' :meth:`OccupancyModel.block_tiles`, where the caller has them
+    (they depend on the segments and block sizes only, so both passes and every profile with the
+    same blocks share them); None computes them."""
+    blocks, tiles, longest = model.block_tiles(seg["q_len"], seg["kv_len"]) if geometry is None else geometry
+    c, tile_ms = model.pass_cost(backward), model.tile_ms(backward, head_dim)
+    work = np.asarray(heads, dtype=np.float64) * (c.block_ms * blocks + tile_ms * tiles) / model.multiprocessors
+    floor = np.where(blocks > 0, c.block_ms + tile_ms * longest, 0.0)
+    return np.asarray(calls, dtype=np.float64) * work, floor
 
 
 def fit_pass_cost(model: OccupancyModel, calls: list[tuple], times_ms, backward: bool = False,

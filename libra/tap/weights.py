@@ -78,7 +78,8 @@ def kernel_time_weights(tiles: TileTable, sequences: Sequence[SequenceLayout], s
     seg = segments(sequences, tiles, index)
     heads = sched.heads_per_call(seg["heads"])
     if kernel.occupancy is not None:  # the calls' summed block work, forward + backward
-        t = sum(kernel.occupancy_terms(seg, heads, sched.chunks, shape.head_dim, backward)[0]
+        geometry = kernel.occupancy.block_tiles(seg["q_len"], seg["kv_len"])  # both passes' blocks
+        t = sum(kernel.occupancy_terms(seg, heads, sched.chunks, shape.head_dim, backward, geometry)[0]
                 for backward in (False, True))
         return np.bincount(seg["tile"].astype(np.int64), weights=t, minlength=n)
     t = kernel.chunked_forward_ms(seg["area"], heads, shape.head_dim, sched.chunks, seg["kv_len"])
