@@ -194,6 +194,8 @@ BASE = {"hq": 8, "hkv": 2, "d": 16}
 TWO_GPU_NODES = replace(load_profile("h100-roce-v1"), name="h100-roce-2gpu-nodes", gpus_per_node=2)
 # kernel time proportional to FLOPs (no short-segment penalty, no launch cost): at these toy sizes the
 # default kernel curve makes every tile cost about the same, so no tile would be heavy
+# the length-curve profile, whose placement of these toy pools fans KV out for relays to carry
+CURVE = "h100-roce-v1"
 FLOPS_KERNEL = replace(load_profile("h100-roce-v1"), name="h100-roce-flops-kernel",
                        kernel=replace(load_profile("h100-roce-v1").kernel, half_length=1e-9, launch_ms=0.0,
                                       heads_half=0.0))
@@ -214,7 +216,7 @@ CASES_4 = [
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
      "B": 32, "H": 1, "M": 4, "comm": "p2p", "dtypes": ["float64", "bfloat16"]},
     # KV relays (libra.extensions.adaptive.relay): destinations forward the KV they fetched, dK/dV summed back
-    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
+    {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",), "profile": CURVE},
      "B": 16, "H": 1, "M": 1, "comm": "a2a", "dtypes": ["float64", "bfloat16"]},
     # one 256-token sample beside short ones: its last tiles outweigh a worker's mean and are cut into
     # token ranges that are not whole blocks (libra.extensions.adaptive.candidates.split_heavy_tiles); relayed and not;
@@ -297,7 +299,8 @@ CASES_SLOW = [
     {**BASE, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain",), "chunkings": ("tiles",)},
      "B": 16, "H": 1, "M": 8, "comm": "p2p", "dtypes": ["float64"]},  # some workers have empty chunks
     # KV relays on a GQA-3 shape with M = 3 (each chunk one query head of the tile's one KV head)
-    {"hq": 12, "hkv": 4, "d": 8, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",)},
+    {"hq": 12, "hkv": 4, "d": 8, "planner": "libra-adaptive", "options": {"candidates": ("fine-retain-link-relay",),
+                                                                             "profile": CURVE},
      "B": 16, "H": 1, "M": 3, "comm": "a2a", "dtypes": ["float64", "float32"]},
 ]
 
