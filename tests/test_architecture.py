@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections import deque
 from pathlib import Path
 
@@ -33,6 +34,13 @@ MANY_PARAMETERS_ALLOW: dict[str, str] = {  # path:function -> why it may take mo
 
 
 # --------------------------------------------------------------------------- import graph
+
+
+@functools.cache
+def _parse(path: Path) -> ast.AST:
+    """A source file's syntax tree, parsed once per test session (four scans read every file; none
+    modifies a tree)."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
 
 
 def module_files(root: Path, packages=PACKAGES) -> dict[str, Path]:
@@ -73,7 +81,7 @@ def _resolve_relative(module: str, is_package: bool, level: int, name: str | Non
 
 def _imports(module: str, path: Path, known: set[str]):
     """``(target module, line, explicit)`` for every first-party import in ``path`` (see :func:`import_graph`)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _parse(path)
     is_package = path.name == "__init__.py"
     for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
@@ -269,7 +277,7 @@ def function_lengths(root: Path, package: str = "libra") -> dict[str, int]:
     out = {}
     for path in sorted((root / package).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        tree = _parse(path)
         stack = [(tree, "")]
         while stack:
             node, prefix = stack.pop()
@@ -331,7 +339,7 @@ def parameter_counts(root: Path, packages=PACKAGES) -> dict[str, tuple[int, bool
     for pkg in packages:
         for path in sorted((root / pkg).rglob("*.py")):
             rel = path.relative_to(root).as_posix()
-            stack = [(ast.parse(path.read_text(encoding="utf-8")), "")]
+            stack = [(_parse(path), "")]
             while stack:
                 node, prefix = stack.pop()
                 for child in ast.iter_child_nodes(node):
