@@ -136,9 +136,8 @@ class OccupancyModel:
 
     def call_ms(self, q_len, kv_len, heads, head_dim: int, backward: bool = False) -> float:
         """Time of one kernel call running segments ``q_len, kv_len`` with ``heads`` query heads each."""
-        work = float(np.sum(self.work_ms(q_len, kv_len, heads, head_dim, backward)))
-        floor = float(np.max(self.longest_block_ms(q_len, kv_len, head_dim, backward), initial=0.0))
-        return self.pass_cost(backward).launch_ms + max(work, floor)
+        work, floor = occupancy_terms(self, {"q_len": q_len, "kv_len": kv_len}, heads, 1, head_dim, backward)
+        return self.pass_cost(backward).launch_ms + max(float(np.sum(work)), float(np.max(floor, initial=0.0)))
 
     def best_backward_ratio(self, head_dim: int) -> float:
         """Backward / forward time of long calls (their tile costs)."""

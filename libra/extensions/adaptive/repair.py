@@ -93,10 +93,8 @@ def repair_overload(dest: np.ndarray, load: np.ndarray, base: np.ndarray, cap: f
     r = _RepairArrays(dest, load, loads, float(cap), over, by_worker, starts, np.asarray(home, dtype=np.int64),
                       np.asarray(lw, dtype=np.int64))
     jit = placer_module(placer)
-    if jit is None:
-        moved = _repair_python(r)
-    else:  # the compiled kernel takes its arrays one by one
-        moved = jit.repair_overload(r.dest, r.load, r.loads, r.cap, r.over, r.by_worker, r.starts, r.home, r.lw)
+    # the compiled kernel takes the same arrays one by one, in the bundle's field order
+    moved = _repair_python(r) if jit is None else jit.repair_overload(*r)
     return dest, int(moved)
 
 
