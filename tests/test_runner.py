@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from experiments.common.runner import ExperimentRun, atomic_write_text, stable_hash
+from experiments.common.same_numbers import same_csv_numbers
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path):
@@ -143,6 +144,27 @@ def test_a_missing_data_file_or_a_new_png_is_written_beside_the_kept_record(tmp_
     _finish(tmp_path, 1, png=b"png re-rendered")
     assert (tmp_path / "run.json").read_bytes() == record and _stats(tmp_path)["demo_summary.csv"] == summary
     assert (tmp_path / "demo.csv").read_text() == "x\n1\n" and (tmp_path / "demo.png").read_bytes() == b"png re-rendered"
+
+
+def test_a_rerun_on_a_cpu_that_rounds_the_last_bit_differently_changes_no_file(tmp_path):
+    # numpy's AVX-512 and AVX2 math can round the last bit apart: the same run on another host
+    _finish(tmp_path, 2.25)
+    record, files = (tmp_path / "run.json").read_bytes(), _stats(tmp_path)
+    _finish(tmp_path, 2.2500000000000004)
+    assert (tmp_path / "run.json").read_bytes() == record and _stats(tmp_path) == files
+    assert (tmp_path / "demo.csv").read_text() == "x\n2.25\n"
+    _finish(tmp_path, 2.2500001)  # past rounding: a changed number
+    assert json.loads((tmp_path / "run.json").read_bytes()) != json.loads(record)
+    assert (tmp_path / "demo.csv").read_text() == "x\n2.2500001\n"
+
+
+def test_same_csv_numbers_tolerates_only_float_rounding():
+    assert same_csv_numbers(b"a,b\nx,1.0\n", b"a,b\nx,1.0000000000000002\n")
+    assert not same_csv_numbers(b"a,b\nx,1.0\n", b"a,b\ny,1.0\n")  # text is exact
+    assert not same_csv_numbers(b"a,b\nx,1.0\n", b"a,c\nx,1.0\n")
+    assert not same_csv_numbers(b"a,b\nx,1.0\n", b"a,b\nx,1.0\nx,1.0\n")
+    assert not same_csv_numbers(b"a,b\nx,1.0\n", b"a,b\nx,1.000001\n")
+    assert not same_csv_numbers(b"a\n1\n", b"")
 
 
 def test_a_changed_number_rewrites_the_record(tmp_path):

@@ -14,9 +14,10 @@ Contract:
   (:class:`RunFolderConflict`); a rerun of the same config (on edited input data too) is not a
   conflict;
 * the folder is written as one unit (:meth:`ExperimentRun.finish`): a killed run leaves the
-  previous complete folder or the new complete one. A rerun whose numbers are byte-identical to the
-  folder's (same experiment, config and inputs) keeps the folder's ``run.json``, which records the
-  run that produced them: a new git SHA, host or wall time alone never rewrites a folder;
+  previous complete folder or the new complete one. A rerun whose numbers are the folder's (same
+  experiment, config and inputs; equal up to float rounding, :mod:`experiments.common.same_numbers`)
+  keeps the folder's files and ``run.json``, which records the run that produced them: a new git
+  SHA, host, CPU or wall time alone never rewrites a folder;
 * each finished point of a sweep is stored under ``.points/<key>/`` as soon as it is computed, so
   an interrupted sweep resumes where it stopped and a rerun of the same config reuses finished
   points unless ``force=True`` (``--force``) is given. The key hashes the resolved config, the
@@ -55,6 +56,7 @@ import pandas as pd
 from experiments.common import run_folder
 from experiments.common.options import CONFIG_META, JOBS_META, OVERWRITE_META, QUIET_META, size_text
 from experiments.common.progress import progress
+from experiments.common.same_numbers import same_csv_numbers
 
 RESULTS_ROOT = Path("results")
 """The committed results: written by the make targets (``--out results/...``), never by default."""
@@ -627,10 +629,11 @@ class ExperimentRun:
         (:func:`experiments.common.run_folder.commit`), then release the folder's lock.
 
         The previous run's files that this run does not write are removed. A file whose bytes equal
-        the folder's is not rewritten, and when every data file (the CSV and ``files``) the folder
-        holds is byte-identical and the record's experiment, config and inputs are this run's, the
-        folder's ``run.json`` is kept (it records the run that produced these numbers): a rerun that
-        changed no number changes no file but a re-rendered PNG or a data file the folder lacked.
+        the folder's, or a data file (the CSV and ``files``) whose numbers equal the folder's up to
+        float rounding, is not rewritten; when every data file the folder holds is so and the
+        record's experiment, config and inputs are this run's, the folder's ``run.json`` is kept (it
+        records the run that produced these numbers): a rerun that changed no number changes no
+        file but a re-rendered PNG or a data file the folder lacked.
         """
         self.claim_folder()
         data = {self.csv_path.name: df.to_csv(index=False), **(files or {})}
@@ -650,7 +653,7 @@ class ExperimentRun:
                 record = self._record(len(df), outputs, extra)
                 run_folder.write_file(stage, run_folder.RECORD_NAME, json.dumps(record, indent=2, default=str).encode())
             drop = _previous_outputs(old, self.out_dir) - set(outputs)
-            if _unstage_unchanged(stage, self.out_dir) or drop:
+            if _unstage_unchanged(stage, self.out_dir, set(data)) or drop:
                 run_folder.commit(self.out_dir, stage, drop)
             else:
                 run_folder.discard(stage)
@@ -664,13 +667,14 @@ class ExperimentRun:
 
     def _same_numbers(self, old: dict | None, data: Mapping[str, bytes]) -> bool:
         """Whether ``old`` records this run (experiment, config, inputs) and the folder's data files
-        are byte-identical to ``data`` (at least one present; missing ones, e.g. git-ignored per-step
-        CSVs in a fresh clone, are only added)."""
+        hold ``data``'s numbers up to float rounding (at least one present; missing ones, e.g.
+        git-ignored per-step CSVs in a fresh clone, are only added)."""
         if old is None or (old.get("experiment"), old.get("config"), old.get("inputs")) != (
                 self.name, self.config, self.inputs):
             return False
         present = [name for name in data if (self.out_dir / name).is_file()]
-        return bool(present) and all((self.out_dir / name).read_bytes() == data[name] for name in present)
+        return bool(present) and all(_same_data(name, (self.out_dir / name).read_bytes(), data[name])
+                                     for name in present)
 
     def _record(self, rows: int, outputs: list[str], extra: dict | None) -> dict:
         """The run record: what ran (config, inputs, command), on what, how long, and its files."""
@@ -695,13 +699,22 @@ def _previous_outputs(record: dict | None, folder: Path) -> set[str]:
             and (folder / n).is_file()} if isinstance(names, list) else set()
 
 
-def _unstage_unchanged(stage: Path, folder: Path) -> bool:
-    """Remove from the stage each file byte-identical to the folder's (which is kept as it is);
-    whether any staged file is left."""
+def _same_data(name: str, old: bytes, new: bytes) -> bool:
+    """Whether a data file holds the same numbers: equal bytes, or for a CSV equal numbers up to
+    float rounding (:func:`experiments.common.same_numbers.same_csv_numbers`)."""
+    return old == new or (name.endswith(".csv") and same_csv_numbers(old, new))
+
+
+def _unstage_unchanged(stage: Path, folder: Path, data_files: set[str]) -> bool:
+    """Remove from the stage each file that is the folder's (which is kept as it is): byte-identical,
+    or for the run's ``data_files`` the same numbers up to float rounding
+    (:func:`experiments.common.same_numbers.same_csv_numbers`: another CPU's rounding of the same
+    run rewrites nothing); whether any staged file is left."""
     left = False
     for staged in list(stage.iterdir()):
         here = folder / staged.name
-        if here.is_file() and here.stat().st_size == staged.stat().st_size and here.read_bytes() == staged.read_bytes():
+        if here.is_file() and (here.read_bytes() == staged.read_bytes() if staged.name not in data_files
+                               else _same_data(staged.name, here.read_bytes(), staged.read_bytes())):
             staged.unlink()
         else:
             left = True
