@@ -102,8 +102,11 @@ def _libra_case(rank, groups, case, dp, cp, seq_len, seed, dtypes):
             got = [torch.cat([plain[s][i][a:b] for s, a, b in ranges]) for i in range(4)]
             entry["plain"] = {n: max_err(a, b) for n, a, b in zip(("out", "dq", "dk", "dv"), got, ref)}
         res[str(dtype)] = entry
-    res["peak_transient_bytes"] = attn.stats.peak_transient_bytes
-    res["unreleased_bytes"] = attn.stats.unreleased_bytes
+    st = attn.stats
+    res["peak_transient_bytes"], res["unreleased_bytes"] = st.peak_transient_bytes, st.unreleased_bytes
+    # the host time split (sim-check's exposed parts): each part inside the calls' wall time
+    res["time_split"] = {"parts": st.compute_s + st.comm_wait_s + st.issue_s + st.unpack_s,
+                         "calls": st.forward_s + st.backward_s, "issue": st.issue_s, "sent": sum(st.sent_bytes.values())}
     return res
 
 
@@ -173,6 +176,9 @@ def _assert_results(results):
             if case.get("method") != "ulysses":
                 assert res["unreleased_bytes"] == 0, f"{case}: transient buffers outlived the call"
                 assert res["peak_transient_bytes"] > 0
+                split = res["time_split"]
+                assert 0 < split["parts"] <= split["calls"], f"{case}: host time parts exceed the calls: {split}"
+                assert split["issue"] > 0 or split["sent"] == 0, f"{case}: messages sent in no issue time: {split}"
                 if case.get("at_home"):  # dynamic CP computes every chunk where it lives; its groups span CP groups
                     assert res["moved"] == 0 and res["kv_across"] > 0, f"{case}: no KV crossed the static CP groups"
                 else:

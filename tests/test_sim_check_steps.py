@@ -87,9 +87,19 @@ def test_two_ranks_every_term_and_file(tmp_path):
     for t in TERMS:
         assert df[f"pred_{t}_ms"].notna().all() and df[f"meas_{t}_ms"].notna().all()
     assert (df.meas_total_ms > 0).all() and (df.meas_compute_ms > 0).all()
+    ranks = df[df.role == "rank"]  # exposed split into waits and the host work around transfers
+    parts = ranks[["meas_wait_ms", "meas_issue_ms", "meas_unpack_ms", "meas_other_ms"]]
+    assert (parts >= 0).all().all()
+    assert (ranks.meas_wait_ms <= ranks.meas_exposed_ms + 1e-9).all()  # a wait lies inside wall - compute
+    ulysses = ranks[ranks.method == "ulysses"]  # one rank per sequence: nothing sent or received
+    assert (ulysses[["meas_wait_ms", "meas_issue_ms", "meas_unpack_ms"]] == 0).all().all()
+    assert (ranks[ranks.method == "libra"].meas_issue_ms > 0).all()  # libra's pool sends KV and returns
+    assert df[df.role == "straggler"].meas_wait_ms.isna().all()
     rec = json.loads((out / "run.json").read_text())
     assert rec["config"]["interleaved"] and len(rec["summary"]["loadavg_before"]) == 3
     assert rec["summary"]["methods"]["libra-adaptive"]["straggler"]["worst_abs_err_total"] >= 0
+    assert rec["summary"]["methods"]["libra"]["rank"]["meas_wait_ms"] >= 0
+    assert "of it waits" in res.output
     par, shape = ParallelConfig(dp=2, cp=1, gbs=2, seq_len=512), AttentionShape(4, 2, 8, 4)
     prof = load_profile("h100-roce-v1")
     tap = TapConfig(pool_size=2, block_size=64, head_split=2, pipeline_chunks=2)

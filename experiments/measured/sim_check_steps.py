@@ -10,7 +10,10 @@ ranks (gloo on CPU), and the *same Plans* are priced by :class:`libra.sim.cost.C
 * **compute**: the model's ``compute_ms`` (forward + backward kernels) with the runtime's time in
   its compute events (``RuntimeStats.compute_s``);
 * **exposed communication**: the model's ``exposed_comm_ms`` (the Pipeliner's overlap, Libra sec.
-  4.4) with the rest of the rank's wall time (wall - compute: waits, packing, relay rounds);
+  4.4) with the rest of the rank's wall time (wall - compute: waits, packing, relay rounds), which
+  rank rows split into ``meas_wait_ms`` (blocked receiving), ``meas_issue_ms`` (packing and
+  posting), ``meas_unpack_ms`` (copying returns in) and ``meas_other_ms`` (the rest): the host work
+  around the transfers, which the model does not price, apart from the waits;
 * **step time**: ``total_ms`` with the rank's wall time of the forward + backward call;
 
 each as ``pred / meas - 1``. A rank's measured exposed time includes waiting for a peer whose
@@ -217,19 +220,37 @@ def _interleave(step: dict, cfg: MicrobenchConfig, env: tuple, warmup: int, worl
     for r in range(warmup + cfg.repeats):
         for m, (runner, inputs, _, _) in prepared.items():
             res = _time_calls(runner, inputs, once, device)
-            if r >= warmup:
-                got[m].append([float(x[0]) for x in res[:4]])
+            if r >= warmup:  # the call's stats stay on the runner until the next call resets them
+                got[m].append([float(x[0]) for x in res[:4]] + _host_parts(runner.stats))
     out = {}
     for m, (runner, _, _, P) in prepared.items():
         st = runner.stats
         sent = st["sent_bytes"] / (warmup + cfg.repeats) if isinstance(st, dict) else sum(st.sent_bytes.values())
         peak = st["peak_transient_bytes"] if isinstance(st, dict) else st.peak_transient_bytes
-        t = np.array(got[m]).T  # (4, R): wall, cpu, compute, wait
-        mine = np.concatenate([*t, np.full(cfg.repeats, np.nan), [peak, sent, P]])
+        t = np.array(got[m]).T  # (len(MEASURED), R)
+        mine = np.concatenate([*t, [peak, sent, P]])
         allv = torch.zeros(world * mine.size, dtype=torch.float64, device=device)
         all_gather_single(allv, torch.tensor(mine, dtype=torch.float64).to(device))
         out[m] = allv.view(world, -1).cpu().numpy()
     return out
+
+
+MEASURED = ("wall", "cpu", "compute", "wait", "issue", "unpack")
+"""Seconds a rank measures per call, in the order :func:`_interleave` gathers them (each ``R``
+repetitions), followed by its peak transient bytes, bytes sent and pool size."""
+
+
+def _host_parts(stats) -> list[float]:
+    """A call's host seconds issuing and unpacking messages (0 for a runner that records none)."""
+    st = stats if isinstance(stats, dict) else vars(stats)
+    return [float(st.get("issue_s", 0.0)), float(st.get("unpack_s", 0.0))]
+
+
+def _measured(allv: np.ndarray, R: int) -> dict:
+    """The gathered ``(world, ...)`` matrix as ``{name: (world, R) ms}`` for :data:`MEASURED` plus
+    ``sent`` (bytes per rank)."""
+    out = {name: allv[:, i * R:(i + 1) * R] * 1e3 for i, name in enumerate(MEASURED)}
+    return {**out, "sent": allv[:, len(MEASURED) * R + 1]}
 
 
 def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: StepsConfig) -> list[dict]:
@@ -241,7 +262,8 @@ def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: Steps
         if cfg.shared_cores:  # the host's ranks share its cores: the model priced one core each
             compute = processor_sharing(pr["compute"], cfg.shared_cores)
             pr = {**pr, "compute": compute, "total": compute + pr["exposed"]}
-        wall, compute = allv[:, :R] * 1e3, allv[:, 2 * R:3 * R] * 1e3
+        got = _measured(allv, R)
+        wall, compute = got["wall"], got["compute"]
         head = {"method": m, "window": int(window), "step": int(plan.ga_index), "plan_digest": pr["digest"],
                 "choice": pr["choice"], "relay_rows": pr["relay_rows"], "hops": pr["hops"],
                 "pipeline_chunks": pr["chunks"]}
@@ -250,8 +272,9 @@ def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: Steps
                     "exposed": float(np.median(np.maximum(wall[w] - compute[w], 0.0))),
                     "total": float(np.median(wall[w]))}
             rows.append(_compare({**head, "role": "rank", "worker": w, "pred_bytes_sent": float(pr["bytes"][w]),
-                                  "meas_bytes_sent": float(allv[w, 5 * R + 1]),
-                                  "pred_comm_serial_ms": float(pr["serial"][w])}, pr, w, meas))
+                                  "meas_bytes_sent": float(got["sent"][w]),
+                                  "pred_comm_serial_ms": float(pr["serial"][w]),
+                                  **_exposed_parts({k: v[w] for k, v in got.items() if k != "sent"})}, pr, w, meas))
         step_ms = wall.max(axis=0)
         rep = int(np.argsort(step_ms)[len(step_ms) // 2])  # microbench's median repetition
         slowest = float(compute[:, rep].max())
@@ -262,6 +285,18 @@ def _step_rows(window: int, step: dict, priced: dict, gathered: dict, cfg: Steps
                               "meas_worker": int(np.argmax(wall[:, rep]))},
                              pred, 0, meas))
     return rows
+
+
+def _exposed_parts(got: dict) -> dict:
+    """Where a rank's measured exposed time went (medians over repetitions, ms): ``meas_wait_ms``,
+    blocked in a receive or a relay round (``RuntimeStats.comm_wait_s``); ``meas_issue_ms``, packing
+    send buffers and posting messages; ``meas_unpack_ms``, copying returns into outputs and
+    gradients; ``meas_other_ms``, the rest of wall - compute (the backward's gradient buffers,
+    autograd, Python between events). The model prices transfers only: a large wait is a link
+    slower than priced or a late peer, the other three are host work it does not see."""
+    rest = got["wall"] - got["compute"] - got["wait"] - got["issue"] - got["unpack"]
+    return {"meas_wait_ms": float(np.median(got["wait"])), "meas_issue_ms": float(np.median(got["issue"])),
+            "meas_unpack_ms": float(np.median(got["unpack"])), "meas_other_ms": float(np.median(np.maximum(rest, 0.0)))}
 
 
 def _compare(row: dict, pred: dict, w: int, meas: dict) -> dict:
@@ -292,6 +327,9 @@ def summarize_steps(df: pd.DataFrame) -> dict:
             entry[f"pred_{t}_ms"] = float(g[f"pred_{t}_ms"].median())
             entry[f"meas_{t}_ms"] = float(g[f"meas_{t}_ms"].median())
         entry["median_exposed_err_of_step"] = float(g["exposed_err_of_step"].median())
+        for part in ("wait", "issue", "unpack", "other"):
+            if role == "rank":
+                entry[f"meas_{part}_ms"] = float(g[f"meas_{part}_ms"].median())
         out.setdefault(method, {})[role] = entry
     return out
 
@@ -406,8 +444,12 @@ def echo_steps(res: dict) -> None:
     click.echo(df[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     for method, roles in s["methods"].items():
         for role, e in roles.items():
+            parts = (f"; measured exposed {e['meas_exposed_ms']:.4g} ms, of it waits {e['meas_wait_ms']:.4g}, "
+                     f"issue {e['meas_issue_ms']:.4g}, unpack {e['meas_unpack_ms']:.4g}, other {e['meas_other_ms']:.4g} "
+                     f"(medians of each)" if "meas_wait_ms" in e else "")
             click.echo(f"{method:>15} {role:>9}: " + "; ".join(
-                f"{t} median |err| {e[f'median_abs_err_{t}']:.1%} (worst {e[f'worst_abs_err_{t}']:.1%})" for t in TERMS))
+                f"{t} median |err| {e[f'median_abs_err_{t}']:.1%} (worst {e[f'worst_abs_err_{t}']:.1%})" for t in TERMS)
+                + parts)
     if len(order):
         click.echo(order[["window", "step", "method_a", "method_b", "pred_gap", "meas_gap", "pred_faster",
                           "meas_faster", "order_agrees"]].to_string(index=False, float_format=lambda x: f"{x:+.1%}"))

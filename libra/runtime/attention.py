@@ -89,6 +89,8 @@ class RuntimeStats:
     backward_s: float = 0.0
     compute_s: float = 0.0
     comm_wait_s: float = 0.0
+    issue_s: float = 0.0  # host time issuing messages: packing send buffers, posting sends and receives
+    unpack_s: float = 0.0  # host time copying (or adding) received returns into outputs and gradients
     peak_transient_bytes: int = 0
     held_for_backward_bytes: int = 0
     unreleased_bytes: int = 0
@@ -156,55 +158,60 @@ class LibraAttention:
 
     # -- forward ------------------------------------------------------------------------------
     def _run_pass(self, phases: tuple[str, str], recv_of, stores: dict, meter: MemoryMeter,
-                  compute, unpack, after_return=None) -> tuple[float, float]:
+                  compute, unpack, after_return=None) -> None:
         """Execute one pass as the pool's :class:`~libra.tap.pipeline.ChunkSchedule` lists it
         (Libra sec. 4.4): the same events the cost model prices, in the same order.
 
         ``phases``: (dispatch, return) phase names; chunk ``m``'s received dispatch is stored under
         ``recv_of(m)``. ``compute(m)`` runs chunk ``m``'s kernels, ``unpack(m, recv)`` consumes its
-        returned rows, ``after_return(m)`` (optional) runs once its return is issued.
-        Returns (seconds waiting on communication, seconds computing).
+        returned rows, ``after_return(m)`` (optional) runs once its return is issued. Host seconds
+        waiting, computing, issuing and unpacking are added to :attr:`stats`.
         """
         prog, ex, messages = self.program, self.exchanger, self._messages
         disp, ret = phases
-        pending, returns, wait_s, compute_s = {}, {}, 0.0, 0.0
+        pending, returns, wait_s, compute_s, issue_s, unpack_s = {}, {}, 0.0, 0.0, 0.0, 0.0
         for ev, m in prog.schedule.events:
+            t0 = time.perf_counter()
             if ev == ISSUE_DISPATCH:
                 pending[m] = ex.issue(messages[disp][m], stores, stores[Q], disp, m, meter)
+                issue_s += time.perf_counter() - t0
                 if m == 0 and prog.relays.get(disp):  # relay rounds forward what chunk 0 delivered
                     tw = time.perf_counter()
                     stores[recv_of(0)] = ex.finish(pending.pop(0), meter)
                     self._relay_dispatch(stores, meter)
                     wait_s += time.perf_counter() - tw
             elif ev == WAIT_DISPATCH:
-                tw = time.perf_counter()
                 if m in pending:
                     stores[recv_of(m)] = ex.finish(pending.pop(m), meter)
-                wait_s += time.perf_counter() - tw
+                wait_s += time.perf_counter() - t0
             elif ev == COMPUTE:
-                tc = time.perf_counter()
                 compute(m)
-                compute_s += time.perf_counter() - tc
+                compute_s += time.perf_counter() - t0
             elif ev == ISSUE_RETURN:
                 if m == prog.chunks - 1 and prog.relays.get(ret):  # children's dK/dV reach relays first
-                    tw = time.perf_counter()
                     self._relay_returns(stores, meter)
-                    wait_s += time.perf_counter() - tw
+                    wait_s += time.perf_counter() - t0
+                    t0 = time.perf_counter()
                 returns[m] = ex.issue(messages[ret][m], stores, stores[Q], ret, m, meter)
+                issue_s += time.perf_counter() - t0
                 if after_return is not None:
                     after_return(m)
             elif ev == ISSUE_EXCHANGE:  # chunk m's return and chunk m + 2's dispatch, one group
                 returns[m], pending[m + 2] = ex.issue_group(
                     [(messages[ret][m], ret, m), (messages[disp][m + 2], disp, m + 2)], stores, stores[Q], meter)
+                issue_s += time.perf_counter() - t0
                 if after_return is not None:
                     after_return(m)
             elif ev == WAIT_RETURN:
-                tw = time.perf_counter()
                 recv = ex.finish(returns.pop(m), meter)
-                wait_s += time.perf_counter() - tw
+                t1 = time.perf_counter()
+                wait_s += t1 - t0
                 unpack(m, recv)
                 meter.free(recv)
-        return wait_s, compute_s
+                unpack_s += time.perf_counter() - t1
+        st = self.stats
+        st.comm_wait_s, st.compute_s = st.comm_wait_s + wait_s, st.compute_s + compute_s
+        st.issue_s, st.unpack_s = st.issue_s + issue_s, st.unpack_s + unpack_s
 
     def _relay_dispatch(self, stores: dict, meter: MemoryMeter) -> None:
         """KV relay rounds ``1..H`` (the plan's KV rows of hop ``1..H``), in order: each packs from buffers the
@@ -247,7 +254,7 @@ class LibraAttention:
         def unpack(m, recv):
             copy_blocks(recv, self._messages[FWD_RETURN][m].unpack, {OUT: out_rows}, reverse=True)
 
-        wait_s, compute_s = self._run_pass((FWD_DISPATCH, FWD_RETURN), recv_key, stores, meter, compute, unpack)
+        self._run_pass((FWD_DISPATCH, FWD_RETURN), recv_key, stores, meter, compute, unpack)
         if out is None:
             out = saved[("o", self._closed.key.chunk, 0)].view_as(q)
         held = {**{("recv", m): stores[recv_key(m)] for m in range(M)},
@@ -255,8 +262,6 @@ class LibraAttention:
         st = self.stats
         st.held_for_backward_bytes = meter.current
         st.forward_s += time.perf_counter() - t0
-        st.comm_wait_s += wait_s
-        st.compute_s += compute_s
         st.calls += 1
         return out, list(held.values()), {"names": list(held), "meter": meter}
 
@@ -300,8 +305,7 @@ class LibraAttention:
             copy_blocks(recv, msg.unpack, {DQ: dq_rows}, reverse=True)
             copy_blocks(recv, msg.unpack_add, {DK: grads["k"][K], DV: grads["v"][V]}, reverse=True, add=True)
 
-        wait_s, compute_s = self._run_pass((BWD_DISPATCH, BWD_RETURN), do_recv_key, stores, meter, compute, unpack,
-                                           after_return)
+        self._run_pass((BWD_DISPATCH, BWD_RETURN), do_recv_key, stores, meter, compute, unpack, after_return)
         if grads is None:  # closed: the one call's gradients are dq, dk, dv
             dq, dk, dv = (g.view_as(x) for g, x in zip(closed_grads, (q, k, v)))
         for m in range(M):
@@ -311,8 +315,6 @@ class LibraAttention:
         meta.clear()
         st = self.stats
         st.backward_s += time.perf_counter() - t0
-        st.comm_wait_s += wait_s
-        st.compute_s += compute_s
         st.peak_transient_bytes = max(st.peak_transient_bytes, meter.peak)
         st.unreleased_bytes = meter.current  # 0 unless a transient buffer outlived the call
         el = q.element_size() * d
