@@ -11,7 +11,13 @@ import pytest
 from click.testing import CliRunner
 
 from experiments.measured.sim_check import sim_check
-from experiments.measured.sim_check_steps import ORDER_GAP, TERMS, order_table, summarize_steps
+from experiments.measured.sim_check_steps import (
+    ORDER_GAP,
+    TERMS,
+    heaviest_rank_parts,
+    order_table,
+    summarize_steps,
+)
 
 TINY = ["--nproc", "2", "--cp", "1", "--seq-len", "512", "--pool-size", "2", "--block-size", "64", "--head-split", "2",
         "--chunks", "2", "--q-heads", "4", "--kv-heads", "2", "--head-dim", "8", "--windows", "1", "--warmup", "0",
@@ -64,6 +70,24 @@ def test_order_table_checks_only_pairs_the_model_separates():
     json.dumps(s)  # run.json material
 
 
+def test_the_compute_heaviest_rank_is_where_the_link_is_judged():
+    # rank 0 finishes last (waiting for rank 1's late returns); rank 1 computes the most
+    base = {"method": "libra", "window": 0, "step": 0, "role": "rank", "pred_comm_serial_ms": 20.0}
+    ranks = [{**base, "worker": 0, "meas_compute_ms": 100.0, "meas_wait_ms": 150.0, "meas_issue_ms": 14.0,
+              "meas_unpack_ms": 5.0, "meas_other_ms": 1.0},
+             {**base, "worker": 1, "meas_compute_ms": 240.0, "meas_wait_ms": 10.0, "meas_issue_ms": 12.0,
+              "meas_unpack_ms": 0.0, "meas_other_ms": 2.0}]
+    top = _rows({"libra": 260.0}, {"libra": 270.0}).assign(meas_worker=0)
+    df = pd.concat([pd.DataFrame(ranks), top], ignore_index=True)
+    for t in TERMS:
+        df[f"rel_err_{t}"] = df[f"rel_err_{t}"].fillna(0.0)
+    df["exposed_err_of_step"] = 0.0
+    assert heaviest_rank_parts(df).worker.tolist() == [1]
+    got = summarize_steps(df)["libra"]["straggler"]["rank"]
+    assert got == {"pred_comm_serial_ms": 20.0, "meas_wait_ms": 10.0, "meas_issue_ms": 12.0, "meas_unpack_ms": 0.0,
+                   "meas_other_ms": 2.0}
+
+
 @pytest.mark.slow
 def test_two_ranks_every_term_and_file(tmp_path):
     """2 gloo ranks, tiny sizes: every method's rank and straggler rows carry every term, the
@@ -99,7 +123,7 @@ def test_two_ranks_every_term_and_file(tmp_path):
     assert rec["config"]["interleaved"] and len(rec["summary"]["loadavg_before"]) == 3
     assert rec["summary"]["methods"]["libra-adaptive"]["straggler"]["worst_abs_err_total"] >= 0
     assert rec["summary"]["methods"]["libra"]["rank"]["meas_wait_ms"] >= 0
-    assert "of it waits" in res.output
+    assert "of it waits" in res.output and "the compute-heaviest rank waits" in res.output
     par, shape = ParallelConfig(dp=2, cp=1, gbs=2, seq_len=512), AttentionShape(4, 2, 8, 4)
     prof = load_profile("h100-roce-v1")
     tap = TapConfig(pool_size=2, block_size=64, head_split=2, pipeline_chunks=2)

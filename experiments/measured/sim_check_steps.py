@@ -314,9 +314,23 @@ def _compare(row: dict, pred: dict, w: int, meas: dict) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
+def heaviest_rank_parts(df: pd.DataFrame) -> pd.DataFrame:
+    """Per method and step, the rank row with the most measured compute: the critical path's rank.
+    Its waits against the transfer time the model prices (``pred_comm_serial_ms``) tell a link
+    priced too fast from host work the model does not price (issue, unpack, other). (The rank that
+    finishes last is often a lighter one, waiting for this rank's late returns.)"""
+    ranks = df[df.role == "rank"]
+    if ranks.empty or "meas_wait_ms" not in ranks:
+        return ranks
+    top = ranks.groupby(["method", "window", "step"], sort=False)["meas_compute_ms"].idxmax()
+    return ranks.loc[top.to_numpy()]
+
+
 def summarize_steps(df: pd.DataFrame) -> dict:
-    """Per method and role (rank / straggler): median and worst |relative error| of each term."""
+    """Per method and role (rank / straggler): median and worst |relative error| of each term; for
+    the straggler role also the medians of :func:`heaviest_rank_parts`."""
     out = {}
+    top_rank = heaviest_rank_parts(df)
     for (method, role), g in df.groupby(["method", "role"], sort=False):
         entry = {"rows": int(len(g))}
         for t in TERMS:
@@ -330,6 +344,10 @@ def summarize_steps(df: pd.DataFrame) -> dict:
         for part in ("wait", "issue", "unpack", "other"):
             if role == "rank":
                 entry[f"meas_{part}_ms"] = float(g[f"meas_{part}_ms"].median())
+        mine = top_rank[top_rank.method == method]
+        if role == "straggler" and len(mine):
+            entry["rank"] = {c: float(mine[c].median()) for c in ("pred_comm_serial_ms", "meas_wait_ms", "meas_issue_ms",
+                                                                 "meas_unpack_ms", "meas_other_ms")}
         out.setdefault(method, {})[role] = entry
     return out
 
@@ -447,6 +465,12 @@ def echo_steps(res: dict) -> None:
             parts = (f"; measured exposed {e['meas_exposed_ms']:.4g} ms, of it waits {e['meas_wait_ms']:.4g}, "
                      f"issue {e['meas_issue_ms']:.4g}, unpack {e['meas_unpack_ms']:.4g}, other {e['meas_other_ms']:.4g} "
                      f"(medians of each)" if "meas_wait_ms" in e else "")
+            if "rank" in e:
+                r = e["rank"]
+                parts += (f"; the compute-heaviest rank waits {r['meas_wait_ms']:.4g} ms against a priced transfer of "
+                          f"{r['pred_comm_serial_ms']:.4g} ms, and spends issue {r['meas_issue_ms']:.4g} + unpack "
+                          f"{r['meas_unpack_ms']:.4g} + other {r['meas_other_ms']:.4g} ms on host work the model "
+                          f"does not price")
             click.echo(f"{method:>15} {role:>9}: " + "; ".join(
                 f"{t} median |err| {e[f'median_abs_err_{t}']:.1%} (worst {e[f'worst_abs_err_{t}']:.1%})" for t in TERMS)
                 + parts)
