@@ -38,11 +38,11 @@ def rounding_cells(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, pd.D
     boolean frames of the cells whose text differs and, among them, those that are both floats
     equal to :data:`ROUNDING`."""
     differs = a != b
-    x, y = np.abs(_floats(a)), np.abs(_floats(b))
+    x, y = _floats(a), _floats(b)
+    ax, ay = np.abs(x), np.abs(y)
     with np.errstate(invalid="ignore"):
-        column = np.fmax(np.nanmax(x, axis=0, initial=0.0), np.nanmax(y, axis=0, initial=0.0))
-        scale = np.maximum(np.maximum(x, y), column)
-        close = np.abs(_floats(a) - _floats(b)) <= ROUNDING * scale  # NaN (text) is never close
+        column = np.fmax(np.nanmax(ax, axis=0, initial=0.0), np.nanmax(ay, axis=0, initial=0.0))
+        close = np.abs(x - y) <= ROUNDING * np.maximum(np.maximum(ax, ay), column)  # NaN (text) is never close
     return differs, differs & pd.DataFrame(close, index=a.index, columns=a.columns)
 
 

@@ -341,9 +341,9 @@ def summarize_steps(df: pd.DataFrame) -> dict:
             entry[f"pred_{t}_ms"] = float(g[f"pred_{t}_ms"].median())
             entry[f"meas_{t}_ms"] = float(g[f"meas_{t}_ms"].median())
         entry["median_exposed_err_of_step"] = float(g["exposed_err_of_step"].median())
-        for part in ("wait", "issue", "unpack", "other"):
-            if role == "rank":
-                entry[f"meas_{part}_ms"] = float(g[f"meas_{part}_ms"].median())
+        if role == "rank":
+            entry.update({f"meas_{part}_ms": float(g[f"meas_{part}_ms"].median())
+                          for part in ("wait", "issue", "unpack", "other")})
         mine = top_rank[top_rank.method == method]
         if role == "straggler" and len(mine):
             entry["rank"] = {c: float(mine[c].median()) for c in ("pred_comm_serial_ms", "meas_wait_ms", "meas_issue_ms",
